@@ -1,0 +1,31 @@
+# Two commands do everything on a fresh machine with Python 3.11 and pip:
+#   make demo   set up .venv, then run the main job (prints a table, writes artifacts/)
+#   make test   set up .venv, then run unit, notebook and multi-process tests
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
+export OMP_NUM_THREADS ?= $(shell nproc 2>/dev/null || echo 2)
+
+.PHONY: venv demo test clean
+
+venv: $(STAMP)
+
+# Re-runs only when a requirements file or pyproject.toml changes (idempotent).
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) torch==2.13.0
+	$(PIP) -r requirements.txt
+	$(PIP) --no-deps -r requirements-nodeps.txt
+	$(PIP) --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/gemref train --preset small --steps 30 --out artifacts/demo
+
+test: venv
+	$(BIN)/python -m pytest -n 2 --nbmake tests notebooks
+
+clean:
+	rm -rf artifacts .pytest_cache

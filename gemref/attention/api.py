@@ -1,0 +1,132 @@
+"""`gdpa()`: the one attention entry point, validating inputs and dispatching to a kernel.
+
+A kernel is registered with `register_kernel(name, fn, unavailable, executed_flops)`, where
+`unavailable(q, activation, causal, window) -> str | None` returns the reason it cannot run
+those inputs here (None when it can), and `executed_flops(q_lengths, kv_lengths, heads,
+head_dim, causal, window) -> (forward, backward)` gives the matmul FLOPs the kernel really
+runs (padding, masked tiles and recomputation included; gemref/mfu/flops.py uses it for
+`flops --verify`, and FlopCounterMode must see the same numbers). Asking for a kernel that cannot run is a ValueError
+carrying that reason; `kernel="auto"` picks the first kernel of `AUTO_ORDER` that can, and
+logs its choice once per (device, dtype, activation).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+from torch import Tensor
+
+from ..data.jagged import check_offsets
+from .reference import ACTIVATIONS, gdpa_reference
+
+log = logging.getLogger(__name__)
+
+
+class KernelFn(Protocol):
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *,
+                 activation: str, causal: bool, window: int | None, qk_scale: float | None,
+                 out_scale: float, max_q: int | None, max_kv: int | None) -> Tensor: ...
+
+
+ExecutedFlops = Callable[[Tensor, Tensor, int, int, bool, "int | None"], "tuple[int, int]"]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    fn: KernelFn
+    unavailable: Callable[[Tensor, str, bool, int | None], str | None]
+    executed_flops: ExecutedFlops
+
+
+KERNELS: dict[str, Kernel] = {}
+# Preference order for kernel="auto": fastest first; "reference" always works.
+AUTO_ORDER: list[str] = ["reference"]
+_auto_logged: set[tuple] = set()
+
+
+def register_kernel(name: str, fn: KernelFn,
+                    unavailable: Callable[[Tensor, str, bool, int | None], str | None],
+                    executed_flops: ExecutedFlops) -> None:
+    KERNELS[name] = Kernel(name, fn, unavailable, executed_flops)
+
+
+def padded_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: int, head_dim: int,
+                          causal: bool, window: int | None) -> tuple[int, int]:
+    """Materialised attention pads every sequence to the longest: B * Lq_max * Lk_max score
+    entries, two matmuls (QK^T, PV) forward and four (dQ, dK, dP, dV) backward."""
+    B = q_lengths.numel()
+    entries = B * int(q_lengths.max()) * int(kv_lengths.max()) if B else 0
+    forward = 2 * 2 * heads * head_dim * entries
+    return forward, 2 * forward
+
+
+register_kernel("reference", gdpa_reference, lambda q, act, causal, window: None,
+                padded_executed_flops)
+
+
+def kernel_names() -> tuple[str, ...]:
+    return ("auto",) + tuple(KERNELS)
+
+
+def resolve_kernel(kernel: str, q: Tensor, activation: str, causal: bool, window: int | None) -> str:
+    """The kernel that will run: `kernel` itself if it can, the auto choice for "auto"."""
+    if kernel == "auto":
+        for name in AUTO_ORDER:
+            if KERNELS[name].unavailable(q, activation, causal, window) is None:
+                key = (q.device.type, q.dtype, activation, causal, window is not None)
+                if key not in _auto_logged:
+                    _auto_logged.add(key)
+                    log.info("gdpa kernel=auto chose %r for %s/%s activation=%s", name,
+                             q.device.type, q.dtype, activation)
+                return name
+        raise AssertionError("the reference kernel always runs")
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown gdpa kernel {kernel!r}; valid: {', '.join(kernel_names())}")
+    reason = KERNELS[kernel].unavailable(q, activation, causal, window)
+    if reason is not None:
+        raise ValueError(f"gdpa kernel {kernel!r} cannot run here: {reason}")
+    return kernel
+
+
+def gdpa(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, kv_offsets: Tensor | None = None,
+         activation: str = "silu", causal: bool = False, window: int | None = None,
+         qk_scale: float | None = None, out_scale: float = 1.0, kernel: str = "auto",
+         max_len: int | None = None, kv_max_len: int | None = None) -> Tensor:
+    """Jagged Generalized Dot-Product Attention (math: gemref/attention/reference.py).
+
+    q: (Tq, H, D); k, v: (Tk, H, D); offsets: (B+1,) int64 query offsets; kv_offsets: key
+    offsets (defaults to `offsets`: self-attention). Cross attention passes both, e.g. a few
+    non-sequence queries per sample over that sample's history. `max_len` / `kv_max_len`
+    are optional host-side hints of the longest sequence (saves a device sync).
+    Returns (Tq, H, D) in q's dtype.
+    """
+    if kv_offsets is None:
+        kv_offsets = offsets
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"q, k, v must be (T, H, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    if q.shape[1:] != k.shape[1:]:
+        raise ValueError(f"q and k must share (H, D); got {tuple(q.shape[1:])} vs {tuple(k.shape[1:])}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; valid: {', '.join(ACTIVATIONS)}")
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be None or an int >= 1, got {window!r}")
+    if offsets.numel() != kv_offsets.numel():
+        raise ValueError(f"offsets and kv_offsets must have the same batch size; got "
+                         f"{offsets.numel() - 1} and {kv_offsets.numel() - 1}")
+    if offsets.numel() < 2:
+        raise ValueError("offsets describe an empty batch (B = 0)")
+    if q.device.type != "cuda":  # value checks need a host sync: free on CPU, skipped on CUDA
+        check_offsets(offsets, q.shape[0], "offsets")
+        check_offsets(kv_offsets, k.shape[0], "kv_offsets")
+    if causal and kv_offsets is not offsets and not torch.equal(offsets, kv_offsets):
+        raise ValueError("causal attention needs the same query and key offsets (self-attention)")
+    name = resolve_kernel(kernel, q, activation, causal, window)
+    return KERNELS[name].fn(q, k, v, offsets, kv_offsets, activation=activation, causal=causal,
+                            window=window, qk_scale=qk_scale, out_scale=out_scale,
+                            max_q=max_len, max_kv=kv_max_len if kv_max_len is not None else
+                            (max_len if kv_offsets is offsets else None))

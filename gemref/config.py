@@ -1,0 +1,177 @@
+"""Configuration: model presets (tiny, small, base, large), data and training switches.
+
+Everything a run depends on is a small frozen dataclass, so a run record can store it with
+`dataclasses.asdict` and a test can build a variant with `dataclasses.replace`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+ATTENTION_ACTIVATIONS = (
+    "softmax", "silu", "gelu", "gelu_tanh", "relu", "relu2", "leaky_relu", "identity",
+)
+LENGTH_PROFILES = ("skewed", "uniform", "fixed")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a GEM-like ranking model (see gemref/model/gem.py for the architecture)."""
+
+    d_model: int            # width of every token (history, non-sequence, cross)
+    n_heads: int            # attention heads; head_dim = d_model // n_heads
+    n_layers: int           # sequence + interaction + cross blocks, one of each per layer
+    ffn_mult: int           # gated FFN hidden width = ffn_mult * d_model
+    max_len: int            # longest user history kept (events)
+    item_vocab: int         # item ids in the history and the candidate-ad table
+    action_vocab: int       # action types (view, click, like, ...)
+    time_buckets: int       # time-gap buckets between history events
+    sparse_vocab: tuple[int, ...]  # one table per non-sequence categorical feature
+    n_dense: int            # dense float features per sample
+    fm_rank: int            # rank of the compressed factorisation-machine interaction
+    activation: str = "silu"  # GDPA activation in the sequence tower ("softmax" = standard)
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.activation not in ATTENTION_ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r}; valid: {', '.join(ATTENTION_ACTIVATIONS)}")
+        for name in ("d_model", "n_heads", "n_layers", "ffn_mult", "max_len", "item_vocab",
+                     "action_vocab", "time_buckets", "n_dense", "fm_rank"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.sparse_vocab or min(self.sparse_vocab) < 1:
+            raise ValueError(f"sparse_vocab needs >= 1 table of vocab >= 1, got {self.sparse_vocab}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def n_sparse(self) -> int:
+        return len(self.sparse_vocab)
+
+    @property
+    def n_ns_tokens(self) -> int:
+        """Non-sequence tokens per sample: one per sparse table + candidate ad + dense."""
+        return self.n_sparse + 2
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Synthetic ads-event data (gemref/data/synthetic.py)."""
+
+    n_train: int
+    n_eval: int
+    shard_rows: int = 4096
+    length_profile: str = "skewed"   # skewed (log-normal, heavy tail to max_len), uniform, fixed
+    median_len: int = 32             # median history length of the skewed profile (events)
+    len_sigma: float = 1.1           # log-normal sigma of the skewed profile (tail weight)
+    zipf_a: float = 1.2              # Zipf exponent of categorical ids
+    pos_rate: float = 0.2            # target base rate of the click label
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.length_profile not in LENGTH_PROFILES:
+            raise ValueError(f"length_profile={self.length_profile!r}; valid: {', '.join(LENGTH_PROFILES)}")
+        if self.n_train < 1 or self.n_eval < 1 or self.shard_rows < 1 or self.median_len < 1:
+            raise ValueError("n_train, n_eval, shard_rows and median_len must be >= 1")
+        if not (0.0 < self.pos_rate < 1.0):
+            raise ValueError(f"pos_rate must be in (0, 1), got {self.pos_rate}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings and the efficiency switches (one per ladder rung)."""
+
+    batch_size: int = 64
+    steps: int = 100
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 3       # steps excluded from timing (not an LR warm-up)
+    eval_every: int = 0         # 0: evaluate once at the end
+    eval_batches: int = 8
+    seed: int = 0
+    num_workers: int = 0        # DataLoader workers
+    # --- switches (the ladder of DESIGN.md) ---
+    jagged: bool = False        # rung 1: keep histories jagged instead of padding to max_len
+    kernel: str = "reference"   # rung 2: gdpa kernel (reference = naive materialised)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "steps", "eval_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "eval_every", "num_workers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+PRESETS: dict[str, Preset] = {
+    # Seconds on a laptop CPU: tests and CI.
+    "tiny": Preset(
+        "tiny",
+        ModelConfig(d_model=32, n_heads=2, n_layers=2, ffn_mult=2, max_len=64, item_vocab=2000,
+                    action_vocab=4, time_buckets=16, sparse_vocab=(50, 200, 1000, 100),
+                    n_dense=8, fm_rank=4),
+        DataConfig(n_train=24_576, n_eval=4096, shard_rows=4096, median_len=12, len_sigma=0.9),
+        TrainConfig(batch_size=64, steps=300, lr=3e-3),
+    ),
+    # The CPU demo: long histories with a skewed length profile, a few seconds per step.
+    "small": Preset(
+        "small",
+        ModelConfig(d_model=64, n_heads=4, n_layers=3, ffn_mult=2, max_len=512, item_vocab=20_000,
+                    action_vocab=6, time_buckets=32,
+                    sparse_vocab=(100, 1000, 10_000, 500, 2000, 50, 5000, 300),
+                    n_dense=16, fm_rank=8),
+        DataConfig(n_train=16_384, n_eval=2048, shard_rows=4096, median_len=40, len_sigma=1.1),
+        TrainConfig(batch_size=64, steps=100, lr=2e-3),
+    ),
+    # Fills one GPU (H100/H200) in bf16.
+    "base": Preset(
+        "base",
+        ModelConfig(d_model=512, n_heads=4, n_layers=6, ffn_mult=4, max_len=2048,
+                    item_vocab=1_000_000, action_vocab=8, time_buckets=64,
+                    sparse_vocab=(1000, 10_000, 100_000, 1_000_000, 5000, 50_000, 200, 20_000,
+                                  100_000, 3000, 500_000, 1000, 40_000, 80, 7000, 250_000),
+                    n_dense=64, fm_rank=16),
+        DataConfig(n_train=262_144, n_eval=16_384, shard_rows=16_384, median_len=160, len_sigma=1.1),
+        TrainConfig(batch_size=256, steps=200, lr=1e-3),
+    ),
+    # Multi-GPU scale (FSDP); the shape used by the scale projection.
+    "large": Preset(
+        "large",
+        ModelConfig(d_model=1024, n_heads=8, n_layers=12, ffn_mult=4, max_len=4096,
+                    item_vocab=10_000_000, action_vocab=8, time_buckets=64,
+                    sparse_vocab=tuple([1_000_000] * 8 + [100_000] * 16 + [10_000] * 8),
+                    n_dense=128, fm_rank=32),
+        DataConfig(n_train=1_048_576, n_eval=32_768, shard_rows=32_768, median_len=300, len_sigma=1.2),
+        TrainConfig(batch_size=512, steps=500, lr=5e-4),
+    ),
+}
+
+
+def get_preset(name: str) -> Preset:
+    """Look up a preset by name; unknown names raise ValueError listing the valid ones."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}") from None
+
+
+def override(cfg: Any, **changes: Any) -> Any:
+    """`dataclasses.replace` that rejects unknown field names with a ValueError listing valid ones."""
+    valid = {f.name for f in fields(cfg)}
+    unknown = sorted(set(changes) - valid)
+    if unknown:
+        raise ValueError(f"unknown {type(cfg).__name__} field(s) {unknown}; valid: {', '.join(sorted(valid))}")
+    return replace(cfg, **changes)
