@@ -1,0 +1,98 @@
+"""Parquet shards -> JaggedBatch, through a torch DataLoader.
+
+`EventDataset` reads and validates every shard once (files are untrusted; see schema.py) and
+keeps the split in memory as columnar arrays (values + offsets). It is a map-style dataset
+whose `__getitems__` gathers a whole batch with vectorised numpy, so any batch sampler works:
+shuffled batches, token-budget batches, or the load-balanced distributed sampler. Workers
+share the arrays copy-on-write after fork. On CUDA the loader pins memory.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
+
+from ..config import ModelConfig
+from .jagged import JaggedBatch
+from .schema import ShardArrays, table_to_arrays
+
+
+def read_shard(path: str | Path, cfg: ModelConfig) -> ShardArrays:
+    """Read and validate one Parquet shard; a truncated or foreign file is a ValueError naming it."""
+    path = Path(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{path}: cannot read as Parquet ({type(e).__name__}: {e})") from None
+    return table_to_arrays(table, cfg, str(path))
+
+
+class EventDataset(Dataset):
+    """All samples of some shards, in memory; `__getitems__(indices) -> JaggedBatch`."""
+
+    def __init__(self, paths: Iterable[str | Path], cfg: ModelConfig):
+        shards = [read_shard(p, cfg) for p in paths]
+        if not shards:
+            raise ValueError("no shards given")
+        lengths = np.concatenate([np.diff(s.offsets) for s in shards])
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self.history = np.concatenate([s.history for s in shards])
+        self.sparse = np.concatenate([s.sparse for s in shards])
+        self.dense = np.concatenate([s.dense for s in shards])
+        self.ad_ids = np.concatenate([s.ad_ids for s in shards])
+        self.labels = np.concatenate([s.labels for s in shards])
+
+    def __len__(self) -> int:
+        return len(self.ad_ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """(N,) history length of every sample (what length-aware samplers need)."""
+        return np.diff(self.offsets)
+
+    def __getitems__(self, indices: Sequence[int]) -> JaggedBatch:
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size == 0:
+            raise ValueError("empty batch: no indices")
+        if idx.min() < 0 or idx.max() >= len(self):
+            bad = int(idx[(idx < 0) | (idx >= len(self))][0])
+            raise ValueError(f"sample index {bad} out of range [0, {len(self)})")
+        starts, lengths = self.offsets[idx], self.offsets[idx + 1] - self.offsets[idx]
+        new_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        rows = np.arange(new_offsets[-1]) - np.repeat(new_offsets[:-1] - starts, lengths)
+        return JaggedBatch(values=torch.from_numpy(self.history[rows]),
+                           offsets=torch.from_numpy(new_offsets),
+                           sparse_ids=torch.from_numpy(self.sparse[idx]),
+                           dense=torch.from_numpy(self.dense[idx]),
+                           ad_ids=torch.from_numpy(self.ad_ids[idx]),
+                           labels=torch.from_numpy(self.labels[idx]))
+
+    def __getitem__(self, index: int) -> JaggedBatch:
+        return self.__getitems__([index])
+
+
+def _whole_batch(batch: JaggedBatch) -> JaggedBatch:
+    """collate_fn: `__getitems__` already built the batch (module-level so workers can pickle it)."""
+    return batch
+
+
+def make_loader(dataset: EventDataset, batch_size: int | None = None, *, shuffle: bool = True,
+                seed: int = 0, drop_last: bool = True, num_workers: int = 0,
+                device: torch.device | str = "cpu", batch_sampler=None) -> DataLoader:
+    """A DataLoader yielding JaggedBatches: shuffled fixed-size batches, or any `batch_sampler`."""
+    if batch_sampler is None:
+        if batch_size is None or batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if drop_last and batch_size > len(dataset):
+            raise ValueError(f"batch_size={batch_size} > {len(dataset)} samples: every batch would be dropped")
+        generator = torch.Generator().manual_seed(seed)
+        sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
+        batch_sampler = BatchSampler(sampler, batch_size, drop_last=drop_last)
+    return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=_whole_batch,
+                      num_workers=num_workers, pin_memory=torch.device(device).type == "cuda",
+                      persistent_workers=num_workers > 0)

@@ -1,0 +1,111 @@
+"""Generated datasets on disk: Parquet shards per split plus manifest.json.
+
+`generate_dataset` writes them (each file atomically, via a temp file and rename);
+`ensure_dataset` reuses a folder whose manifest matches the config and regenerates otherwise.
+The manifest records, per shard, rows, history tokens, label rates and a sha256.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from ..config import DataConfig, ModelConfig
+from ..report import write_json
+from .schema import SCHEMA_VERSION, samples_to_table
+from .synthetic import Teacher
+
+GENERATOR_VERSION = 1
+
+
+def dataset_fingerprint(model: ModelConfig, data: DataConfig) -> dict:
+    """What the generated files depend on (JSON-normalised, so it compares with a loaded manifest)."""
+    fp = {"schema_version": SCHEMA_VERSION, "generator_version": GENERATOR_VERSION, "data": asdict(data),
+          "vocab": {"item_vocab": model.item_vocab, "action_vocab": model.action_vocab,
+                    "time_buckets": model.time_buckets, "sparse_vocab": list(model.sparse_vocab),
+                    "n_dense": model.n_dense, "max_len": model.max_len}}
+    return json.loads(json.dumps(fp))
+
+
+def generate_dataset(model: ModelConfig, data: DataConfig, out_dir: str | Path, *,
+                     progress: bool = False) -> dict:
+    """Write train/eval shards and manifest.json into out_dir; return the manifest."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    teacher = Teacher.create(model, data)
+    manifest = {**dataset_fingerprint(model, data), "splits": {}}
+    jobs = [(split, i, min(data.shard_rows, total - i * data.shard_rows))
+            for split, total in (("train", data.n_train), ("eval", data.n_eval))
+            for i in range(-(-total // data.shard_rows))]
+    for split, shard, rows in tqdm(jobs, desc="generate", disable=not progress, unit="shard"):
+        s = teacher.draw(model, data, split, shard, rows)
+        path = out / f"{split}-{shard:05d}.parquet"
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            pq.write_table(samples_to_table(s, model.n_sparse), tmp, compression="zstd")
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        manifest["splits"].setdefault(split, []).append({
+            "file": path.name, "rows": rows, "tokens": int(s["offsets"][-1]),
+            "click_rate": float(s["click"].mean()), "conversion_rate": float(s["conversion"].mean()),
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+    write_json(out / "manifest.json", manifest)
+    return manifest
+
+
+def load_manifest(folder: str | Path) -> dict:
+    path = Path(folder) / "manifest.json"
+    if not path.exists():
+        raise ValueError(f"{folder}: no manifest.json (generate with `gemref data generate`)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def shard_paths(folder: str | Path, split: str) -> list[Path]:
+    manifest = load_manifest(folder)
+    if split not in manifest.get("splits", {}):
+        raise ValueError(f"{folder}: manifest has no split {split!r}; has {sorted(manifest.get('splits', {}))}")
+    return [Path(folder) / s["file"] for s in manifest["splits"][split]]
+
+
+def fingerprint_hash(model: ModelConfig, data: DataConfig) -> str:
+    """8 hex digits naming a dataset folder, so different configs never share one."""
+    text = json.dumps(dataset_fingerprint(model, data), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+@contextmanager
+def _folder_lock(folder: Path):
+    """An exclusive lock, so parallel processes (pytest-xdist, ranks) generate a folder once."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def ensure_dataset(model: ModelConfig, data: DataConfig, out_dir: str | Path, *,
+                   progress: bool = False) -> dict:
+    """Reuse out_dir when its manifest matches (model vocab, data config, versions); else generate."""
+    folder = Path(out_dir)
+    with _folder_lock(folder):
+        if (folder / "manifest.json").exists():
+            manifest = load_manifest(folder)
+            same = all(manifest.get(k) == v for k, v in dataset_fingerprint(model, data).items())
+            if same and all((folder / s["file"]).exists() for sh in manifest["splits"].values() for s in sh):
+                return manifest
+        return generate_dataset(model, data, folder, progress=progress)

@@ -1,0 +1,123 @@
+"""Analytic FLOPs of GEMRef, per component, following DESIGN.md (PaLM appendix B convention).
+
+Two numbers are kept apart:
+  * model FLOPs: matmul FLOPs of the forward pass over the REAL history lengths, x3 for a
+    training step (backward = 2x forward). Attention per sequence: QK^T and PV are
+    2*H*D*Lq*Lk each, halved for causal self-attention, summed over real lengths (sum L_i^2).
+    Embedding lookups, element-wise ops and recomputation are not model FLOPs. This is the
+    MFU numerator.
+  * executed FLOPs: the matmul FLOPs the kernels really ran for the path that ran: padded
+    rows, padded attention tiles, and each op's real backward (e.g. the dense-feature input
+    layer has no input gradient, so its backward is 1x, not 2x). `gemref flops --verify`
+    checks these against torch's FlopCounterMode, and reports waste = executed - model.
+
+All counts are exact Python ints, in FLOPs (one multiply-add = 2 FLOPs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..attention import KERNELS
+from ..attention.api import padded_executed_flops
+from ..config import ModelConfig
+
+COMPONENTS = ("sequence_projections", "sequence_attention", "sequence_ffn", "interaction",
+              "cross_projections", "cross_attention", "dense_input", "heads", "embeddings")
+
+
+@dataclass
+class FlopCount:
+    """Forward and backward FLOPs per component (one step over one batch)."""
+
+    forward: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COMPONENTS, 0))
+    backward: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COMPONENTS, 0))
+
+    @property
+    def total_forward(self) -> int:
+        return sum(self.forward.values())
+
+    @property
+    def total(self) -> int:
+        """FLOPs of one training step (forward + backward)."""
+        return self.total_forward + sum(self.backward.values())
+
+    def rows(self) -> list[dict]:
+        return [{"component": c, "forward": self.forward[c], "backward": self.backward[c],
+                 "train": self.forward[c] + self.backward[c]} for c in COMPONENTS]
+
+
+def _lengths(lengths) -> list[int]:
+    return [int(x) for x in (lengths.tolist() if hasattr(lengths, "tolist") else lengths)]
+
+
+def _linear_terms(cfg: ModelConfig, rows: int, batch: int) -> dict[str, int]:
+    """Forward matmul FLOPs of every Linear / einsum, given history rows and batch size."""
+    d, N, k, hff, L = cfg.d_model, cfg.n_ns_tokens, cfg.fm_rank, cfg.ffn_mult * cfg.d_model, cfg.n_layers
+    return {
+        "sequence_projections": L * rows * (2 * d * 3 * d + 2 * d * d),
+        "sequence_ffn": L * rows * 3 * 2 * d * hff,
+        "interaction": L * batch * (2 * N * k * d * 2 + 2 * N * k * hff + 2 * hff * N * d + 2 * N * N * d),
+        "cross_projections": L * (rows * 2 * d * 2 * d + batch * (2 * N * d * d * 2 + 2 * N * d * d)),
+        "dense_input": batch * 2 * cfg.n_dense * d,
+        "heads": batch * (2 * d * (1 + N) * 2 * d + 2 * 2 * d * 2),
+    }
+
+
+def model_flops(cfg: ModelConfig, lengths) -> FlopCount:
+    """Model FLOPs of one training step on a batch with these real history lengths."""
+    ls = _lengths(lengths)
+    H, D, N, L = cfg.n_heads, cfg.head_dim, cfg.n_ns_tokens, cfg.n_layers
+    fwd = dict.fromkeys(COMPONENTS, 0)
+    fwd.update(_linear_terms(cfg, rows=sum(ls), batch=len(ls)))
+    fwd["sequence_attention"] = L * 4 * H * D * sum(x * x for x in ls) // 2   # causal: halved
+    fwd["cross_attention"] = L * 4 * H * D * N * sum(ls)
+    return FlopCount(fwd, {c: 2 * v for c, v in fwd.items()})
+
+
+def executed_flops(cfg: ModelConfig, lengths, *, jagged: bool, kernel: str = "reference") -> FlopCount:
+    """Matmul FLOPs the model's kernels run for one training step, in the layout that ran.
+
+    `kernel` must be a concrete kernel name (resolve "auto" first with
+    gemref.attention.resolve_kernel); the padded layout always runs materialised attention.
+    """
+    ls = _lengths(lengths)
+    B, H, D, N, L = len(ls), cfg.n_heads, cfg.head_dim, cfg.n_ns_tokens, cfg.n_layers
+    lens = torch.tensor(ls, dtype=torch.int64)
+    q_cross = torch.full_like(lens, N)
+    if jagged:
+        rows, kv = sum(ls), lens
+        attn = KERNELS[kernel].executed_flops
+    else:
+        rows, kv = B * cfg.max_len, torch.full_like(lens, cfg.max_len)
+        attn = padded_executed_flops
+    fwd = dict.fromkeys(COMPONENTS, 0)
+    fwd.update(_linear_terms(cfg, rows=rows, batch=B))
+    bwd = {c: 2 * v for c, v in fwd.items()}
+    bwd["dense_input"] = fwd["dense_input"]          # raw dense features need no input grad
+    self_f, self_b = attn(kv, kv, H, D, True, None)
+    cross_f, cross_b = attn(q_cross, kv, H, D, False, None)
+    fwd["sequence_attention"], bwd["sequence_attention"] = L * self_f, L * self_b
+    fwd["cross_attention"], bwd["cross_attention"] = L * cross_f, L * cross_b
+    return FlopCount(fwd, bwd)
+
+
+def sample_cost_coefficients(cfg: ModelConfig) -> tuple[int, int, int]:
+    """(c0, c1, c2): model FLOPs of one training sample = c0 + c1 * L + c2 * L^2 (jagged, real L).
+
+    The load balancer's cost model (gemref/balance.py) uses these.
+    """
+    one, two, three = (model_flops(cfg, [n]).total for n in (0, 1, 2))
+    c2 = (three - 2 * two + one) // 2
+    c1 = two - one - c2
+    return one, c1, c2
+
+
+def count_with_flop_counter(fn) -> int:
+    """FLOPs torch's FlopCounterMode sees while running fn() (e.g. one training step)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())

@@ -1,0 +1,98 @@
+"""Step timing, throughput and MFU, measured honestly.
+
+* Warm-up steps are recorded but excluded from every statistic.
+* On CUDA the clock reads happen after `torch.cuda.synchronize`, so a step's time is the
+  device's time, not the launch time.
+* Per-step rates (FLOP/s, tokens/s, samples/s) are computed step by step and the MEDIAN is
+  reported (batches of variable-length histories do different work per step); the spread
+  (10th..90th percentile of step time) is reported next to it.
+* MFU = median model FLOP/s / peak FLOP/s (model FLOPs: gemref/mfu/flops.py, real lengths).
+  HFU uses the executed FLOPs (padding and recompute included) instead.
+* Data-loading share = time blocked waiting for the next batch / (that + step time).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .peak import Peak
+
+
+@contextmanager
+def stopwatch(device: torch.device | str) -> Iterator[list[float]]:
+    """`with stopwatch(dev) as t: ...` then t[0] is the elapsed seconds (CUDA-synchronised)."""
+    cuda = torch.device(device).type == "cuda"
+    out: list[float] = []
+    if cuda:
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    try:
+        yield out
+    finally:
+        if cuda:
+            torch.cuda.synchronize(device)
+        out.append(time.perf_counter() - start)
+
+
+@dataclass
+class StepRecord:
+    seconds: float            # compute time of the step (forward, backward, optimizer)
+    data_seconds: float       # time blocked fetching the batch
+    samples: int
+    tokens: int               # real history events
+    model_flops: int
+    executed_flops: int
+
+
+def _percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+@dataclass
+class Meter:
+    peak: Peak
+    warmup_steps: int = 3
+    steps: list[StepRecord] = field(default_factory=list)
+
+    def record(self, step: StepRecord) -> None:
+        self.steps.append(step)
+
+    @property
+    def timed(self) -> list[StepRecord]:
+        return self.steps[self.warmup_steps:]
+
+    def summary(self) -> dict:
+        """Medians over the timed steps; every field in base units (seconds, FLOP/s, bytes)."""
+        timed = self.timed
+        if not timed:
+            raise ValueError(f"no timed steps: {len(self.steps)} step(s) ran, all warm-up "
+                             f"(warmup_steps={self.warmup_steps}); run more steps")
+        model_rate = statistics.median(s.model_flops / s.seconds for s in timed)
+        executed_rate = statistics.median(s.executed_flops / s.seconds for s in timed)
+        data, compute = sum(s.data_seconds for s in timed), sum(s.seconds for s in timed)
+        mfu = model_rate / self.peak.flops if self.peak.flops else None
+        hfu = executed_rate / self.peak.flops if self.peak.flops else None
+        return {
+            "steps_timed": len(timed),
+            "warmup_steps": self.warmup_steps,
+            "median_step_s": statistics.median(s.seconds for s in timed),
+            "p10_step_s": _percentile([s.seconds for s in timed], 0.1),
+            "p90_step_s": _percentile([s.seconds for s in timed], 0.9),
+            "samples_per_s": statistics.median(s.samples / s.seconds for s in timed),
+            "tokens_per_s": statistics.median(s.tokens / s.seconds for s in timed),
+            "model_flops_per_step": statistics.median(s.model_flops for s in timed),
+            "executed_flops_per_step": statistics.median(s.executed_flops for s in timed),
+            "model_tflops_per_s": model_rate / 1e12,
+            "executed_tflops_per_s": executed_rate / 1e12,
+            "mfu": mfu,
+            "hfu": hfu,
+            "peak_flops": self.peak.flops,
+            "peak_source": self.peak.source,
+            "data_share": data / (data + compute) if data + compute > 0 else 0.0,
+        }

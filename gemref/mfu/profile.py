@@ -1,0 +1,38 @@
+"""Where a training step's time goes, by named region (torch.profiler + record_function).
+
+The model labels its forward regions (embeddings, sequence_block, interaction_block,
+cross_block, heads); the training step labels backward and optimizer. The profiler reports
+the inclusive time of each label; a region that runs once per layer is summed over layers.
+On CPU the time is wall time; on CUDA it is the device time of the kernels inside the label.
+"""
+from __future__ import annotations
+
+from torch.profiler import ProfilerActivity, profile
+
+from ..data.loader import make_loader
+from ..train import setup, train_step
+
+REGIONS = ("embeddings", "sequence_block", "interaction_block", "cross_block", "heads", "loss",
+           "backward", "optimizer")
+
+
+def time_breakdown(step_fn, device_type: str, repeats: int = 3) -> list[dict]:
+    """Seconds per step spent in each region, averaged over `repeats` calls of step_fn()."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
+    step_fn()  # warm-up outside the profile
+    with profile(activities=activities) as prof:
+        for _ in range(repeats):
+            step_fn()
+    totals = {}
+    for event in prof.key_averages():
+        if event.key in REGIONS:
+            us = event.device_time_total if device_type == "cuda" else event.cpu_time_total
+            totals[event.key] = totals.get(event.key, 0.0) + us / 1e6 / repeats
+    return [{"region": r, "seconds": totals[r]} for r in REGIONS if r in totals]
+
+
+def training_step_breakdown(preset, train, *, device: str = "auto", repeats: int = 3) -> list[dict]:
+    """`time_breakdown` of one real training step of a preset with these switches."""
+    s = setup(preset, train, device=device)
+    batch = next(iter(make_loader(s.train_set, s.train.batch_size, seed=s.train.seed))).to(s.device)
+    return time_breakdown(lambda: train_step(s, batch), s.device.type, repeats)

@@ -1,0 +1,163 @@
+"""Notebook tooling: metrics a notebook records, and the papermill batch that runs them all.
+
+Inside a notebook, `record_metrics({...})` displays the metrics as a table and attaches them
+to the cell output under the MIME type `METRICS_MIME`, so any executed copy of the notebook
+(papermill, nbmake, JupyterLab) carries its metrics without side files.
+
+`run_notebooks(...)` executes notebooks through papermill with a parameter profile
+(notebooks/params/<profile>.yaml) and optional grid, then gathers every notebook's recorded
+metrics into one table (CSV + HTML). A failing notebook, or a parameter a notebook does not
+declare in its `parameters` cell, is an error naming the notebook (and the cell).
+"""
+from __future__ import annotations
+
+import csv
+import html
+import itertools
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .report import atomic_write_text, format_table
+
+METRICS_MIME = "application/vnd.gemref.metrics+json"
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def record_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Show metrics as a table and attach them to the output (called at a notebook's end)."""
+    from IPython.display import display
+
+    clean = json.loads(json.dumps(metrics, default=float))
+    text = format_table([{"metric": k, "value": v} for k, v in clean.items()])
+    display({METRICS_MIME: clean, "text/plain": text}, raw=True)
+    return clean
+
+
+def read_metrics(executed_notebook: str | Path) -> dict[str, Any]:
+    """The metrics an executed notebook recorded (merged over its cells)."""
+    nb = json.loads(Path(executed_notebook).read_text())
+    found: dict[str, Any] = {}
+    for cell in nb["cells"]:
+        for output in cell.get("outputs", []):
+            found.update(output.get("data", {}).get(METRICS_MIME, {}))
+    return found
+
+
+def load_profile(profile: str, params_dir: Path | None = None) -> dict:
+    """{"global": {...}, "notebooks": {name: {...}}} from notebooks/params/<profile>.yaml."""
+    params_dir = params_dir or NOTEBOOK_DIR / "params"
+    path = params_dir / f"{profile}.yaml"
+    if not path.exists():
+        valid = sorted(p.stem for p in params_dir.glob("*.yaml"))
+        raise ValueError(f"unknown profile {profile!r}; valid: {', '.join(valid)}")
+    data = yaml.safe_load(path.read_text()) or {}
+    unknown = set(data) - {"global", "notebooks"}
+    if unknown:
+        raise ValueError(f"{path}: unknown top-level keys {sorted(unknown)}; expected global, notebooks")
+    return {"global": data.get("global") or {}, "notebooks": data.get("notebooks") or {}}
+
+
+def declared_parameters(notebook: Path) -> set[str]:
+    import papermill
+
+    return set(papermill.inspect_notebook(str(notebook)))
+
+
+def expand_grid(grid: dict[str, list]) -> list[dict]:
+    """{"A": [1, 2], "B": [3]} -> [{"A": 1, "B": 3}, {"A": 2, "B": 3}]."""
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"grid entry {key!r} must be a non-empty list, got {values!r}")
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))] or [{}]
+
+
+@dataclass
+class NotebookFailure(Exception):
+    notebook: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"notebook {self.notebook} failed: {self.detail}"
+
+
+def execute(notebook: Path, out_path: Path, params: dict, *, progress: bool = False) -> dict:
+    """Run one notebook with papermill; return its metrics. Raises NotebookFailure or ValueError."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    declared = declared_parameters(notebook)
+    unknown = sorted(set(params) - declared)
+    if unknown:
+        raise ValueError(f"{notebook.stem}: unknown parameter(s) {unknown}; it declares "
+                         f"{', '.join(sorted(declared))}")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        papermill.execute_notebook(str(notebook), str(out_path), parameters=params,
+                                   cwd=str(notebook.parent), progress_bar=progress,
+                                   kernel_name="python3")
+    except PapermillExecutionError as e:
+        raise NotebookFailure(notebook.stem, f"{_failing_cell(out_path)} raised {e.ename}: {e.evalue} "
+                                             f"(executed copy: {out_path})") from None
+    return read_metrics(out_path)
+
+
+def _failing_cell(executed: Path) -> str:
+    """'cell N (`first line`)', N counting the source notebook's cells from 1 (papermill's
+    parameter and error-banner cells are not counted)."""
+    nb = json.loads(executed.read_text())
+    added = {"injected-parameters", "papermill-error-cell-tag"}   # cells papermill inserts
+    cells = [c for c in nb["cells"] if not added & set(c.get("metadata", {}).get("tags", []))]
+    for i, cell in enumerate(cells, start=1):
+        if any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
+            source = "".join(cell["source"]).strip().splitlines()
+            return f"cell {i} (`{source[0] if source else ''}`)"
+    return "a cell"
+
+
+def run_notebooks(profile: str, out_dir: Path, *, names: list[str] | None = None,
+                  params: dict | None = None, grid: dict | None = None,
+                  notebook_dir: Path | None = None, log=print) -> list[dict]:
+    """Execute notebooks x grid points; write summary.csv/.html into out_dir; return the rows."""
+    notebook_dir = notebook_dir or NOTEBOOK_DIR
+    prof = load_profile(profile, notebook_dir / "params")
+    available = sorted(p for p in notebook_dir.glob("[0-9]*.ipynb"))
+    if names:
+        by_name = {p.stem: p for p in available}
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise ValueError(f"unknown notebook(s) {missing}; valid: {', '.join(by_name)}")
+        available = [by_name[n] for n in names]
+    points = expand_grid(grid or {})
+    rows = []
+    for nb in available:
+        for i, point in enumerate(points):
+            merged = {**prof["global"], **prof["notebooks"].get(nb.stem, {}), **(params or {}), **point}
+            tag = "" if len(points) == 1 else f"-{i:03d}"
+            start = time.perf_counter()
+            log(f"[{len(rows) + 1}/{len(available) * len(points)}] {nb.stem}{tag} {point or ''}")
+            metrics = execute(nb, out_dir / f"{nb.stem}{tag}.ipynb", merged)
+            rows.append({"notebook": nb.stem, **{f"param.{k}": v for k, v in point.items()},
+                         "seconds": round(time.perf_counter() - start, 2), **metrics})
+    write_summary(rows, out_dir)
+    return rows
+
+
+def write_summary(rows: list[dict], out_dir: Path) -> None:
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    cells = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in columns)
+                    + "</tr>" for r in rows)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    atomic_write_text(out_dir / "summary.html",
+                      f"<table border=1><thead><tr>{head}</tr></thead><tbody>{cells}</tbody></table>\n")
+    atomic_write_text(out_dir / "summary.txt", format_table(rows, columns) + "\n")

@@ -1,0 +1,92 @@
+"""GEMRef: the jagged layout computes what the padded layout computes, loss and gradients."""
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from gemref.config import get_preset
+from gemref.data.jagged import JaggedBatch, lengths_to_offsets
+from gemref.model import GEMRef, ranking_loss
+
+TINY = get_preset("tiny").model
+
+
+def random_batch(cfg, lengths, seed=0) -> JaggedBatch:
+    g = torch.Generator().manual_seed(seed)
+    offsets = lengths_to_offsets(torch.tensor(lengths, dtype=torch.int64))
+    T, B = int(offsets[-1]), len(lengths)
+    values = torch.stack([torch.randint(0, v, (T,), generator=g)
+                          for v in (cfg.item_vocab, cfg.action_vocab, cfg.time_buckets)], dim=1)
+    sparse = torch.stack([torch.randint(0, v, (B,), generator=g) for v in cfg.sparse_vocab], dim=1)
+    return JaggedBatch(values, offsets, sparse, torch.randn(B, cfg.n_dense, generator=g),
+                       torch.randint(0, cfg.item_vocab, (B,), generator=g),
+                       torch.randint(0, 2, (B, 2), generator=g).float())
+
+
+def loss_and_grads(cfg, batch, jagged):
+    torch.manual_seed(0)
+    model = GEMRef(cfg, jagged=jagged)
+    loss = ranking_loss(model(batch), batch.labels)
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+# Skewed lengths: mostly short, sometimes the maximum, sometimes empty.
+skewed_lengths = st.lists(st.one_of(st.integers(0, 4), st.integers(0, TINY.max_len),
+                                    st.just(TINY.max_len)), min_size=1, max_size=6)
+
+
+@settings(max_examples=12, deadline=None)
+@given(skewed_lengths, st.sampled_from(["silu", "softmax", "relu2"]))
+def test_jagged_matches_padded(lengths, activation):
+    cfg = dataclasses.replace(TINY, activation=activation)
+    batch = random_batch(cfg, lengths)
+    loss_p, grads_p = loss_and_grads(cfg, batch, jagged=False)
+    loss_j, grads_j = loss_and_grads(cfg, batch, jagged=True)
+    torch.testing.assert_close(loss_j, loss_p, rtol=1e-5, atol=1e-6)
+    assert grads_p.keys() == grads_j.keys()
+    for name in grads_p:
+        torch.testing.assert_close(grads_j[name], grads_p[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_pad_rows_do_not_leak():
+    """Changing what sits on pad rows cannot change the padded model's output."""
+    batch = random_batch(TINY, [3, 1, 7])
+    model = GEMRef(TINY, jagged=False)
+    layout = model.layout(batch)
+    x, z = model.embed(batch, layout)
+    x_noisy = x + torch.randn_like(x) * (~layout.row_is_real)[:, None]
+    outs = []
+    for rows in (x, x_noisy):
+        h, n = rows, z
+        for layer in model.layers:
+            h, n = layer(h, n, layout)
+        outs.append(layout.mean_pool(h))
+    torch.testing.assert_close(outs[0], outs[1])
+
+
+def test_history_longer_than_max_len_is_an_error():
+    batch = random_batch(TINY, [TINY.max_len + 1])
+    for jagged in (False, True):
+        with pytest.raises(ValueError, match=f"> max_len={TINY.max_len}"):
+            GEMRef(TINY, jagged=jagged)(batch)
+
+
+def test_model_learns_a_fixed_batch():
+    batch = random_batch(TINY, [5, 9, 2, 30, 1, 12, 7, 3])
+    model = GEMRef(TINY, jagged=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = None
+    for _ in range(30):
+        opt.zero_grad()
+        loss = ranking_loss(model(batch), batch.labels)
+        first = first if first is not None else loss.item()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.5 * first
+
+
+def test_loss_normalizer_scales_the_sum():
+    logits, labels = torch.randn(4, 2), torch.randint(0, 2, (4, 2)).float()
+    torch.testing.assert_close(ranking_loss(logits, labels, normalizer=8), ranking_loss(logits, labels) / 2)

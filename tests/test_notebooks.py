@@ -1,0 +1,76 @@
+"""Every notebook runs headless under the `ci` profile and records metrics that make sense.
+
+Executed copies land in artifacts/notebooks/ci/ (open them in JupyterLab to see the figures).
+`pytest --nbmake notebooks/` (in `make test`) also runs each notebook with its own defaults.
+"""
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from gemref.notebooks import NOTEBOOK_DIR, NotebookFailure, execute, load_profile, run_notebooks
+
+OUT = Path(__file__).resolve().parent.parent / "artifacts" / "notebooks" / "ci"
+NOTEBOOKS = sorted(p.stem for p in NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
+
+# What each notebook's recorded metrics must satisfy under the ci profile.
+EXPECT = {
+    "00_mfu_baseline": lambda m: (m["flops_relative_error"] <= 0.02 and m["executed_over_model"] > 1.5
+                                  and 0 < m["mfu"] < 1 and m["tokens_per_s"] > 0),
+}
+
+
+def test_every_notebook_has_expectations():
+    assert set(NOTEBOOKS) == set(EXPECT), "add the new notebook's metric checks to EXPECT"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs_under_ci_profile(name, data_root):
+    profile = load_profile("ci")
+    params = {**profile["global"], **profile["notebooks"].get(name, {})}
+    metrics = execute(NOTEBOOK_DIR / f"{name}.ipynb", OUT / f"{name}.ipynb", params)
+    assert metrics, f"{name} recorded no metrics"
+    assert EXPECT[name](metrics), metrics
+
+
+def test_notebooks_are_committed_clean():
+    for name in NOTEBOOKS:
+        nb = nbformat.read(NOTEBOOK_DIR / f"{name}.ipynb", as_version=4)
+        tags = [c.metadata.get("tags", []) for c in nb.cells]
+        assert any("parameters" in t for t in tags), f"{name}: no parameters cell"
+        assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"{name}: outputs"
+
+
+def _toy_notebooks(folder: Path, body: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("X = 1  # any int")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(body),
+                nbformat.v4.new_code_cell("from gemref.notebooks import record_metrics\nrecord_metrics({'x': X})")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    (folder / "params").mkdir(parents=True)
+    (folder / "params" / "ci.yaml").write_text("global:\n  X: 2\n")
+    nbformat.write(nb, folder / "00_toy.ipynb")
+    return folder
+
+
+def test_batch_collects_metrics_over_a_grid(tmp_path):
+    folder = _toy_notebooks(tmp_path / "nb", "assert X > 0")
+    rows = run_notebooks("ci", tmp_path / "out", notebook_dir=folder, grid={"X": [3, 4]}, log=lambda s: None)
+    assert [r["x"] for r in rows] == [3, 4]
+    assert "x" in (tmp_path / "out" / "summary.csv").read_text().splitlines()[0]
+    assert (tmp_path / "out" / "summary.html").exists()
+
+
+def test_batch_fails_loudly_on_a_failing_cell(tmp_path):
+    folder = _toy_notebooks(tmp_path / "nb", "raise RuntimeError('boom')")
+    with pytest.raises(NotebookFailure, match=r"00_toy failed: cell 2 \(`raise RuntimeError\(.boom.\)`\) raised RuntimeError: boom"):
+        run_notebooks("ci", tmp_path / "out", notebook_dir=folder, log=lambda s: None)
+
+
+def test_batch_rejects_unknown_parameters(tmp_path):
+    folder = _toy_notebooks(tmp_path / "nb", "pass")
+    with pytest.raises(ValueError, match=r"00_toy: unknown parameter\(s\) \['Y'\]; it declares X"):
+        run_notebooks("ci", tmp_path / "out", notebook_dir=folder, params={"Y": 1}, log=lambda s: None)
+    with pytest.raises(ValueError, match="unknown notebook"):
+        run_notebooks("ci", tmp_path / "out", notebook_dir=folder, names=["99_nope"], log=lambda s: None)
