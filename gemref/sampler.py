@@ -155,9 +155,11 @@ class BalancedDistributedBatchSampler:
         self.rank, self.world_size = _dist_rank_world(rank, world_size)
         if policy not in POLICIES:
             raise ValueError(f"policy={policy!r}; valid: {', '.join(POLICIES)}")
-        if global_batch_size < self.world_size * max(min_per_rank, 1):
+        if min_per_rank < 1:
+            raise ValueError(f"min_per_rank must be >= 1 (an empty per-rank batch cannot be collated), got {min_per_rank}")
+        if global_batch_size < self.world_size * min_per_rank:
             raise ValueError(f"global_batch_size={global_batch_size} cannot give {self.world_size} ranks "
-                             f"min_per_rank={max(min_per_rank, 1)} sample(s) each")
+                             f"min_per_rank={min_per_rank} sample(s) each")
         n = len(self.lengths)
         if n == 0:
             raise ValueError("lengths is empty: no samples to batch")

@@ -110,6 +110,9 @@ def test_every_policy_is_an_exact_cover(costs, ranks, policy, min_per_rank):
     parts = partition(costs, ranks, policy, min_per_rank)
     check_cover(parts, len(costs), ranks, min_per_rank)
     assert parts == partition(list(costs), ranks, policy, min_per_rank), "deterministic"
+    if policy == "kk":
+        lpt_parts = partition(costs, ranks, "lpt", min_per_rank)
+        assert rank_loads(costs, parts).max() <= rank_loads(costs, lpt_parts).max() * (1 + 1e-12)
 
 
 @SETTINGS
@@ -165,6 +168,11 @@ def test_refine_never_raises_the_max_and_keeps_counts(costs, ranks, seed, min_pe
     out = refine(costs, start, min_per_rank)
     check_cover(out, len(costs), ranks, min_per_rank)
     assert rank_loads(costs, out).max() <= rank_loads(costs, start).max()
+
+
+def test_refine_rejects_a_bad_cover():
+    with pytest.raises(ValueError, match="exactly once"):
+        refine([1.0, 2.0, 3.0], [[0, 1], [1]])
 
 
 def test_naive_policies_shape():

@@ -168,6 +168,9 @@ def test_distributed_last_partial_batch_and_errors():
         all_ranks([5] * 9, 4, 2)
     with pytest.raises(ValueError, match="global_batch_size=3 cannot give 4 ranks"):
         all_ranks(lengths, 3, 4)
+    with pytest.raises(ValueError, match="min_per_rank must be >= 1"):
+        all_ranks(lengths, 4, 2, min_per_rank=0)
+    assert all(len(b) == 2 for s in all_ranks([5] * 12, 4, 2, min_per_rank=2) for b in s)
     with pytest.raises(ValueError, match="leaves no batch"):
         all_ranks([5] * 3, 4, 2, drop_last=True)
     with pytest.raises(ValueError, match="lengths is empty"):
