@@ -280,3 +280,21 @@ def test_two_rank_gradient_equals_single_process_full_batch():
         assert rel(r["sum_scaled"]) < 1e-5
         assert rel(r["ddp_naive"]) > 1e-3, "the naive per-rank mean must differ (else the test proves nothing)"
     assert math.isclose(rel(results[0]["ddp_scaled"]), rel(results[1]["ddp_scaled"]), abs_tol=1e-7)
+
+
+# ----------------------------------------------------------------------------- bench command
+
+@pytest.mark.multiproc
+def test_bench_balance_runs_and_records(tmp_path, capsys):
+    import json
+    from gemref.cli import main
+    path = tmp_path / "balance.json"
+    assert main(["bench", "balance", "--ranks", "2", "--batch", "16", "--batches", "2", "--max-len", "64",
+                 "--median", "8", "--measure", "--measure-steps", "1", "--json", str(path)]) == 0
+    record = json.loads(path.read_text())
+    assert [r["policy"] for r in record["projected"]] == list(POLICIES)
+    assert all(r["imbalance"] >= 1.0 and 0.0 <= r["idle"] < 1.0 for r in record["projected"])
+    assert {r["policy"] for r in record["measured"]} == {"round_robin", "kk"}
+    assert sum(r["samples"] for r in record["measured_per_rank"] if r["policy"] == "kk") == 16
+    assert "imbalance_worst" in capsys.readouterr().out
+    assert main(["bench", "balance", "--ranks", "4", "--batch", "2"]) == 2

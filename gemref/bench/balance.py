@@ -7,20 +7,24 @@ batch with each policy and report, per policy, the medians over batches of
   imbalance = max / mean per-rank cost   (1.0 = perfect)
   idle      = sum_r (max - cost_r) / (R * max), the share of rank-time spent waiting for
               the straggler at the gradient all-reduce
-  part_ms   = time of the partitioner itself (it runs on every rank, every step).
+  part_ms   = time of the partitioner itself (it runs on every rank, every step)
+  lower_bound = max(dearest sample, mean) / mean: no partition of that batch can do better.
 
 --measure: spawn R gloo ranks on CPU (one thread each). A toy jagged model (projection,
 per-sequence attention, mean pool: cost c0 + c1*L + c2*L^2) is first calibrated in this
 process (`gemref.balance.calibrate`); then every rank, on each global batch, runs fwd+bwd
 on its samples split by round_robin and by kk in turn, then all-reduces the gradients.
-Per rank: compute time, and wait (+comm) time in the all-reduce. With more ranks than CPU
-cores the ranks time-share cores and wall times stretch (compute_cpu_ms shows CPU time).
+Per rank: compute time, and wait (+comm) time in the all-reduce; per step: step time (max
+over ranks), imbalance of compute wall time and of compute CPU time, idle share. With more
+ranks than CPU cores, or other jobs on the machine, ranks time-share cores and wall times
+stretch: then cpu_imbalance (thread CPU time, blind to time-sharing) is the figure to read.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import os
+import platform
 import socket
 import statistics
 import tempfile
@@ -33,6 +37,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from .. import __version__
 from ..balance import (POLICIES, SampleCost, calibrate, idle_fraction, imbalance, partition, rank_loads,
                        rank_loss_scale)
 from ..config import LENGTH_PROFILES, get_preset
@@ -129,10 +134,10 @@ def spawn_gloo(fn, world: int, args: tuple = (), timeout_s: float = 120.0) -> li
         return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=True) for r in range(world)]
 
 
-def _measure_rank(rank, world, lengths_per_step, cost_coeffs, policies, d_in, warmup):
+def _measure_rank(rank, world, lengths_per_step, cost_coeffs, policies, d_in, d_hidden, warmup):
     """One rank of --measure: per step and policy, (compute wall s, compute CPU s, all-reduce wall s, n)."""
     torch.manual_seed(0)
-    model = ToyJaggedModel(d_in)
+    model = ToyJaggedModel(d_in, d_hidden)
     cost = SampleCost(*cost_coeffs)
     out = {p: [] for p in policies}
     for step, lengths in enumerate(lengths_per_step):
@@ -154,10 +159,16 @@ def _measure_rank(rank, world, lengths_per_step, cost_coeffs, policies, d_in, wa
     return {p: torch.tensor(v, dtype=torch.float64) for p, v in out.items()}
 
 
-def calibrate_toy(pool: np.ndarray, d_in: int, n_batches: int = 16, reps: int = 3, seed: int = 0):
-    """Time toy fwd+bwd on batches of varied size and length mix from `pool`; fit a SampleCost in seconds."""
+def calibrate_toy(pool: np.ndarray, d_in: int, d_hidden: int, n_batches: int = 24, reps: int = 3, seed: int = 0):
+    """Time toy fwd+bwd on batches of varied size and length mix from `pool`; fit a SampleCost in seconds.
+
+    Times are this thread's CPU time (one torch thread: the op and autograd work run on it),
+    so that other processes sharing the cores do not distort the fit.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)      # as on every rank; and thread_time must see all the work
     torch.manual_seed(0)
-    model = ToyJaggedModel(d_in)
+    model = ToyJaggedModel(d_in, d_hidden)
     rng = np.random.default_rng(seed)
     lengths_list, times = [], []
     for k in range(n_batches):
@@ -166,11 +177,12 @@ def calibrate_toy(pool: np.ndarray, d_in: int, n_batches: int = 16, reps: int = 
         samples = []
         for _ in range(reps + 1):   # first run is warm-up
             model.zero_grad(set_to_none=True)
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             sample_losses(model, *batch).mean().backward()
-            samples.append(time.perf_counter() - t0)
+            samples.append(time.thread_time() - t0)
         lengths_list.append(lengths)
         times.append(statistics.median(samples[1:]))
+    torch.set_num_threads(threads)
     return calibrate(lengths_list, times)
 
 
@@ -192,6 +204,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--measure", action="store_true", help="also run R gloo ranks on CPU (toy model)")
     p.add_argument("--measure-steps", type=int, default=10, help="measured steps per policy (after 2 warm-up)")
+    p.add_argument("--toy-width", type=int, default=128, help="hidden width of the --measure toy model")
     p.add_argument("--json", metavar="PATH", help="write the record here")
 
 
@@ -210,29 +223,29 @@ def _projected(args, cost: SampleCost) -> list[dict]:
             imb.append(imbalance(loads))
             idle.append(idle_fraction(loads))
             counts += [len(q) for q in parts]
-            best_possible.append(max(costs.max(), costs.mean() * args.batch / args.ranks) / loads.mean())
+            best_possible.append(max(costs.max(), loads.mean()) / loads.mean())
         rows.append({"policy": policy, "imbalance": statistics.median(imb), "imbalance_worst": max(imb),
                      "idle": statistics.median(idle), "samples/rank": f"{min(counts)}-{max(counts)}",
-                     "part_ms": statistics.median(ms), "bound": statistics.median(best_possible)})
+                     "part_ms": statistics.median(ms), "lower_bound": statistics.median(best_possible)})
     return rows
 
 
 def _show(rows: list[dict]) -> list[dict]:
     """Ratios near 1 need 4 decimals to be told apart (format_table keeps 3 significant digits)."""
-    keys = ("imbalance", "imbalance_worst", "idle", "speedup", "bound", "cpu_imbalance")
+    keys = ("imbalance", "imbalance_worst", "idle", "speedup", "lower_bound", "cpu_imbalance")
     return [{k: f"{v:.4f}" if k in keys else v for k, v in row.items()} for row in rows]
 
 
 def _measure(args) -> tuple[dict, list[dict], list[dict]]:
     d_in, warmup = 8, 2
     pool = draw_lengths(args.profile, 4096, args.max_len, args.median, args.sigma, args.seed + 10_000)
-    fit = calibrate_toy(pool, d_in, seed=args.seed)
+    fit = calibrate_toy(pool, d_in, args.toy_width, seed=args.seed)
     steps = [draw_lengths(args.profile, args.batch, args.max_len, args.median, args.sigma, args.seed + s)
              for s in range(warmup + args.measure_steps)]
     policies = ["round_robin", "kk"]
     c = fit.cost
     results = spawn_gloo(_measure_rank, args.ranks,
-                         (steps, (c.per_sample, c.per_token, c.per_token_sq), policies, d_in, warmup),
+                         (steps, (c.per_sample, c.per_token, c.per_token_sq), policies, d_in, args.toy_width, warmup),
                          timeout_s=540)
     per_rank, summary = [], []
     for policy in policies:
@@ -264,17 +277,19 @@ def run(args: argparse.Namespace) -> int:
                                    f"lengths (median {args.median}, max {args.max_len}), {args.batches} batches"))
     record = {"bench": "balance", "config": {k: v for k, v in vars(args).items() if k != "func"},
               "cost_flops": list(args.cost), "projected": rows, "cpu_count": os.cpu_count(),
-              "torch": torch.__version__}
+              "platform": platform.platform(), "torch": torch.__version__, "gemref": __version__}
     if args.measure:
+        load_1min = os.getloadavg()[0]
         fit, per_rank, summary = _measure(args)
         print(f"\ncalibrated toy cost (s): per_sample {fit['per_sample_s']:.3g}, per_token {fit['per_token_s']:.3g}, "
               f"per_token^2 {fit['per_token_sq_s']:.3g}, per_step {fit['per_step_s']:.3g} "
               f"(rel RMS error {fit['rel_rms_error']:.1%})")
-        if args.ranks > (os.cpu_count() or 1):
-            print(f"note: {args.ranks} ranks share {os.cpu_count()} CPU cores: wall times include time-sharing")
+        if args.ranks + load_1min > (os.cpu_count() or 1):
+            print(f"note: {args.ranks} ranks + load average {load_1min:.1f} on {os.cpu_count()} CPU cores: "
+                  "wall times include time-sharing; read cpu_imbalance")
         print(format_table(per_rank, title="measured per rank (medians over steps)"))
         print(format_table(_show(summary), title="measured per step (medians over steps)"))
-        record.update(calibration=fit, measured_per_rank=per_rank, measured=summary)
+        record.update(calibration=fit, measured_per_rank=per_rank, measured=summary, load_avg_1min=load_1min)
     if args.json:
         write_json(args.json, record)
     return 0
