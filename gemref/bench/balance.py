@@ -1,0 +1,295 @@
+"""Load balancing across data-parallel ranks: imbalance and straggler wait per partition policy.
+
+Projected (default): draw global batches of history lengths from a length profile, price
+each sample with a SampleCost (FLOPs; the default c0=1e6, c1=2e5, c2=5e2 is a placeholder
+for a small model until gemref/mfu/flops.py supplies real coefficients), partition every
+batch with each policy and report, per policy, the medians over batches of
+  imbalance = max / mean per-rank cost   (1.0 = perfect)
+  idle      = sum_r (max - cost_r) / (R * max), the share of rank-time spent waiting for
+              the straggler at the gradient all-reduce
+  part_ms   = time of the partitioner itself (it runs on every rank, every step)
+  lower_bound = max(dearest sample, mean) / mean: no partition of that batch can do better.
+
+--measure: spawn R gloo ranks on CPU (one thread each). A toy jagged model (projection,
+per-sequence attention, mean pool: cost c0 + c1*L + c2*L^2) is first calibrated in this
+process (`gemref.balance.calibrate`); then every rank, on each global batch, runs fwd+bwd
+on its samples split by round_robin and by kk in turn, then all-reduces the gradients.
+Per rank: compute time, and wait (+comm) time in the all-reduce; per step: step time (max
+over ranks), imbalance of compute wall time and of compute CPU time, idle share. With more
+ranks than CPU cores, or other jobs on the machine, ranks time-share cores and wall times
+stretch: then cpu_imbalance (thread CPU time, blind to time-sharing) is the figure to read.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from .. import __version__
+from ..balance import (POLICIES, SampleCost, calibrate, idle_fraction, imbalance, partition, rank_loads,
+                       rank_loss_scale)
+from ..config import LENGTH_PROFILES, get_preset
+from ..report import format_table, write_json
+from ..sampler import draw_lengths
+
+DEFAULT_COST = SampleCost(per_sample=1e6, per_token=2e5, per_token_sq=5e2)  # FLOPs, placeholder
+
+
+# ----------------------------------------------------------------------------- toy jagged model
+
+
+class ToyJaggedModel(nn.Module):
+    """A stand-in for GEM's sequence tower: per-event projection, optional per-sequence softmax
+    attention (the L^2 term), jagged mean pool, linear head -> one logit per sample."""
+
+    def __init__(self, d_in: int = 8, d_hidden: int = 64, attention: bool = True):
+        super().__init__()
+        self.proj = nn.Linear(d_in, d_hidden)
+        self.head = nn.Linear(d_hidden, 1)
+        self.attention = attention
+
+    def forward(self, values_TD: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        h_TH = torch.tanh(self.proj(values_TD))
+        lengths = offsets[1:] - offsets[:-1]
+        if self.attention:
+            h_TH = torch.cat([torch.softmax(h @ h.T / h.shape[1] ** 0.5, dim=-1) @ h
+                              for h in torch.split(h_TH, lengths.tolist())] or [h_TH])
+        seg = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+        pooled_BH = h_TH.new_zeros(lengths.numel(), h_TH.shape[1]).index_add_(0, seg, h_TH)
+        pooled_BH = pooled_BH / lengths.clamp(min=1)[:, None].to(h_TH.dtype)
+        return self.head(pooled_BH).squeeze(-1)
+
+
+def toy_batch(lengths, d_in: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Deterministic random (values (T, d_in), offsets (B+1,), labels (B,)) for given lengths."""
+    g = torch.Generator().manual_seed(seed)
+    lengths_t = torch.as_tensor(np.asarray(lengths), dtype=torch.int64)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths_t, 0)])
+    values = torch.randn(int(offsets[-1]), d_in, generator=g)
+    labels = torch.randint(0, 2, (len(lengths_t),), generator=g).float()
+    return values, offsets, labels
+
+
+def select_samples(values, offsets, labels, idx):
+    """The samples `idx` of a toy batch, as a new jagged batch."""
+    idx = list(idx)
+    lengths = (offsets[1:] - offsets[:-1])[idx]
+    rows = [values[offsets[i]:offsets[i + 1]] for i in idx]
+    new_offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+    return torch.cat(rows) if rows else values[:0], new_offsets, labels[idx]
+
+
+def sample_losses(model, values, offsets, labels) -> torch.Tensor:
+    """(B,) per-sample binary cross-entropy."""
+    return nn.functional.binary_cross_entropy_with_logits(model(values, offsets), labels, reduction="none")
+
+
+# ----------------------------------------------------------------------------- gloo ranks
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_entry(rank, fn, world, port, timeout_s, out_dir, args):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        torch.save(fn(rank, world, *args), Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_gloo(fn, world: int, args: tuple = (), timeout_s: float = 120.0) -> list:
+    """Run fn(rank, world, *args) on `world` spawned gloo ranks (one CPU thread each); return their results.
+
+    `fn` must be importable (module level) and return tensors / plain containers. A rank that
+    raises fails the call; past `timeout_s` every rank is killed and TimeoutError raised.
+    """
+    with tempfile.TemporaryDirectory() as out_dir:
+        ctx = mp.spawn(_rank_entry, args=(fn, world, free_port(), timeout_s, out_dir, args),
+                       nprocs=world, join=False)
+        deadline = time.monotonic() + timeout_s
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                raise TimeoutError(f"{world} gloo ranks did not finish within {timeout_s:.0f} s")
+        return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=True) for r in range(world)]
+
+
+def _measure_rank(rank, world, lengths_per_step, cost_coeffs, policies, d_in, d_hidden, warmup):
+    """One rank of --measure: per step and policy, (compute wall s, compute CPU s, all-reduce wall s, n)."""
+    torch.manual_seed(0)
+    model = ToyJaggedModel(d_in, d_hidden)
+    cost = SampleCost(*cost_coeffs)
+    out = {p: [] for p in policies}
+    for step, lengths in enumerate(lengths_per_step):
+        batch = toy_batch(lengths, d_in, seed=step)
+        for policy in policies:
+            mine = partition(cost.cost(lengths), world, policy, min_per_rank=1)[rank]
+            values, offsets, labels = select_samples(*batch, mine)
+            model.zero_grad(set_to_none=True)
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.thread_time()
+            scale = rank_loss_scale(len(mine), len(lengths), world, grad_reduce="sum")
+            (sample_losses(model, values, offsets, labels).mean() * scale).backward()
+            t1, c1 = time.perf_counter(), time.thread_time()
+            flat = torch.cat([p.grad.flatten() for p in model.parameters()])
+            dist.all_reduce(flat)
+            t2 = time.perf_counter()
+            if step >= warmup:
+                out[policy].append([t1 - t0, c1 - c0, t2 - t1, len(mine)])
+    return {p: torch.tensor(v, dtype=torch.float64) for p, v in out.items()}
+
+
+def calibrate_toy(pool: np.ndarray, d_in: int, d_hidden: int, n_batches: int = 24, reps: int = 3, seed: int = 0):
+    """Time toy fwd+bwd on batches of varied size and length mix from `pool`; fit a SampleCost in seconds.
+
+    Times are this thread's CPU time (one torch thread: the op and autograd work run on it),
+    so that other processes sharing the cores do not distort the fit.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)      # as on every rank; and thread_time must see all the work
+    torch.manual_seed(0)
+    model = ToyJaggedModel(d_in, d_hidden)
+    rng = np.random.default_rng(seed)
+    lengths_list, times = [], []
+    for k in range(n_batches):
+        lengths = rng.choice(pool, size=int(rng.integers(4, 65)))
+        batch = toy_batch(lengths, d_in, seed=k)
+        samples = []
+        for _ in range(reps + 1):   # first run is warm-up
+            model.zero_grad(set_to_none=True)
+            t0 = time.thread_time()
+            sample_losses(model, *batch).mean().backward()
+            samples.append(time.thread_time() - t0)
+        lengths_list.append(lengths)
+        times.append(statistics.median(samples[1:]))
+    torch.set_num_threads(threads)
+    return calibrate(lengths_list, times)
+
+
+# ----------------------------------------------------------------------------- command
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    small = get_preset("small")
+    p.add_argument("--ranks", type=int, default=8, help="data-parallel ranks R")
+    p.add_argument("--batch", type=int, default=512, help="global batch size (samples)")
+    p.add_argument("--profile", choices=LENGTH_PROFILES, default="skewed")
+    p.add_argument("--max-len", type=int, default=small.model.max_len)
+    p.add_argument("--median", type=int, default=small.data.median_len, help="median (skewed) / every (fixed) length")
+    p.add_argument("--sigma", type=float, default=small.data.len_sigma, help="log-normal sigma of the skewed profile")
+    p.add_argument("--batches", type=int, default=20, help="global batches to evaluate (medians over them)")
+    p.add_argument("--cost", type=float, nargs=3, metavar=("C0", "C1", "C2"),
+                   default=[DEFAULT_COST.per_sample, DEFAULT_COST.per_token, DEFAULT_COST.per_token_sq],
+                   help="FLOPs per sample, per event, per event^2 (placeholder default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--measure", action="store_true", help="also run R gloo ranks on CPU (toy model)")
+    p.add_argument("--measure-steps", type=int, default=10, help="measured steps per policy (after 2 warm-up)")
+    p.add_argument("--toy-width", type=int, default=128, help="hidden width of the --measure toy model")
+    p.add_argument("--json", metavar="PATH", help="write the record here")
+
+
+def _projected(args, cost: SampleCost) -> list[dict]:
+    rows = []
+    batches = [draw_lengths(args.profile, args.batch, args.max_len, args.median, args.sigma, args.seed + b)
+               for b in range(args.batches)]
+    for policy in POLICIES:
+        imb, idle, ms, counts, best_possible = [], [], [], [], []
+        for lengths in batches:
+            costs = cost.cost(lengths)
+            t0 = time.perf_counter()
+            parts = partition(costs, args.ranks, policy, min_per_rank=1)
+            ms.append((time.perf_counter() - t0) * 1e3)
+            loads = rank_loads(costs, parts)
+            imb.append(imbalance(loads))
+            idle.append(idle_fraction(loads))
+            counts += [len(q) for q in parts]
+            best_possible.append(max(costs.max(), loads.mean()) / loads.mean())
+        rows.append({"policy": policy, "imbalance": statistics.median(imb), "imbalance_worst": max(imb),
+                     "idle": statistics.median(idle), "samples/rank": f"{min(counts)}-{max(counts)}",
+                     "part_ms": statistics.median(ms), "lower_bound": statistics.median(best_possible)})
+    return rows
+
+
+def _show(rows: list[dict]) -> list[dict]:
+    """Ratios near 1 need 4 decimals to be told apart (format_table keeps 3 significant digits)."""
+    keys = ("imbalance", "imbalance_worst", "idle", "speedup", "lower_bound", "cpu_imbalance")
+    return [{k: f"{v:.4f}" if k in keys else v for k, v in row.items()} for row in rows]
+
+
+def _measure(args) -> tuple[dict, list[dict], list[dict]]:
+    d_in, warmup = 8, 2
+    pool = draw_lengths(args.profile, 4096, args.max_len, args.median, args.sigma, args.seed + 10_000)
+    fit = calibrate_toy(pool, d_in, args.toy_width, seed=args.seed)
+    steps = [draw_lengths(args.profile, args.batch, args.max_len, args.median, args.sigma, args.seed + s)
+             for s in range(warmup + args.measure_steps)]
+    policies = ["round_robin", "kk"]
+    c = fit.cost
+    results = spawn_gloo(_measure_rank, args.ranks,
+                         (steps, (c.per_sample, c.per_token, c.per_token_sq), policies, d_in, args.toy_width, warmup),
+                         timeout_s=540)
+    per_rank, summary = [], []
+    for policy in policies:
+        per_step = torch.stack([res[policy] for res in results])    # (R, steps, 4)
+        wall = per_step[:, :, 0] + per_step[:, :, 2]                  # compute + all-reduce
+        for r in range(args.ranks):
+            med = per_step[r].median(dim=0).values.tolist()
+            per_rank.append({"policy": policy, "rank": r, "samples": int(med[3]), "compute_ms": med[0] * 1e3,
+                             "compute_cpu_ms": med[1] * 1e3, "allreduce_wait_ms": med[2] * 1e3})
+        compute, cpu = per_step[:, :, 0], per_step[:, :, 1]
+        summary.append({"policy": policy, "step_ms": float(wall.max(0).values.median()) * 1e3,
+                        "imbalance": float((compute.max(0).values / compute.mean(0)).median()),
+                        "cpu_imbalance": float((cpu.max(0).values / cpu.mean(0)).median()),
+                        "idle": float((per_step[:, :, 2].sum(0) / wall.sum(0)).median())})
+    base = summary[0]["step_ms"]
+    for row in summary:
+        row["speedup"] = base / row["step_ms"]
+    fit_info = {"per_sample_s": c.per_sample, "per_token_s": c.per_token, "per_token_sq_s": c.per_token_sq,
+                "per_step_s": fit.per_step, "rel_rms_error": fit.rel_rms_error}
+    return fit_info, per_rank, summary
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.ranks < 1 or args.batch < args.ranks or args.batches < 1 or args.measure_steps < 1:
+        raise ValueError("need --ranks >= 1, --batch >= --ranks, --batches >= 1, --measure-steps >= 1")
+    cost = SampleCost(*args.cost)
+    rows = _projected(args, cost)
+    print(format_table(_show(rows), title=f"projected: {args.ranks} ranks, global batch {args.batch}, {args.profile} "
+                                   f"lengths (median {args.median}, max {args.max_len}), {args.batches} batches"))
+    record = {"bench": "balance", "config": {k: v for k, v in vars(args).items() if k != "func"},
+              "cost_flops": list(args.cost), "projected": rows, "cpu_count": os.cpu_count(),
+              "platform": platform.platform(), "torch": torch.__version__, "gemref": __version__}
+    if args.measure:
+        load_1min = os.getloadavg()[0]
+        fit, per_rank, summary = _measure(args)
+        print(f"\ncalibrated toy cost (s): per_sample {fit['per_sample_s']:.3g}, per_token {fit['per_token_s']:.3g}, "
+              f"per_token^2 {fit['per_token_sq_s']:.3g}, per_step {fit['per_step_s']:.3g} "
+              f"(rel RMS error {fit['rel_rms_error']:.1%})")
+        if args.ranks + load_1min > (os.cpu_count() or 1):
+            print(f"note: {args.ranks} ranks + load average {load_1min:.1f} on {os.cpu_count()} CPU cores: "
+                  "wall times include time-sharing; read cpu_imbalance")
+        print(format_table(per_rank, title="measured per rank (medians over steps)"))
+        print(format_table(_show(summary), title="measured per step (medians over steps)"))
+        record.update(calibration=fit, measured_per_rank=per_rank, measured=summary, load_avg_1min=load_1min)
+    if args.json:
+        write_json(args.json, record)
+    return 0

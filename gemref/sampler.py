@@ -1,0 +1,204 @@
+"""Batch samplers for variable-length samples: a token/FLOP budget per step, and balanced DP ranks.
+
+Both are `batch_sampler`s for torch.utils.data.DataLoader: iterables of index lists that
+need each sample's history length up front (a Parquet column, or `draw_lengths` for
+synthetic profiles). Both are deterministic for a seed, reshuffle per epoch (`set_epoch`),
+and use every sample exactly once per epoch; nothing is dropped silently.
+
+- `TokenBudgetBatcher` (one device): variable batch size, each batch's total tokens (or
+  FLOPs with a `SampleCost`) within a fixed budget.
+- `BalancedDistributedBatchSampler` (R ranks): cuts global batches of fixed size and splits
+  each across ranks by cost (gemref/balance.py), so every rank finishes at the same time.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from .balance import POLICIES, SampleCost, check_costs, check_lengths, partition
+from .config import LENGTH_PROFILES
+
+
+def draw_lengths(profile: str, n: int, max_len: int, median: int, sigma: float = 1.1,
+                 seed: int = 0) -> np.ndarray:
+    """(n,) int64 history lengths from a length profile, deterministic for `seed`.
+
+    - skewed: round(exp(N(log median, sigma))), truncated to [1, max_len]. The truncation
+      leaves a spike at max_len, like real histories cut to the last max_len events.
+    - uniform: integers uniform on [1, max_len].
+    - fixed: every sample has `median` events.
+    """
+    if profile not in LENGTH_PROFILES:
+        raise ValueError(f"profile={profile!r}; valid: {', '.join(LENGTH_PROFILES)}")
+    if n < 0 or max_len < 1:
+        raise ValueError(f"need n >= 0 and max_len >= 1, got n={n}, max_len={max_len}")
+    if not 1 <= median <= max_len:
+        raise ValueError(f"median={median} must be in [1, max_len={max_len}]")
+    if not (np.isfinite(sigma) and sigma > 0):
+        raise ValueError(f"sigma must be finite and > 0, got {sigma}")
+    rng = np.random.default_rng(seed)
+    if profile == "skewed":
+        raw = np.round(np.exp(rng.normal(np.log(median), sigma, size=n)))
+        return np.clip(raw, 1, max_len).astype(np.int64)
+    if profile == "uniform":
+        return rng.integers(1, max_len + 1, size=n, dtype=np.int64)
+    return np.full(n, median, dtype=np.int64)
+
+
+def _weights(lengths, cost: SampleCost | None) -> np.ndarray:
+    L = check_lengths(lengths)
+    return L.astype(np.float64) if cost is None else cost.cost(L)
+
+
+def _permutation(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The epoch's sample order; identical on every rank (torch.Generator, like DistributedSampler)."""
+    if not shuffle:
+        return np.arange(n)
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    return torch.randperm(n, generator=g).numpy()
+
+
+class TokenBudgetBatcher:
+    """Variable-size batches, each within `budget` tokens (history events), or FLOPs given `cost`.
+
+    Samples are taken in the epoch's shuffled order and packed greedily: a sample joins the
+    current batch if it still fits (and the batch has fewer than `max_samples`), else the
+    batch is emitted and a new one starts. With token weights a zero-length history costs
+    nothing, so prefer a FLOP budget (its per-sample term) or set `max_samples`.
+    A sample that alone exceeds the budget is a ValueError at construction, naming it; with
+    `allow_oversize=True` it becomes a batch of its own instead.
+    """
+
+    def __init__(self, lengths, budget: float, cost: SampleCost | None = None, seed: int = 0,
+                 shuffle: bool = True, allow_oversize: bool = False, max_samples: int | None = None):
+        self.weights = _weights(lengths, cost)
+        if not (np.isfinite(budget) and budget > 0):
+            raise ValueError(f"budget must be finite and > 0, got {budget}")
+        if max_samples is not None and max_samples < 1:
+            raise ValueError(f"max_samples must be >= 1, got {max_samples}")
+        over = np.flatnonzero(self.weights > budget)
+        if over.size and not allow_oversize:
+            i = int(over[0])
+            unit = "tokens" if cost is None else "cost"
+            raise ValueError(f"sample {i} ({unit} {self.weights[i]:.6g}) exceeds budget={budget:.6g} on its own "
+                             f"({over.size} such samples); raise the budget or pass allow_oversize=True")
+        self.budget, self.seed, self.shuffle = float(budget), seed, shuffle
+        self.max_samples = max_samples or len(self.weights)
+        self.epoch = 0
+        self._cache: tuple[int, list[list[int]]] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def batches(self) -> list[list[int]]:
+        """This epoch's batches (computed once per epoch)."""
+        if self._cache is None or self._cache[0] != self.epoch:
+            out: list[list[int]] = []
+            current: list[int] = []
+            filled = 0.0
+            for i in _permutation(len(self.weights), self.seed, self.epoch, self.shuffle).tolist():
+                w = float(self.weights[i])
+                if current and (filled + w > self.budget or len(current) >= self.max_samples):
+                    out.append(current)
+                    current, filled = [], 0.0
+                current.append(i)
+                filled += w
+            if current:
+                out.append(current)
+            self._cache = (self.epoch, out)
+        return self._cache[1]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter([list(b) for b in self.batches()])
+
+    def __len__(self) -> int:
+        return len(self.batches())
+
+
+def _dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is None or world_size is None:
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("rank and world_size were not given and torch.distributed is not initialised")
+        rank = dist.get_rank() if rank is None else rank
+        world_size = dist.get_world_size() if world_size is None else world_size
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need world_size >= 1 and 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    return rank, world_size
+
+
+class BalancedDistributedBatchSampler:
+    """Per-rank batch sampler: global batches of `global_batch_size`, each split across ranks by cost.
+
+    Every rank builds the same shuffled order (seed + epoch) and the same partition of every
+    global batch (deterministic, no communication), and yields its own index list. So each
+    sample is used once per epoch across all ranks, and all ranks take the same number of
+    steps (a rank running out early would hang the others at the all-reduce).
+    The last global batch may be smaller: it is kept and partitioned like the others, or
+    dropped with drop_last=True. Every rank gets at least `min_per_rank` (default 1)
+    samples per step; a dataset whose last batch cannot give that is a ValueError at
+    construction. Ranks hold different sample counts: scale each rank's loss with
+    `gemref.balance.rank_loss_scale(len(batch), sampler.global_size(step), world)`.
+    """
+
+    def __init__(self, lengths, global_batch_size: int, cost: SampleCost,
+                 rank: int | None = None, world_size: int | None = None, seed: int = 0,
+                 policy: str = "kk", drop_last: bool = False, shuffle: bool = True, min_per_rank: int = 1):
+        self.lengths = check_lengths(lengths)
+        if not isinstance(cost, SampleCost):
+            raise ValueError(f"cost must be a SampleCost, got {type(cost).__name__}")
+        self.cost = cost
+        self.costs = check_costs(self.cost.cost(self.lengths))
+        self.rank, self.world_size = _dist_rank_world(rank, world_size)
+        if policy not in POLICIES:
+            raise ValueError(f"policy={policy!r}; valid: {', '.join(POLICIES)}")
+        if min_per_rank < 1:
+            raise ValueError(f"min_per_rank must be >= 1 (an empty per-rank batch cannot be collated), got {min_per_rank}")
+        if global_batch_size < self.world_size * min_per_rank:
+            raise ValueError(f"global_batch_size={global_batch_size} cannot give {self.world_size} ranks "
+                             f"min_per_rank={min_per_rank} sample(s) each")
+        n = len(self.lengths)
+        if n == 0:
+            raise ValueError("lengths is empty: no samples to batch")
+        tail = n % global_batch_size
+        if tail and not drop_last and tail < self.world_size * min_per_rank:
+            raise ValueError(f"the last global batch would hold {tail} samples (of {n}), fewer than "
+                             f"world_size={self.world_size} x min_per_rank={min_per_rank}; "
+                             "pass drop_last=True or change global_batch_size")
+        if drop_last and n < global_batch_size:
+            raise ValueError(f"drop_last=True with {n} samples < global_batch_size={global_batch_size} leaves no batch")
+        self.global_batch_size, self.seed, self.policy = global_batch_size, seed, policy
+        self.drop_last, self.shuffle, self.min_per_rank = drop_last, shuffle, min_per_rank
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        n, b = len(self.lengths), self.global_batch_size
+        return n // b if self.drop_last else -(-n // b)
+
+    def global_size(self, step: int) -> int:
+        """Samples in global batch `step` of an epoch, over all ranks (the loss denominator)."""
+        if not 0 <= step < len(self):
+            raise ValueError(f"step={step} is outside this epoch's [0, {len(self)})")
+        return min(self.global_batch_size, len(self.lengths) - step * self.global_batch_size)
+
+    def global_batches(self) -> Iterator[np.ndarray]:
+        """This epoch's global batches of sample indices (the same on every rank)."""
+        order = _permutation(len(self.lengths), self.seed, self.epoch, self.shuffle)
+        for step in range(len(self)):
+            yield order[step * self.global_batch_size: step * self.global_batch_size + self.global_size(step)]
+
+    def plan(self) -> Iterator[list[list[int]]]:
+        """For each step, every rank's index list (rank r's is plan()[step][r])."""
+        for idx in self.global_batches():
+            parts = partition(self.costs[idx], self.world_size, self.policy, self.min_per_rank)
+            yield [idx[p].tolist() for p in parts]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for parts in self.plan():
+            yield parts[self.rank]
