@@ -60,7 +60,7 @@ class SampleCost:
     """Cost of one training sample with a history of L events: per_sample + per_token*L + per_token_sq*L^2.
 
     Units are those of the coefficients: model FLOPs (forward + backward) when they come
-    from gemref/mfu/flops.py (`sample_cost_coefficients(model_cfg, jagged=True)` gives
+    from gemref/mfu/flops.py (`sample_cost_coefficients(model_cfg)` gives
     (per_sample, per_token, per_token_sq) for a ModelConfig: dense layers on the
     non-sequence tokens, per-event projections/FFN, attention's 2*H*D*L^2 terms), or
     seconds when fitted by `calibrate` to measured step times.

@@ -220,8 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)  # argparse exits 2 on unknown commands/choices
+    command_parser = vars(args).pop("parser", parser)
     if extra:  # report unknown switches with the subcommand's usage, which lists the valid ones
-        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

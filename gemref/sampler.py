@@ -1,8 +1,8 @@
 """Batch samplers for variable-length samples: a token/FLOP budget per step, and balanced DP ranks.
 
 Both are `batch_sampler`s for torch.utils.data.DataLoader: iterables of index lists that
-need each sample's history length up front (a Parquet column, or `draw_lengths` for
-synthetic profiles). Both are deterministic for a seed, reshuffle per epoch (`set_epoch`),
+need each sample's history length up front (`EventDataset.lengths`, or
+`gemref.data.synthetic.draw_lengths` for synthetic profiles). Both are deterministic for a seed, reshuffle per epoch (`set_epoch`),
 and use every sample exactly once per epoch; nothing is dropped silently.
 
 - `TokenBudgetBatcher` (one device): variable batch size, each batch's total tokens (or
@@ -18,33 +18,6 @@ import numpy as np
 import torch
 
 from .balance import POLICIES, SampleCost, check_costs, check_lengths, partition
-from .config import LENGTH_PROFILES
-
-
-def draw_lengths(profile: str, n: int, max_len: int, median: int, sigma: float = 1.1,
-                 seed: int = 0) -> np.ndarray:
-    """(n,) int64 history lengths from a length profile, deterministic for `seed`.
-
-    - skewed: round(exp(N(log median, sigma))), truncated to [1, max_len]. The truncation
-      leaves a spike at max_len, like real histories cut to the last max_len events.
-    - uniform: integers uniform on [1, max_len].
-    - fixed: every sample has `median` events.
-    """
-    if profile not in LENGTH_PROFILES:
-        raise ValueError(f"profile={profile!r}; valid: {', '.join(LENGTH_PROFILES)}")
-    if n < 0 or max_len < 1:
-        raise ValueError(f"need n >= 0 and max_len >= 1, got n={n}, max_len={max_len}")
-    if not 1 <= median <= max_len:
-        raise ValueError(f"median={median} must be in [1, max_len={max_len}]")
-    if not (np.isfinite(sigma) and sigma > 0):
-        raise ValueError(f"sigma must be finite and > 0, got {sigma}")
-    rng = np.random.default_rng(seed)
-    if profile == "skewed":
-        raw = np.round(np.exp(rng.normal(np.log(median), sigma, size=n)))
-        return np.clip(raw, 1, max_len).astype(np.int64)
-    if profile == "uniform":
-        return rng.integers(1, max_len + 1, size=n, dtype=np.int64)
-    return np.full(n, median, dtype=np.int64)
 
 
 def _weights(lengths, cost: SampleCost | None) -> np.ndarray:

@@ -36,13 +36,12 @@ def test_ensure_dataset_reuses_matching_folder(tmp_path):
 
 
 def test_skewed_lengths_have_a_heavy_tail():
-    data = DataConfig(n_train=1, n_eval=1, median_len=20, len_sigma=1.1)
-    lengths = draw_lengths(np.random.default_rng(0), 20_000, data, max_len=256)
+    lengths = draw_lengths("skewed", 20_000, 256, 20, 1.1, seed=0)
     assert lengths.min() >= 1 and lengths.max() == 256
     assert 17 <= np.median(lengths) <= 23
     assert lengths.mean() > 1.4 * np.median(lengths)          # right-skewed
     assert (lengths == 256).mean() > 0.005                    # truncation spike at max_len
-    fixed = draw_lengths(np.random.default_rng(0), 10, dataclasses.replace(data, length_profile="fixed"), 256)
+    fixed = draw_lengths("fixed", 10, 256, 20)
     assert (fixed == 20).all()
 
 

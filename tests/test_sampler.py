@@ -6,7 +6,8 @@ from hypothesis import given, settings, strategies as st
 from torch.utils.data import DataLoader, Dataset
 
 from gemref.balance import POLICIES, SampleCost, imbalance, rank_loads
-from gemref.sampler import BalancedDistributedBatchSampler, TokenBudgetBatcher, draw_lengths
+from gemref.data.synthetic import draw_lengths
+from gemref.sampler import BalancedDistributedBatchSampler, TokenBudgetBatcher
 
 SETTINGS = settings(max_examples=30, deadline=None)
 COST = SampleCost(1e6, 2e5, 5e2)

@@ -1,8 +1,8 @@
 """Load balancing across data-parallel ranks: imbalance and straggler wait per partition policy.
 
 Projected (default): draw global batches of history lengths from a length profile, price
-each sample with a SampleCost (FLOPs; the default c0=1e6, c1=2e5, c2=5e2 is a placeholder
-for a small model until gemref/mfu/flops.py supplies real coefficients), partition every
+each sample with a SampleCost (model FLOPs of one training sample of the --preset model,
+from gemref/mfu/flops.py, unless --cost gives coefficients), partition every
 batch with each policy and report, per policy, the medians over batches of
   imbalance = max / mean per-rank cost   (1.0 = perfect)
   idle      = sum_r (max - cost_r) / (R * max), the share of rank-time spent waiting for
@@ -41,10 +41,9 @@ from .. import __version__
 from ..balance import (POLICIES, SampleCost, calibrate, idle_fraction, imbalance, partition, rank_loads,
                        rank_loss_scale)
 from ..config import LENGTH_PROFILES, get_preset
+from ..mfu.flops import sample_cost_coefficients
 from ..report import format_table, write_json
-from ..sampler import draw_lengths
-
-DEFAULT_COST = SampleCost(per_sample=1e6, per_token=2e5, per_token_sq=5e2)  # FLOPs, placeholder
+from ..data.synthetic import draw_lengths
 
 
 # ----------------------------------------------------------------------------- toy jagged model
@@ -198,9 +197,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--median", type=int, default=small.data.median_len, help="median (skewed) / every (fixed) length")
     p.add_argument("--sigma", type=float, default=small.data.len_sigma, help="log-normal sigma of the skewed profile")
     p.add_argument("--batches", type=int, default=20, help="global batches to evaluate (medians over them)")
+    p.add_argument("--preset", default="small", help="model whose per-sample FLOPs price the samples")
     p.add_argument("--cost", type=float, nargs=3, metavar=("C0", "C1", "C2"),
-                   default=[DEFAULT_COST.per_sample, DEFAULT_COST.per_token, DEFAULT_COST.per_token_sq],
-                   help="FLOPs per sample, per event, per event^2 (placeholder default)")
+                   help="override: cost per sample, per event, per event^2 (default: the preset's FLOPs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--measure", action="store_true", help="also run R gloo ranks on CPU (toy model)")
     p.add_argument("--measure-steps", type=int, default=10, help="measured steps per policy (after 2 warm-up)")
@@ -271,12 +270,13 @@ def _measure(args) -> tuple[dict, list[dict], list[dict]]:
 def run(args: argparse.Namespace) -> int:
     if args.ranks < 1 or args.batch < args.ranks or args.batches < 1 or args.measure_steps < 1:
         raise ValueError("need --ranks >= 1, --batch >= --ranks, --batches >= 1, --measure-steps >= 1")
-    cost = SampleCost(*args.cost)
+    coefficients = args.cost or sample_cost_coefficients(get_preset(args.preset).model)
+    cost = SampleCost(*coefficients)
     rows = _projected(args, cost)
     print(format_table(_show(rows), title=f"projected: {args.ranks} ranks, global batch {args.batch}, {args.profile} "
                                    f"lengths (median {args.median}, max {args.max_len}), {args.batches} batches"))
     record = {"bench": "balance", "config": {k: v for k, v in vars(args).items() if k != "func"},
-              "cost_flops": list(args.cost), "projected": rows, "cpu_count": os.cpu_count(),
+              "cost_coefficients": list(coefficients), "projected": rows, "cpu_count": os.cpu_count(),
               "platform": platform.platform(), "torch": torch.__version__, "gemref": __version__}
     if args.measure:
         load_1min = os.getloadavg()[0]

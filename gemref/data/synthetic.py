@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import DataConfig, ModelConfig
+from ..config import LENGTH_PROFILES, DataConfig, ModelConfig
 
 TEACHER_DIM = 8          # width of the hidden vectors
 N_CATEGORIES = 64        # item categories (item id % N_CATEGORIES)
@@ -33,14 +33,30 @@ SPLITS = {"train": 0, "eval": 1}
 ACTION_WEIGHTS = np.array([1.0, 2.0, 3.0, 0.5, 1.5, 2.5, 1.0, 0.8])  # indexed by action id % 8
 
 
-def draw_lengths(rng: np.random.Generator, n: int, data: DataConfig, max_len: int) -> np.ndarray:
-    """(n,) int64 history lengths in [1, max_len] for the configured length profile."""
-    if data.length_profile == "fixed":
-        return np.full(n, min(data.median_len, max_len), dtype=np.int64)
-    if data.length_profile == "uniform":
+def draw_lengths(profile: str, n: int, max_len: int, median: int, sigma: float = 1.1,
+                 seed: int | np.random.Generator = 0) -> np.ndarray:
+    """(n,) int64 history lengths from a length profile, deterministic for `seed` (or a Generator).
+
+    - skewed: ceil(exp(N(log median, sigma))), truncated to [1, max_len]. The truncation
+      leaves a spike at max_len, like real histories cut to their last max_len events.
+    - uniform: integers uniform on [1, max_len].
+    - fixed: every sample has `median` events.
+    """
+    if profile not in LENGTH_PROFILES:
+        raise ValueError(f"profile={profile!r}; valid: {', '.join(LENGTH_PROFILES)}")
+    if n < 0 or max_len < 1:
+        raise ValueError(f"need n >= 0 and max_len >= 1, got n={n}, max_len={max_len}")
+    if not 1 <= median <= max_len:
+        raise ValueError(f"median={median} must be in [1, max_len={max_len}]")
+    if not (np.isfinite(sigma) and sigma > 0):
+        raise ValueError(f"sigma must be finite and > 0, got {sigma}")
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    if profile == "fixed":
+        return np.full(n, median, dtype=np.int64)
+    if profile == "uniform":
         return rng.integers(1, max_len + 1, size=n, dtype=np.int64)
-    raw = rng.lognormal(mean=np.log(data.median_len), sigma=data.len_sigma, size=n)
-    return np.clip(np.ceil(raw), 1, max_len).astype(np.int64)  # truncation at max_len is the tail
+    raw = rng.lognormal(mean=np.log(median), sigma=sigma, size=n)
+    return np.clip(np.ceil(raw), 1, max_len).astype(np.int64)
 
 
 def zipf_ids(rng: np.random.Generator, size, vocab: int, a: float) -> np.ndarray:
@@ -79,7 +95,8 @@ class Teacher:
 
     def sample(self, model: ModelConfig, data: DataConfig, rng: np.random.Generator, n: int) -> dict:
         """Draw n samples: features, history and (bias-free) label logits."""
-        lengths = draw_lengths(rng, n, data, model.max_len)
+        lengths = draw_lengths(data.length_profile, n, model.max_len, min(data.median_len, model.max_len),
+                               data.len_sigma, rng)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         T = int(offsets[-1])
         owner = np.repeat(np.arange(n), lengths)
