@@ -102,7 +102,7 @@ def run_row(r: dict) -> dict:
 
 
 def _cmd_train(args) -> int:
-    from .plots import run_figure
+    from .plots import run_figure, save_figure
     from .train import run
 
     preset = get_preset(args.preset)
@@ -113,8 +113,8 @@ def _cmd_train(args) -> int:
     print(format_table([run_row(record)], title=f"gemref train ({record['device']['name']}, {record['dtype']})"))
     print(f"peak FLOP/s {fmt(record['peak_flops'])}: {record['peak_source']}")
     if out:
-        run_figure(record).write_html(out / "run.html", include_plotlyjs="cdn")
-        print(f"wrote {json_path} and {out / 'run.html'}")
+        written = save_figure(run_figure(record), out / "run")
+        print(f"wrote {json_path}, " + ", ".join(map(str, written)))
     elif json_path:
         print(f"wrote {json_path}")
     return 0

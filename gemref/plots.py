@@ -1,10 +1,37 @@
 """Plotly figures shared by the notebooks and the CLI. Functions take records, return figures."""
 from __future__ import annotations
 
+import logging
+import shutil
+from pathlib import Path
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+log = logging.getLogger(__name__)
 TEMPLATE = "plotly_white"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
+
+
+def find_chromium() -> str | None:
+    """Path of a Chromium/Chrome on PATH (kaleido's static export drives it), or None."""
+    return next((p for p in map(shutil.which, CHROMIUM_NAMES) if p), None)
+
+
+def save_figure(fig: go.Figure, stem: str | Path, *, png: bool = True) -> list[Path]:
+    """Write stem.html (plotly.js inlined, opens offline) and, when a Chromium is available
+    for kaleido, stem.png. Returns the paths written; a missing Chromium is logged, not fatal."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    written = [stem.with_suffix(".html")]
+    fig.write_html(written[0], include_plotlyjs=True)
+    if png:
+        if find_chromium() is None:
+            log.warning("no Chromium on PATH: skipped %s.png (apt-get install -y chromium)", stem)
+        else:
+            fig.write_image(stem.with_suffix(".png"), width=1100, height=600, scale=1)
+            written.append(stem.with_suffix(".png"))
+    return written
 
 
 def flop_breakdown_figure(rows: list[dict], title: str = "FLOPs per training step, by component") -> go.Figure:
