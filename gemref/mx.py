@@ -122,10 +122,14 @@ def to_mx(x: torch.Tensor, block_size: int = 32, elem_dtype: torch.dtype = torch
     amax = x_blocks.abs().amax(dim=-1, keepdim=True)  # NaN if the block holds a NaN
     code = _scale_codes(amax, fmt, scale_mode)
     if scale_mode == "rceil":
+        # times 1/X = 2^(127 - code), whose E8M0 code is 254 - code; a 2^-127 scale (code 0)
+        # is left at 1 (TransformerEngine's convention) and a NaN scale poisons the block
         multiplier = torch.where(code == 0, 1.0, _power_of_two(2 * E8M0_BIAS - code.clamp(max=254)))
         multiplier = torch.where(code == E8M0_NAN, float("nan"), multiplier)
         scaled = x_blocks * multiplier
     else:
+        # divided by X, but never by less than 2^-126 (torchao's guard); a NaN scale divides
+        # by inf, so finite values become signed zeros and the NaN stays
         divisor = _power_of_two(code.clamp(1, 254))
         divisor = torch.where(code == E8M0_NAN, float("inf"), divisor)
         scaled = x_blocks / divisor

@@ -67,7 +67,8 @@ class MXFP8Linear(nn.Linear):
     flattened tokens to a multiple of 32 (the grad_weight GEMM quantises along tokens;
     padded zero rows change no block's amax, so real rows' results are unchanged), and
     under autocast it casts input and weight to the autocast dtype, as FSDP2's bf16 param
-    dtype would. State-dict keys equal nn.Linear's.
+    dtype would. State-dict keys equal nn.Linear's. Built by apply_precision, which wraps
+    the weight; with a plain weight it would be a plain Linear.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -271,6 +272,7 @@ def _convert_float8(model: nn.Module, fqns: set[str], precision: str, kernel: st
 
 def _convert_mxfp8(model: nn.Module, fqns: set[str], kernel: str) -> None:
     _import_torchao("mxfp8")
+    import torchao
     from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
     from torchao.quantization import quantize_
@@ -278,6 +280,11 @@ def _convert_mxfp8(model: nn.Module, fqns: set[str], kernel: str) -> None:
     preference = KernelPreference.AUTO if kernel == "native" else KernelPreference.EMULATED
     config = MXFP8TrainingOpConfig(kernel_preference=preference,
                                    scale_calculation_mode=ScaleCalculationMode.RCEIL)
+    try:  # torchao asserts on torch builds it cannot train MXFP8 with: ask before swapping
+        quantize_(nn.Sequential(nn.Linear(MX_BLOCK, MX_BLOCK, device="meta")), config)
+    except AssertionError as e:
+        raise ValueError(f"torchao {torchao.__version__} cannot train MXFP8 with torch "
+                         f"{torch.__version__}: {e}") from None
     for fqn in fqns:
         parent_name, _, child = fqn.rpartition(".")
         parent = model.get_submodule(parent_name)

@@ -50,6 +50,16 @@ def quiet_fallback_warnings(caplog):
     caplog.set_level(logging.ERROR, logger="gemref.precision")
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These GEMMs are tiny: one thread avoids oversubscription under pytest -n (the MLP
+    training test measured 2.3 s on one thread, 30 s on two busy cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @st.composite
 def linear_case(draw):
     """A Linear with in/out multiples of 32 and a skewed token count (log-uniform 32..300)."""
@@ -74,6 +84,19 @@ def test_linear_sqnr_against_fp32_twin(precision, case):
     assert result.weight_grad_db >= floor_wgrad
     assert result.kernel == ("native" if precision == "bf16" else "emulated")
     assert torch.equal(layer.weight, before) and layer.weight.grad is None  # the twin was a copy
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (native float8: SM89+, MXFP8: SM100+)")
+@pytest.mark.parametrize("precision", LOW_PRECISIONS)
+def test_cuda_path_keeps_the_thresholds(precision):
+    """On a GPU: the path auto picks (native where the hardware has it) keeps the SQNRs."""
+    torch.manual_seed(0)
+    layer = nn.Linear(1024, 2048, device="cuda")
+    result = compare_linear(layer, precision, torch.randn(4096, 1024, device="cuda"))
+    assert result.kernel == ("native" if native_support(precision, "cuda")[0] else "emulated")
+    floor_out, floor_dgrad, floor_wgrad = THRESHOLDS[precision]
+    assert result.output_db >= floor_out
+    assert result.input_grad_db >= floor_dgrad and result.weight_grad_db >= floor_wgrad
 
 
 @SETTINGS

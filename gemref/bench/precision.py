@@ -31,8 +31,8 @@ DEFAULT_DIMS = {
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dims", nargs="+", metavar="MxKxN",
-                        help="GEMM shapes (default: " + "; ".join(f"{d}: {' '.join(v)}" for d, v in DEFAULT_DIMS.items()) + ")")
+    defaults = "; ".join(f"{device}: {' '.join(dims)}" for device, dims in DEFAULT_DIMS.items())
+    parser.add_argument("--dims", nargs="+", metavar="MxKxN", help=f"GEMM shapes (default: {defaults})")
     parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     parser.add_argument("--kernel", choices=KERNELS, default="auto")
     parser.add_argument("--warmup", type=int, default=3)
