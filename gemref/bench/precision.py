@@ -1,0 +1,129 @@
+"""Linear GEMM time and SQNR per precision (fp32, bf16, float8, MXFP8), side by side.
+
+For each shape MxKxN (M tokens, K in-features, N out-features) and precision, one
+bias-free nn.Linear converted by `gemref.precision.apply_precision` runs forward+backward
+(3 GEMMs, 6*M*K*N FLOPs) `--reps` times after `--warmup`; the table shows the median time,
+TFLOP/s, the speed-up vs fp32 and bf16 (t_ref / t), and the SQNR of output, input grad and
+weight grad against the fp32 layer. Emulated paths (no float8/MXFP8 hardware) reproduce the
+numerics only: their ratios read "emulated" and make no speed claim.
+Whole-step time and MFU per precision come from the training loop (`train.py`), which calls
+the same `apply_precision` and records `PrecisionReport.as_record()`.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from ..numerics import compare_linear
+from ..precision import KERNELS, PRECISIONS, apply_precision
+from ..report import format_table, write_json
+
+DEFAULT_DIMS = {
+    "cpu": ["1024x256x1024", "1024x1024x256"],
+    "cuda": ["8192x512x2048", "16384x4096x4096", "16384x8192x8192"],
+}
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    defaults = "; ".join(f"{device}: {' '.join(dims)}" for device, dims in DEFAULT_DIMS.items())
+    parser.add_argument("--dims", nargs="+", metavar="MxKxN", help=f"GEMM shapes (default: {defaults})")
+    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    parser.add_argument("--kernel", choices=KERNELS, default="auto")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="PATH", help="write the record here")
+
+
+def parse_dims(text: str) -> tuple[int, int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--dims {text!r}: expected MxKxN with positive integers, e.g. 1024x256x1024")
+    m, k, n = (int(p) for p in parts)
+    return m, k, n
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_linear(model: nn.Module, x: torch.Tensor, grad: torch.Tensor, autocast, warmup: int,
+                reps: int) -> float:
+    """Median seconds of one forward+backward of `model` on x."""
+    times = []
+    for i in range(warmup + reps):
+        for p in model.parameters():
+            p.grad = None
+        _sync(x.device)
+        start = time.perf_counter()
+        with autocast:
+            y = model(x)
+        y.backward(grad.to(y.dtype))
+        _sync(x.device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_shape(m: int, k: int, n: int, precisions: list[str], device: torch.device, kernel: str,
+                warmup: int, reps: int, seed: int) -> list[dict]:
+    torch.manual_seed(seed)
+    base = nn.Linear(k, n, bias=False, device=device)
+    x = torch.randn(m, k, device=device)
+    grad = torch.randn(m, n, device=device)
+    rows = []
+    for precision in precisions:
+        model = nn.Sequential(nn.Linear(k, n, bias=False, device=device))
+        model.load_state_dict({"0.weight": base.weight.detach()})
+        report = apply_precision(model, precision, device=device, kernel=kernel, min_dim=0)
+        if report.skipped:
+            raise ValueError(f"{m}x{k}x{n} cannot run {precision}: {report.skipped[0].reason}")
+        seconds = time_linear(model, x, grad, report.autocast(), warmup, reps)
+        q = compare_linear(base, precision, x, grad_output=grad, kernel=kernel)
+        rows.append({"shape": f"{m}x{k}x{n}", "precision": precision, "kernel": report.kernel,
+                     "ms": seconds * 1e3, "tflops": 6 * m * k * n / seconds / 1e12,
+                     "out_sqnr_db": q.output_db, "dgrad_sqnr_db": q.input_grad_db,
+                     "wgrad_sqnr_db": q.weight_grad_db, "kernel_reason": report.reason})
+    for ref in ("fp32", "bf16"):
+        t_ref = next((r["ms"] for r in rows if r["precision"] == ref), None)
+        for r in rows:
+            r[f"vs_{ref}"] = ("emulated" if r["kernel"] == "emulated" else
+                              None if t_ref is None else t_ref / r["ms"])
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda, but CUDA is not available")
+    if args.warmup < 0 or args.reps < 1:
+        raise ValueError(f"--warmup must be >= 0 and --reps >= 1, got {args.warmup}, {args.reps}")
+    shapes = [parse_dims(d) for d in (args.dims or DEFAULT_DIMS[device.type])]
+    logging.getLogger("gemref.precision").setLevel(logging.ERROR)  # the table states the path
+    rows = []
+    for m, k, n in shapes:
+        rows += bench_shape(m, k, n, args.precisions, device, args.kernel, args.warmup, args.reps, args.seed)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    columns = ["shape", "precision", "kernel", "ms", "tflops", "vs_fp32", "vs_bf16",
+               "out_sqnr_db", "dgrad_sqnr_db", "wgrad_sqnr_db"]
+    print(format_table(rows, columns, title=f"Linear forward+backward on {name}; median of {args.reps} "
+                                            f"after {args.warmup} warm-up; vs_* = speed-up (t_ref / t)"))
+    for reason in dict.fromkeys(r["kernel_reason"] for r in rows if r["kernel"] == "emulated"):
+        print(f"emulated: {reason}")
+    if args.json:
+        try:
+            import torchao
+            torchao_version = torchao.__version__
+        except ImportError:
+            torchao_version = None
+        write_json(args.json, {"bench": "precision", "device": name, "torch": torch.__version__,
+                               "torchao": torchao_version, "warmup": args.warmup, "reps": args.reps,
+                               "rows": rows})
+    return 0
