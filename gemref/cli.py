@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .bench import bench_names
 from .config import PRESETS, TrainConfig, get_preset, override
+from .precision import PRECISIONS
 from .report import format_table, fmt, write_json
 
 
@@ -71,6 +72,8 @@ def add_train_switches(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, help="samples per step (default: the preset's)")
     p.add_argument("--jagged", action="store_true", help="rung 1: keep histories jagged")
     p.add_argument("--kernel", choices=kernel_names(), help="rung 2: gdpa kernel (jagged layout)")
+    p.add_argument("--precision", choices=("auto",) + PRECISIONS,
+                   help="rung 7: Linear GEMM precision (auto: fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="any other TrainConfig field, e.g. lr=0.001 (see gemref/config.py)")
@@ -86,17 +89,19 @@ def train_config_from_args(args, base: TrainConfig) -> TrainConfig:
         changes["jagged"] = True
     if args.kernel is not None:
         changes["kernel"] = args.kernel
+    if args.precision is not None:
+        changes["precision"] = args.precision
     return parse_set(args.set, override(base, **changes))
 
 
-RUN_COLUMNS = ("preset", "jagged", "kernel", "median_step_s", "samples_per_s", "tokens_per_s",
+RUN_COLUMNS = ("preset", "jagged", "kernel", "precision", "median_step_s", "samples_per_s", "tokens_per_s",
                "model_tflops_per_s", "mfu", "hfu", "peak_memory_mb", "data_share", "ne_click", "auc_click")
 
 
 def run_row(r: dict) -> dict:
     """One table row of a run record."""
     return {"preset": r["preset"], "jagged": r["switches"]["jagged"], "kernel": r["switches"]["kernel_resolved"],
-            **{k: r.get(k) for k in RUN_COLUMNS[3:9]},
+            "precision": r["dtype"], **{k: r.get(k) for k in RUN_COLUMNS[4:10]},
             "peak_memory_mb": r["peak_memory_bytes"] / 2**20 if r.get("peak_memory_bytes") is not None else None,
             "data_share": r["data_share"], "ne_click": r["eval"]["ne_click"], "auc_click": r["eval"]["auc_click"]}
 
@@ -111,7 +116,7 @@ def _cmd_train(args) -> int:
     json_path = args.json or (out / "run.json" if out else None)
     record = run(preset, train, device=args.device, json_path=json_path, progress=not args.quiet)
     print(format_table([run_row(record)], title=f"gemref train ({record['device']['name']}, {record['dtype']})"))
-    print(f"peak FLOP/s {fmt(record['peak_flops'])}: {record['peak_source']}")
+    print(f"peak FLOP/s {fmt(record['peak_flops'])} ({record['mfu_basis']}): {record['peak_source']}")
     if out:
         written = save_figure(run_figure(record), out / "run")
         print(f"wrote {json_path}, " + ", ".join(map(str, written)))

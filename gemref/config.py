@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from .precision import KERNELS as PRECISION_KERNELS
+from .precision import PRECISIONS
+
 ATTENTION_ACTIVATIONS = (
     "softmax", "silu", "gelu", "gelu_tanh", "relu", "relu2", "leaky_relu", "identity",
 )
@@ -96,6 +99,9 @@ class TrainConfig:
     # --- switches (the ladder of DESIGN.md) ---
     jagged: bool = False        # rung 1: keep histories jagged instead of padding to max_len
     kernel: str = "reference"   # rung 2: gdpa kernel (reference = naive materialised)
+    precision: str = "auto"     # rung 7: auto (fp32 on CPU, bf16 on CUDA) or one of PRECISIONS
+    precision_kernel: str = "auto"  # float8/MXFP8 GEMMs: auto | native | emulated
+    precision_min_dim: int = 64     # Linear layers with min(in, out) below this stay high precision
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "steps", "eval_batches"):
@@ -106,6 +112,13 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.precision not in ("auto",) + PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; valid: auto, {', '.join(PRECISIONS)}")
+        if self.precision_kernel not in PRECISION_KERNELS:
+            raise ValueError(f"unknown precision_kernel {self.precision_kernel!r}; "
+                             f"valid: {', '.join(PRECISION_KERNELS)}")
+        if self.precision_min_dim < 0:
+            raise ValueError(f"precision_min_dim must be >= 0, got {self.precision_min_dim}")
 
 
 @dataclass(frozen=True)

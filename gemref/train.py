@@ -4,7 +4,11 @@
 TrainConfig, trains with AdamW, times every step (gemref/mfu/meter.py), evaluates NE and AUC
 on held-out shards, and returns the run record of DESIGN.md (also written as JSON).
 
-Device and precision: CPU runs fp32; CUDA runs bf16 autocast with fp32 master weights.
+Device and precision: by default CPU runs fp32 and CUDA runs bf16 autocast with fp32 master
+weights; `precision` switches the Linear GEMMs to float8 / MXFP8 (gemref/precision.py).
+
+Composition order in `build_model` (torchtitan's): precision conversion, then activation
+checkpointing, then torch.compile, then FSDP; each step wraps the model from outside.
 """
 from __future__ import annotations
 
@@ -31,8 +35,9 @@ from .metrics import normalized_entropy, roc_auc
 from .mfu.flops import executed_flops, model_flops
 from .mfu.memory import track_peak_memory
 from .mfu.meter import Meter, StepRecord, stopwatch
-from .mfu.peak import DTYPE_NAMES, device_name, peak_flops
+from .mfu.peak import device_name, peak_flops
 from .model import TASKS, GEMRef, ranking_loss
+from .precision import PrecisionReport, apply_precision
 from .report import write_json
 
 log = logging.getLogger(__name__)
@@ -84,18 +89,29 @@ class Setup:
     train_set: EventDataset
     eval_set: EventDataset
     kernel: str                   # the concrete gdpa kernel (auto resolved)
-    autocast_dtype: torch.dtype | None
+    precision: PrecisionReport    # what the precision switch converted, autocast dtype
 
 
-def build_model(preset: Preset, train: TrainConfig, device: torch.device) -> tuple[nn.Module, str]:
-    """GEMRef with the switches applied; returns it and the concrete attention kernel."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+def resolve_precision(train: TrainConfig, device: torch.device) -> str:
+    if train.precision != "auto":
+        return train.precision
+    return "bf16" if device.type == "cuda" else "fp32"
+
+
+def build_model(preset: Preset, train: TrainConfig,
+                device: torch.device) -> tuple[nn.Module, str, PrecisionReport]:
+    """GEMRef with the switches applied; returns it, the concrete attention kernel, and the
+    precision report."""
+    precision = resolve_precision(train, device)
+    dtype = torch.bfloat16 if device.type == "cuda" and precision != "fp32" else torch.float32
     probe = torch.empty(0, preset.model.n_heads, preset.model.head_dim, device=device, dtype=dtype)
     kernel = resolve_kernel(train.kernel, probe, preset.model.activation, True, None) if train.jagged \
         else "reference"
     torch.manual_seed(train.seed)
     model = GEMRef(preset.model, jagged=train.jagged, kernel=kernel).to(device)
-    return model, kernel
+    report = apply_precision(model, precision, device=device, kernel=train.precision_kernel,
+                             min_dim=train.precision_min_dim)
+    return model, kernel, report
 
 
 def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
@@ -115,13 +131,13 @@ def setup(preset: Preset | str, train: TrainConfig | None = None, *, device: str
     ensure_dataset(preset.model, preset.data, folder, progress=progress)
     train_set = EventDataset(shard_paths(folder, "train"), preset.model)
     eval_set = EventDataset(shard_paths(folder, "eval"), preset.model)
-    model, kernel = build_model(preset, train, dev)
+    model, kernel, precision = build_model(preset, train, dev)
     return Setup(preset, train, dev, model, make_optimizer(model, train), train_set, eval_set,
-                 kernel, torch.bfloat16 if dev.type == "cuda" else None)
+                 kernel, precision)
 
 
 def forward_loss(s: Setup, batch: JaggedBatch) -> torch.Tensor:
-    with torch.autocast(s.device.type, dtype=s.autocast_dtype, enabled=s.autocast_dtype is not None):
+    with s.precision.autocast():
         logits = s.model(batch)
     with record_function("loss"):
         return ranking_loss(logits, batch.labels)
@@ -135,6 +151,7 @@ def train_step(s: Setup, batch: JaggedBatch) -> torch.Tensor:
         loss.backward()
     with record_function("optimizer"):
         s.optimizer.step()
+        s.precision.after_optimizer_step(s.model)
     return loss.detach()
 
 
@@ -148,7 +165,7 @@ def evaluate(s: Setup, batches: int) -> dict:
         if i == batches:
             break
         batch = batch.to(s.device)
-        with torch.autocast(s.device.type, dtype=s.autocast_dtype, enabled=s.autocast_dtype is not None):
+        with s.precision.autocast():
             logits.append(s.model(batch).float().cpu())
         labels.append(batch.labels.cpu())
     s.model.train()
@@ -175,14 +192,37 @@ def measure_step_memory(s: Setup, batch: JaggedBatch) -> dict:
     return {"peak_memory_bytes": peak.bytes, "peak_memory_method": peak.method}
 
 
+def precision_label(report: PrecisionReport) -> str:
+    """e.g. "fp32", "bf16-autocast", "mxfp8 (emulated)"."""
+    if report.precision == "bf16":
+        return "bf16-autocast"
+    if report.precision == "fp32":
+        return "fp32"
+    return f"{report.precision} ({report.kernel})"
+
+
+def mfu_basis(record: dict, s: Setup) -> dict:
+    """What the MFU is measured against; for float8/MXFP8 also the fp8-peak utilisation."""
+    precision = s.precision.precision
+    out = {"mfu_basis": {"fp32": "fp32 peak", "bf16": "bf16 peak"}.get(precision, "bf16-equivalent")}
+    if precision.startswith("float8") or precision == "mxfp8":
+        fp8 = peak_flops(s.device, "mxfp8" if precision == "mxfp8" else "fp8")
+        if s.device.type == "cuda" and fp8.flops:
+            out["fp8_peak_utilization"] = record["model_tflops_per_s"] * 1e12 / fp8.flops
+        out["speed_claim_valid"] = not s.precision.is_emulated
+    return out
+
+
 def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str = "auto",
         data_root: str | Path | None = None, json_path: str | Path | None = None,
         progress: bool = True, measure_memory: bool = True) -> dict:
     """Train and measure; return (and optionally write) the run record."""
     s = setup(preset, train, device=device, data_root=data_root, progress=progress)
     cfg, tc = s.preset.model, s.train
-    dtype_name = "bf16" if s.autocast_dtype == torch.bfloat16 else DTYPE_NAMES[torch.float32]
-    meter = Meter(peak_flops(s.device, dtype_name), warmup_steps=min(tc.warmup_steps, tc.steps - 1))
+    precision = s.precision.precision
+    # float8/MXFP8 MFU is measured against the bf16 dense peak ("bf16-equivalent", DESIGN.md).
+    peak_dtype = "fp32" if precision == "fp32" else "bf16"
+    meter = Meter(peak_flops(s.device, peak_dtype), warmup_steps=min(tc.warmup_steps, tc.steps - 1))
     loader = make_loader(s.train_set, tc.batch_size, seed=tc.seed, num_workers=tc.num_workers,
                          device=s.device)
     batches = _forever(loader)
@@ -210,7 +250,8 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
         "switches": {"jagged": tc.jagged, "kernel": tc.kernel, "kernel_resolved": s.kernel},
         "device": {"type": s.device.type, "name": device_name(s.device),
                    "threads": torch.get_num_threads()},
-        "dtype": "bf16-autocast" if s.autocast_dtype == torch.bfloat16 else "fp32",
+        "dtype": precision_label(s.precision),
+        "precision": s.precision.as_record(),
         "versions": {"torch": torch.__version__, "gemref": __version__, "git_sha": git_sha()},
         "parameters": sum(p.numel() for p in s.model.parameters()),
         **meter.summary(),
@@ -218,6 +259,7 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
         "eval": evals[-1],
         "eval_history": evals,
     }
+    record.update(mfu_basis(record, s))
     if measure_memory:
         record.update(measure_step_memory(s, batch.to(s.device)))
     if json_path:

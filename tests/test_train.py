@@ -52,3 +52,21 @@ def test_bad_settings_are_value_errors():
         resolve_device("tpu")
     with pytest.raises(ValueError, match="unknown TrainConfig field"):
         override(TINY.train, nope=1)
+
+
+@pytest.mark.slow
+def test_mxfp8_training_tracks_fp32(data_root):
+    """Issue 7: tiny preset, 200 steps: MXFP8 (emulated on CPU) ends within 2% of fp32's eval loss."""
+    base = override(TINY.train, steps=200, precision_min_dim=32, eval_batches=16)
+    fp32 = run(TINY, override(base, precision="fp32"), device="cpu", progress=False, measure_memory=False)
+    mx = run(TINY, override(base, precision="mxfp8"), device="cpu", progress=False, measure_memory=False)
+    assert mx["precision"]["converted"], "no layer was converted: the comparison would be vacuous"
+    assert mx["dtype"] == "mxfp8 (emulated)" and mx["mfu_basis"] == "bf16-equivalent"
+    assert mx["speed_claim_valid"] is False
+    rel = abs(mx["eval"]["eval_loss"] - fp32["eval"]["eval_loss"]) / fp32["eval"]["eval_loss"]
+    assert rel < 0.02, (mx["eval"]["eval_loss"], fp32["eval"]["eval_loss"])
+
+
+def test_unknown_precision_is_rejected():
+    with pytest.raises(ValueError, match="unknown precision 'fp4'; valid: auto, fp32"):
+        override(TINY.train, precision="fp4")

@@ -49,7 +49,6 @@ GPU_PEAKS: list[tuple[str, str, float, str]] = [
     ("B200", "fp8", 4500e12, _B200), ("B200", "mxfp8", 4500e12, _B200),
     ("B200", "tf32", 1100e12, _B200), ("B200", "fp32", 75e12, _B200),
 ]
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def device_name(device: torch.device | str) -> str:
