@@ -72,3 +72,47 @@ def time_breakdown_figure(rows: list[dict], title: str = "where a training step'
                            orientation="h"))
     fig.update_layout(title=title, xaxis_title="milliseconds per step", template=TEMPLATE)
     return fig
+
+
+def mx_blocks_figure(exponent, sqnr_db, title: str = "MXFP8: one scale per 32 values") -> go.Figure:
+    """Heatmaps of a tensor's per-block scale exponents and per-block SQNR (rows x blocks)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("block scale exponent (2^e)", "block SQNR (dB)"))
+    fig.add_trace(go.Heatmap(z=exponent, colorscale="Viridis", colorbar=dict(x=0.45)), row=1, col=1)
+    fig.add_trace(go.Heatmap(z=sqnr_db, colorscale="RdBu", colorbar=dict(x=1.0)), row=1, col=2)
+    for col in (1, 2):
+        fig.update_xaxes(title_text="block", row=1, col=col)
+        fig.update_yaxes(title_text="row", row=1, col=col)
+    fig.update_layout(title=title, template=TEMPLATE)
+    return fig
+
+
+def sqnr_figure(per_precision: dict[str, list], title: str = "SQNR per layer vs the fp32 twin") -> go.Figure:
+    """Grouped bars: for each precision, each layer's output / input-grad / weight-grad SQNR."""
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True,
+                        subplot_titles=("output", "input grad", "weight grad"))
+    for name, layers in per_precision.items():
+        x = [layer.fqn for layer in layers]
+        for row, field in enumerate(("output_db", "input_grad_db", "weight_grad_db"), start=1):
+            fig.add_trace(go.Bar(name=name, x=x, y=[getattr(layer, field) for layer in layers],
+                                 legendgroup=name, showlegend=row == 1), row=row, col=1)
+    fig.update_yaxes(title_text="dB")
+    fig.update_layout(barmode="group", title=title, template=TEMPLATE, height=750)
+    return fig
+
+
+def loss_curves_figure(records: dict[str, dict], title: str = "training loss") -> go.Figure:
+    """One line per run (records keyed by label), smoothed over 10 steps."""
+    fig = go.Figure()
+    for label, record in records.items():
+        losses = record["loss_curve"]
+        smooth = [sum(losses[max(0, i - 9):i + 1]) / len(losses[max(0, i - 9):i + 1]) for i in range(len(losses))]
+        fig.add_trace(go.Scatter(x=list(range(1, len(losses) + 1)), y=smooth, mode="lines", name=label))
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title="loss (10-step mean)", template=TEMPLATE)
+    return fig
+
+
+def bars_figure(labels: list[str], values: list[float], title: str, yaxis: str) -> go.Figure:
+    """A plain bar chart with values printed on the bars."""
+    fig = go.Figure(go.Bar(x=labels, y=values, text=[f"{v:.3g}" for v in values]))
+    fig.update_layout(title=title, yaxis_title=yaxis, template=TEMPLATE)
+    return fig

@@ -92,6 +92,11 @@ class Setup:
     precision: PrecisionReport    # what the precision switch converted, autocast dtype
 
 
+def sample_batch(s: "Setup") -> JaggedBatch:
+    """The first training batch of the run's seed, on the run's device (for one-off measurements)."""
+    return next(iter(make_loader(s.train_set, s.train.batch_size, seed=s.train.seed))).to(s.device)
+
+
 def resolve_precision(train: TrainConfig, device: torch.device) -> str:
     if train.precision != "auto":
         return train.precision

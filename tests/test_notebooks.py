@@ -17,6 +17,8 @@ NOTEBOOKS = sorted(p.stem for p in NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
 EXPECT = {
     "00_mfu_baseline": lambda m: (m["flops_relative_error"] <= 0.02 and m["executed_over_model"] > 1.5
                                   and 0 < m["mfu"] < 1 and m["tokens_per_s"] > 0),
+    "09_mxfp8": lambda m: (m["mxfp8_min_layer_output_sqnr_db"] > 12 and m["mx_block_sqnr_median_db"] > 25
+                           and abs(m["mxfp8_eval_loss_rel_to_fp32"]) < 0.05),
 }
 
 

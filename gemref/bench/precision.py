@@ -6,8 +6,10 @@ bias-free nn.Linear converted by `gemref.precision.apply_precision` runs forward
 TFLOP/s, the speed-up vs fp32 and bf16 (t_ref / t), and the SQNR of output, input grad and
 weight grad against the fp32 layer. Emulated paths (no float8/MXFP8 hardware) reproduce the
 numerics only: their ratios read "emulated" and make no speed claim.
-Whole-step time and MFU per precision come from the training loop (`train.py`), which calls
-the same `apply_precision` and records `PrecisionReport.as_record()`.
+With `--preset P`, it also trains that preset for `--steps` in each precision through the
+training loop (the same `apply_precision`, composed with the other switches) and reports
+whole-step time, MFU against the bf16 peak ("bf16-equivalent"; fp32 runs use the fp32 peak)
+and the eval loss; emulated rows make no speed claim.
 """
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ import time
 import torch
 from torch import nn
 
+from ..config import get_preset, override
 from ..numerics import compare_linear
 from ..precision import KERNELS, PRECISIONS, apply_precision
 from ..report import format_table, write_json
+from ..train import run as train_run
 
 DEFAULT_DIMS = {
     "cpu": ["1024x256x1024", "1024x1024x256"],
@@ -38,6 +42,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--preset", help="also time whole training steps of this preset per precision")
+    parser.add_argument("--steps", type=int, default=30, help="training steps per precision (--preset)")
+    parser.add_argument("--min-dim", type=int, default=64, help="precision_min_dim for --preset runs")
     parser.add_argument("--json", metavar="PATH", help="write the record here")
 
 
@@ -117,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
                                             f"after {args.warmup} warm-up; vs_* = speed-up (t_ref / t)"))
     for reason in dict.fromkeys(r["kernel_reason"] for r in rows if r["kernel"] == "emulated"):
         print(f"emulated: {reason}")
+    steps = whole_steps(args, device) if args.preset else []
     if args.json:
         try:
             import torchao
@@ -125,5 +133,25 @@ def run(args: argparse.Namespace) -> int:
             torchao_version = None
         write_json(args.json, {"bench": "precision", "device": name, "torch": torch.__version__,
                                "torchao": torchao_version, "warmup": args.warmup, "reps": args.reps,
-                               "rows": rows})
+                               "rows": rows, "whole_steps": steps})
     return 0
+
+
+def whole_steps(args: argparse.Namespace, device: torch.device) -> list[dict]:
+    """Train the preset in each precision; one row per precision (step time, MFU, eval loss)."""
+    preset = get_preset(args.preset)
+    rows = []
+    for precision in args.precisions:
+        train = override(preset.train, steps=args.steps, precision=precision, precision_kernel=args.kernel,
+                         precision_min_dim=args.min_dim, seed=args.seed)
+        r = train_run(preset, train, device=device.type, progress=False, measure_memory=False)
+        rows.append({"precision": precision, "path": r["precision"]["kernel"],
+                     "converted": len(r["precision"]["converted"]), "median_step_s": r["median_step_s"],
+                     "mfu": r["mfu"], "mfu_basis": r["mfu_basis"], "eval_loss": r["eval"]["eval_loss"]})
+    t_ref = {r["precision"]: r["median_step_s"] for r in rows}
+    for r in rows:
+        ref = t_ref.get("bf16", t_ref.get("fp32"))
+        r["speedup"] = "emulated" if r["path"] == "emulated" else (ref / r["median_step_s"] if ref else None)
+    print(format_table(rows, title=f"whole training steps, {args.preset} preset, {args.steps} steps "
+                                   f"per precision (speedup vs bf16, else fp32)"))
+    return rows

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from torch.profiler import ProfilerActivity, profile
 
-from ..data.loader import make_loader
-from ..train import setup, train_step
+from ..train import sample_batch, setup, train_step
 
 REGIONS = ("embeddings", "sequence_block", "interaction_block", "cross_block", "heads", "loss",
            "backward", "optimizer")
@@ -34,5 +33,5 @@ def time_breakdown(step_fn, device_type: str, repeats: int = 3) -> list[dict]:
 def training_step_breakdown(preset, train, *, device: str = "auto", repeats: int = 3) -> list[dict]:
     """`time_breakdown` of one real training step of a preset with these switches."""
     s = setup(preset, train, device=device)
-    batch = next(iter(make_loader(s.train_set, s.train.batch_size, seed=s.train.seed))).to(s.device)
+    batch = sample_batch(s)
     return time_breakdown(lambda: train_step(s, batch), s.device.type, repeats)

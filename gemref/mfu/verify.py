@@ -7,8 +7,7 @@ waste (executed - model FLOPs), i.e. what padding and materialised attention cos
 """
 from __future__ import annotations
 
-from ..data.loader import make_loader
-from ..train import forward_loss, setup
+from ..train import forward_loss, sample_batch, setup
 from .flops import COMPONENTS, count_with_flop_counter, executed_flops, model_flops
 
 TOLERANCE = 0.02
@@ -16,7 +15,7 @@ TOLERANCE = 0.02
 
 def flops_report(preset, train, *, device: str = "auto", verify: bool = False) -> dict:
     s = setup(preset, train, device=device)
-    batch = next(iter(make_loader(s.train_set, train.batch_size, seed=train.seed)))
+    batch = sample_batch(s)
     cfg = s.preset.model
     model = model_flops(cfg, batch.lengths)
     executed = executed_flops(cfg, batch.lengths, jagged=train.jagged, kernel=s.kernel)
@@ -33,7 +32,6 @@ def flops_report(preset, train, *, device: str = "auto", verify: bool = False) -
                           f"executed {executed.total:.4e}; waste {executed.total - model.total:.4e} "
                           f"({executed.total / model.total:.2f}x model)"]}
     if verify:
-        batch = batch.to(s.device)
         counted = count_with_flop_counter(lambda: forward_loss(s, batch).backward())
         error = abs(counted - executed.total) / executed.total
         report.update(counted_flops=counted, relative_error=error, verified=error <= TOLERANCE)
