@@ -170,6 +170,57 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(func=module.run, parser=p)
 
 
+WATERFALL_COLUMNS = ("rung", "tokens_per_s", "spread", "model_tflops_per_s", "mfu", "peak_memory_mb",
+                     "vs_previous", "vs_baseline")
+
+
+def waterfall_table_rows(rows: list[dict]) -> list[dict]:
+    out = []
+    for r in rows:
+        if r["status"] != "ran":
+            out.append({"rung": r["rung"], "tokens_per_s": "n/a here (see below)"})
+            continue
+        out.append({**{k: r.get(k) for k in WATERFALL_COLUMNS},
+                    "spread": f"{fmt(r['tokens_per_s_min'])}..{fmt(r['tokens_per_s_max'])}",
+                    "peak_memory_mb": r["peak_memory_bytes"] / 2**20 if r.get("peak_memory_bytes") else None,
+                    "vs_previous": f"{r['vs_previous']:.2f}x", "vs_baseline": f"{r['vs_baseline']:.2f}x"})
+    return out
+
+
+def _cmd_waterfall(args) -> int:
+    from .plots import save_figure, waterfall_figure
+    from .waterfall import run_waterfall
+
+    preset = get_preset(args.preset)
+    out = Path(args.out)
+    rows = run_waterfall(preset, device=args.device, ranks=args.ranks, repeats=args.repeats,
+                         steps=args.steps, warmup=args.warmup, out_dir=out)
+    ran = [r for r in rows if r["status"] == "ran"]
+    print(format_table(waterfall_table_rows(rows), WATERFALL_COLUMNS,
+                       title=f"MFU waterfall: {preset.name} preset on {args.device}, {args.ranks} rank(s); "
+                             f"median of {args.repeats} windows x {args.steps} steps after {args.warmup} warm-up"))
+    for r in rows:
+        if r["status"] != "ran":
+            print(f"{r['rung']}: {r['status']}")
+    if ran:
+        print(f"peak: {ran[0]['peak_source']}")
+    written = save_figure(waterfall_figure(rows), out / "waterfall")
+    print("wrote " + ", ".join(map(str, [out / "waterfall.json", *written])))
+    return 0
+
+
+def _add_waterfall(sub) -> None:
+    p = sub.add_parser("waterfall", help="the ladder of techniques, one rung at a time: table + figure")
+    _preset_arg(p, default="small")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--ranks", type=int, default=1, help="data-parallel ranks (gloo on CPU)")
+    p.add_argument("--repeats", type=int, default=3, help="timed windows per rung (>= 3)")
+    p.add_argument("--steps", type=int, default=4, help="steps per timed window")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up steps per rung (not timed)")
+    p.add_argument("--out", default="artifacts/waterfall", help="folder for records and figures")
+    p.set_defaults(func=_cmd_waterfall, parser=p)
+
+
 def _cmd_notebooks(args) -> int:
     import datetime
 
@@ -217,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_flops(sub)
     _add_bench(sub)
+    _add_waterfall(sub)
     _add_notebooks(sub)
     return parser
 

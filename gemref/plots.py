@@ -116,3 +116,28 @@ def bars_figure(labels: list[str], values: list[float], title: str, yaxis: str) 
     fig = go.Figure(go.Bar(x=labels, y=values, text=[f"{v:.3g}" for v in values]))
     fig.update_layout(title=title, yaxis_title=yaxis, template=TEMPLATE)
     return fig
+
+
+def waterfall_figure(rows: list[dict], title: str = "MFU waterfall: what each technique adds") -> go.Figure:
+    """Plotly waterfall of MFU (%) rung by rung; rungs that did not apply show as 'n/a here'."""
+    ran = [r for r in rows if r.get("status") == "ran"]
+    use_mfu = bool(ran) and all(r.get("mfu") is not None for r in ran)
+    value = (lambda r: 100 * r["mfu"]) if use_mfu else (lambda r: r["tokens_per_s"])
+    x, y, measure, text, previous = [], [], [], [], None
+    for r in rows:
+        x.append(r["rung"])
+        if r.get("status") != "ran":
+            y.append(0.0)
+            measure.append("relative")
+            text.append("n/a here")
+            continue
+        v = value(r)
+        y.append(v if previous is None else v - previous)
+        measure.append("absolute" if previous is None else "relative")
+        text.append(f"{v:.3g}" + ("%" if use_mfu else ""))
+        previous = v
+    fig = go.Figure(go.Waterfall(x=x, y=y, measure=measure, text=text, textposition="outside",
+                                 connector={"line": {"color": "rgb(150,150,150)"}}))
+    fig.update_layout(title=title, template=TEMPLATE, showlegend=False,
+                      yaxis_title="MFU (%)" if use_mfu else "tokens/s (no peak known: MFU N/A)")
+    return fig

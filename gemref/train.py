@@ -261,6 +261,7 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
         "parameters": sum(p.numel() for p in s.model.parameters()),
         **meter.summary(),
         "loss_curve": losses,
+        "step_log": [asdict(step) for step in meter.steps],   # warm-up steps first
         "eval": evals[-1],
         "eval_history": evals,
     }

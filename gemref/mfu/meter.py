@@ -67,6 +67,16 @@ class Meter:
     def timed(self) -> list[StepRecord]:
         return self.steps[self.warmup_steps:]
 
+    def segments(self, n: int) -> list["Meter"]:
+        """The timed steps cut into n consecutive windows of equal length (repeated
+        measurements of one run; any remainder steps go to the last window)."""
+        timed = self.timed
+        if n < 1 or len(timed) < n:
+            raise ValueError(f"cannot cut {len(timed)} timed steps into {n} windows")
+        size = len(timed) // n
+        cuts = [timed[i * size:(i + 1) * size if i < n - 1 else len(timed)] for i in range(n)]
+        return [Meter(self.peak, 0, list(c)) for c in cuts]
+
     def summary(self) -> dict:
         """Medians over the timed steps; every field in base units (seconds, FLOP/s, bytes)."""
         timed = self.timed

@@ -1,0 +1,116 @@
+"""The MFU waterfall: DESIGN.md's ladder, one rung at a time, each rung = the previous + one switch.
+
+Every rung trains the same preset from the same seed for `warmup + repeats * steps` steps;
+the timed steps are cut into `repeats` consecutive windows (repeated measurements), and
+the table reports the median over windows with the min..max spread. A rung that cannot
+apply on this device (or rank count) is kept in the table as "n/a here" with the reason,
+and the next rung builds on the last rung that ran.
+
+Rungs change how the model runs, never what it computes, so model FLOPs per sample are the
+same on every rung (the run records let a test check it); a rung that raises the batch size
+(AutoAC spends the memory it frees on a larger batch) changes FLOPs per *step* only.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .config import Preset, TrainConfig, override
+from .mfu.meter import Meter, StepRecord
+from .mfu.peak import Peak
+from .precision import native_support
+from .report import write_json
+from .train import run
+
+
+@dataclass(frozen=True)
+class Context:
+    preset: Preset
+    device: torch.device
+    ranks: int
+
+
+@dataclass(frozen=True)
+class Rung:
+    key: str
+    title: str
+    # Returns the next TrainConfig, or a string: why the rung does not apply here.
+    configure: Callable[[TrainConfig, Context], "TrainConfig | str"]
+
+
+def _low_precision(train: TrainConfig, ctx: Context) -> TrainConfig | str:
+    """MXFP8 where the GPU has it (Blackwell), else row-wise float8 (Hopper/Ada); never emulated."""
+    for precision in ("mxfp8", "float8_rowwise"):
+        ok, _ = native_support(precision, ctx.device)
+        if ok:
+            return override(train, precision=precision, precision_kernel="native")
+    _, why = native_support("float8_rowwise", ctx.device)
+    return f"n/a here: {why} (emulation reproduces the numerics, not the speed)"
+
+
+LADDER: list[Rung] = [
+    # 0: eager, padded to max_len, materialised attention, no AC, replicated data parallel.
+    Rung("baseline", "0 baseline", lambda t, c: override(t, jagged=False, kernel="reference")),
+    Rung("jagged", "1 + jagged", lambda t, c: override(t, jagged=True)),
+    Rung("fused_attention", "2 + flash/GDPA", lambda t, c: override(t, kernel="auto")),
+    Rung("low_precision", "7 + float8/MXFP8", _low_precision),
+]
+
+
+def _window_stats(record: dict, repeats: int) -> dict:
+    meter = Meter(Peak(record["peak_flops"], record["peak_source"], ""), record["warmup_steps"],
+                  [StepRecord(**s) for s in record["step_log"]])
+    windows = [w.summary() for w in meter.segments(repeats)]
+
+    def med(key):
+        values = [w[key] for w in windows]
+        return None if any(v is None for v in values) else statistics.median(values)
+
+    tokens = [w["tokens_per_s"] for w in windows]
+    return {"tokens_per_s": med("tokens_per_s"), "tokens_per_s_min": min(tokens), "tokens_per_s_max": max(tokens),
+            "samples_per_s": med("samples_per_s"), "model_tflops_per_s": med("model_tflops_per_s"),
+            "mfu": med("mfu"), "hfu": med("hfu"), "median_step_s": med("median_step_s")}
+
+
+def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, repeats: int = 3,
+                  steps: int = 4, warmup: int = 2, ladder: list[Rung] | None = None,
+                  out_dir: str | Path | None = None, log=print) -> list[dict]:
+    """Run every rung; return one row per rung (and write rung records + waterfall.json)."""
+    if repeats < 3:
+        raise ValueError(f"repeats must be >= 3 (median of repeated runs), got {repeats}")
+    if steps < 1 or warmup < 1 or ranks < 1:
+        raise ValueError(f"need steps >= 1, warmup >= 1, ranks >= 1; got {steps}, {warmup}, {ranks}")
+    ctx = Context(preset, torch.device(device), ranks)
+    train = override(preset.train, steps=warmup + repeats * steps, warmup_steps=warmup,
+                     eval_every=0, eval_batches=1)
+    rows, base, prev = [], None, None
+    for i, rung in enumerate(ladder or LADDER):
+        nxt = rung.configure(train, ctx)
+        if isinstance(nxt, str):
+            log(f"[{i + 1}] {rung.title}: {nxt}")
+            rows.append({"rung": rung.title, "key": rung.key, "status": nxt})
+            continue
+        train = nxt
+        log(f"[{i + 1}] {rung.title} ...")
+        record = run(preset, train, device=device, progress=False)
+        if out_dir:
+            write_json(Path(out_dir) / f"rung{i}_{rung.key}.json", record)
+        row = {"rung": rung.title, "key": rung.key, "status": "ran", **_window_stats(record, repeats),
+               "peak_memory_bytes": record.get("peak_memory_bytes"),
+               "model_flops_per_sample": record["model_flops_per_step"] / train.batch_size,
+               "batch_size": train.batch_size, "peak_source": record["peak_source"],
+               "switches": record["switches"], "dtype": record["dtype"]}
+        base = base or row
+        row["vs_previous"] = row["tokens_per_s"] / prev["tokens_per_s"] if prev else 1.0
+        row["vs_baseline"] = row["tokens_per_s"] / base["tokens_per_s"]
+        rows.append(row)
+        prev = row
+    if out_dir:
+        write_json(Path(out_dir) / "waterfall.json", {"preset": preset.name, "device": device, "ranks": ranks,
+                                                      "repeats": repeats, "steps": steps, "warmup": warmup,
+                                                      "rungs": rows})
+    return rows
