@@ -62,6 +62,14 @@ def load_profile(profile: str, params_dir: Path | None = None) -> dict:
     return {"global": data.get("global") or {}, "notebooks": data.get("notebooks") or {}}
 
 
+def profile_params(profile: str, name: str, notebook_dir: Path | None = None) -> dict:
+    """The parameters a profile gives one notebook: the globals it declares, then its own."""
+    notebook_dir = notebook_dir or NOTEBOOK_DIR
+    prof = load_profile(profile, notebook_dir / "params")
+    declared = declared_parameters(notebook_dir / f"{name}.ipynb")
+    return {**{k: v for k, v in prof["global"].items() if k in declared}, **prof["notebooks"].get(name, {})}
+
+
 def declared_parameters(notebook: Path) -> set[str]:
     import papermill
 
@@ -127,6 +135,12 @@ def run_notebooks(profile: str, out_dir: Path, *, names: list[str] | None = None
     notebook_dir = notebook_dir or NOTEBOOK_DIR
     prof = load_profile(profile, notebook_dir / "params")
     available = sorted(p for p in notebook_dir.glob("[0-9]*.ipynb"))
+    declared = set().union(*(declared_parameters(nb) for nb in available))
+    # A profile's "global" values apply to the notebooks that declare them; a global name no
+    # notebook declares is a typo, as is any per-notebook, --param or grid name (checked in execute).
+    unused = sorted(set(prof["global"]) - declared)
+    if unused:
+        raise ValueError(f"profile {profile!r}: global parameter(s) {unused} are declared by no notebook")
     if names:
         by_name = {p.stem: p for p in available}
         missing = [n for n in names if n not in by_name]
@@ -137,7 +151,7 @@ def run_notebooks(profile: str, out_dir: Path, *, names: list[str] | None = None
     rows = []
     for nb in available:
         for i, point in enumerate(points):
-            merged = {**prof["global"], **prof["notebooks"].get(nb.stem, {}), **(params or {}), **point}
+            merged = {**profile_params(profile, nb.stem, notebook_dir), **(params or {}), **point}
             tag = "" if len(points) == 1 else f"-{i:03d}"
             start = time.perf_counter()
             log(f"[{len(rows) + 1}/{len(available) * len(points)}] {nb.stem}{tag} {point or ''}")

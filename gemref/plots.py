@@ -141,3 +141,28 @@ def waterfall_figure(rows: list[dict], title: str = "MFU waterfall: what each te
     fig.update_layout(title=title, template=TEMPLATE, showlegend=False,
                       yaxis_title="MFU (%)" if use_mfu else "tokens/s (no peak known: MFU N/A)")
     return fig
+
+
+def length_histogram_figure(lengths, title: str = "history lengths") -> go.Figure:
+    fig = go.Figure(go.Histogram(x=list(lengths), nbinsx=60))
+    fig.update_layout(title=title, xaxis_title="events per history", yaxis_title="samples",
+                      template=TEMPLATE, bargap=0.05)
+    return fig
+
+
+def rank_loads_figure(rows: list[dict], title: str = "cost per rank, one global batch") -> go.Figure:
+    """Grouped bars of per-rank cost for each policy (rows from gemref.balance.compare_policies)."""
+    fig = go.Figure([go.Bar(name=r["policy"], x=[f"rank {i}" for i in range(len(r["loads"]))], y=r["loads"])
+                     for r in rows])
+    fig.update_layout(barmode="group", title=title, yaxis_title="model FLOPs", template=TEMPLATE)
+    return fig
+
+
+def lines_figure(x: list, series: dict[str, list], title: str, xaxis: str, yaxis: str,
+                 log_x: bool = False) -> go.Figure:
+    """One line (with markers) per named series over a shared x."""
+    fig = go.Figure([go.Scatter(x=x, y=y, mode="lines+markers", name=name) for name, y in series.items()])
+    fig.update_layout(title=title, xaxis_title=xaxis, yaxis_title=yaxis, template=TEMPLATE)
+    if log_x:
+        fig.update_xaxes(type="log")
+    return fig

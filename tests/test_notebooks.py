@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from gemref.notebooks import NOTEBOOK_DIR, NotebookFailure, execute, load_profile, run_notebooks
+from gemref.notebooks import NOTEBOOK_DIR, NotebookFailure, execute, profile_params, run_notebooks
 
 OUT = Path(__file__).resolve().parent.parent / "artifacts" / "notebooks" / "ci"
 NOTEBOOKS = sorted(p.stem for p in NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
@@ -17,6 +17,8 @@ NOTEBOOKS = sorted(p.stem for p in NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
 EXPECT = {
     "00_mfu_baseline": lambda m: (m["flops_relative_error"] <= 0.02 and m["executed_over_model"] > 1.5
                                   and 0 < m["mfu"] < 1 and m["tokens_per_s"] > 0),
+    "06_load_balancing": lambda m: (m["imbalance_kk"] <= 1.02 < m["imbalance_round_robin"]
+                                    and m["bubble_cut"] > 0.9),
     "09_mxfp8": lambda m: (m["mxfp8_min_layer_output_sqnr_db"] > 12 and m["mx_block_sqnr_median_db"] > 25
                            and abs(m["mxfp8_eval_loss_rel_to_fp32"]) < 0.05),
 }
@@ -28,8 +30,7 @@ def test_every_notebook_has_expectations():
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_under_ci_profile(name, data_root):
-    profile = load_profile("ci")
-    params = {**profile["global"], **profile["notebooks"].get(name, {})}
+    params = profile_params("ci", name)
     metrics = execute(NOTEBOOK_DIR / f"{name}.ipynb", OUT / f"{name}.ipynb", params)
     assert metrics, f"{name} recorded no metrics"
     assert EXPECT[name](metrics), metrics

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gemref.notebooks import NOTEBOOK_DIR, execute, load_profile
+from gemref.notebooks import NOTEBOOK_DIR, execute, profile_params
 from gemref.plots import find_chromium
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -124,8 +124,7 @@ def test_executed_notebook_figure_draws_in_chromium(tmp_path, data_root):
     from PIL import Image
 
     name = "00_mfu_baseline"
-    profile = load_profile("ci")
-    params = {**profile["global"], **profile["notebooks"].get(name, {})}
+    params = profile_params("ci", name)
     executed = tmp_path / f"{name}.ipynb"
     execute(NOTEBOOK_DIR / f"{name}.ipynb", executed, params)
     fig = go.Figure(_first_plotly_figure(executed))
