@@ -14,6 +14,9 @@ skewed batch that is mostly padding, and at L = 4096 it is gigabytes. This kerne
 Softmax needs no online rescaling here: a chunk holds *all* keys of its rows, so each row is
 normalised exactly once. Half-precision inputs are computed in float32 (CPUs without AMX
 run bf16 matmuls slowly, and accumulating dK, dV across chunks in bf16 loses precision).
+Chunk tiles live in a small workspace reused by every chunk (matmuls write into it with
+out=, activations run in place): allocating a fresh multi-MiB tile per chunk costs page
+faults that on CPU take as long as the matmul itself.
 
 Executed matmul FLOPs, per chunk of n sequences, R rows and K keys: forward 2 matmuls
 (S = QK^T, O = A V), backward 5 (S recomputed, dV = A^T dO, dA = dO V^T, dQ = dS K,
@@ -21,7 +24,6 @@ dK = dS^T Q), each 2 * n * H * R * K * D.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -33,49 +35,75 @@ from .bucketing import Bucket, Chunk, bucket_rows, chunk_mask, lengths_list, mak
 from .reference import ACTIVATIONS, default_qk_scale
 
 CHUNK_ENTRIES = 1 << 20  # score entries (n * H * rows * keys) per chunk: 4 MiB in float32
+_aten = torch.ops.aten
 
 
-def activation_and_grad(name: str, s: Tensor) -> tuple[Tensor, Tensor | None]:
-    """act(s) and act'(s) for the pointwise activations (None: the derivative is 1)."""
-    if name == "silu":
-        sig = torch.sigmoid(s)
-        return s * sig, sig * (1 + s * (1 - sig))
-    if name == "gelu":
-        cdf = 0.5 * (1 + torch.erf(s * (1 / math.sqrt(2))))
-        pdf = torch.exp(-0.5 * s * s) * (1 / math.sqrt(2 * math.pi))
-        return s * cdf, cdf + s * pdf
-    if name == "gelu_tanh":
-        c = math.sqrt(2 / math.pi)
-        t = torch.tanh(c * (s + 0.044715 * s ** 3))
-        return 0.5 * s * (1 + t), 0.5 * (1 + t) + 0.5 * s * (1 - t * t) * c * (1 + 3 * 0.044715 * s * s)
-    if name == "relu":
-        return F.relu(s), (s > 0).to(s.dtype)
-    if name == "relu2":
-        r = F.relu(s)
-        return r * r, 2 * r
-    if name == "leaky_relu":
-        return F.leaky_relu(s, 0.01), torch.full_like(s, 0.01).masked_fill_(s > 0, 1.0)
-    if name == "identity":
-        return s, None
-    raise AssertionError(name)
-
-
-def _activation(name: str, s: Tensor) -> Tensor:
-    """act(s) in place where torch allows it (s is a scratch tile)."""
+def _activation_(name: str, s: Tensor) -> Tensor:
+    """act(s), in place."""
     if name == "silu":
         return F.silu(s, inplace=True)
+    if name == "gelu":
+        return _aten.gelu_(s)
+    if name == "gelu_tanh":
+        return _aten.gelu_(s, approximate="tanh")
     if name == "relu":
         return s.relu_()
     if name == "relu2":
         return s.relu_().square_()
     if name == "leaky_relu":
-        return F.leaky_relu(s, 0.01, inplace=True)
-    if name == "gelu":
-        return F.gelu(s)
-    if name == "gelu_tanh":
-        return F.gelu(s, approximate="tanh")
+        return _aten.leaky_relu_(s, 0.01)
     assert name == "identity", name
     return s
+
+
+def _activation_backward_(name: str, grad: Tensor, s: Tensor) -> Tensor:
+    """grad * act'(s), in place in grad, with the fused kernels autograd itself uses."""
+    if name == "silu":
+        return _aten.silu_backward.grad_input(grad, s, grad_input=grad)
+    if name in ("gelu", "gelu_tanh"):
+        approximate = "tanh" if name == "gelu_tanh" else "none"
+        return _aten.gelu_backward.grad_input(grad, s, approximate=approximate, grad_input=grad)
+    if name == "relu":
+        return _aten.threshold_backward.grad_input(grad, s, 0, grad_input=grad)
+    if name == "relu2":
+        return grad.mul_(s.clamp(min=0)).mul_(2)
+    if name == "leaky_relu":
+        return _aten.leaky_relu_backward.grad_input(grad, s, 0.01, False, grad_input=grad)
+    assert name == "identity", name
+    return grad
+
+
+def _softmax_(s: Tensor) -> Tensor:
+    """Row softmax in place (blocked entries hold the dtype's min, so they become 0)."""
+    s.sub_(s.amax(-1, keepdim=True)).exp_()
+    return s.div_(s.sum(-1, keepdim=True))
+
+
+class _Workspace:
+    """Named flat buffers reused across chunks; `take` returns a contiguous view of a prefix.
+
+    Each buffer is allocated once, at the largest size the plan needs (a buffer regrown
+    chunk after chunk would briefly hold old and new tiles at once)."""
+
+    def __init__(self, like: Tensor, dtype: torch.dtype, plans: list) -> None:
+        self.like, self.dtype, self.buffers = like, dtype, {}
+        heads, head_dim = like.shape[1:]
+        self.sizes = {"s": 0, "ds": 0, "kv": 0}
+        for p in plans:
+            for c in p.chunks:
+                rows = p.bucket.size * heads
+                self.sizes["s"] = max(self.sizes["s"], rows * (c.q1 - c.q0) * (c.k1 - c.k0))
+                self.sizes["kv"] = max(self.sizes["kv"], rows * (c.k1 - c.k0) * head_dim)
+        self.sizes["ds"] = self.sizes["s"]
+
+    def take(self, name: str, *shape: int) -> Tensor:
+        numel = 1
+        for n in shape:
+            numel *= n
+        if name not in self.buffers:
+            self.buffers[name] = self.like.new_empty(self.sizes[name], dtype=self.dtype)
+        assert numel <= self.buffers[name].numel(), (name, shape)
+        return self.buffers[name][:numel].view(shape)
 
 
 @dataclass
@@ -120,83 +148,82 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
 
 
-def _masks(chunk: Chunk, bucket: Bucket, heads: int, causal: bool, window: int | None,
-           device: torch.device) -> Tensor | None:
-    """Blocked (not allowed) entries of a chunk, shaped to broadcast over (n*H, rows, keys)."""
+def _masked_fill_(x: Tensor, blocked: Tensor | None, n: int, value: float) -> None:
+    """Fill the blocked entries of a (n*H, rows, keys) tile; `blocked` broadcasts as (n|1, 1, rows|1, keys)."""
+    if blocked is not None:
+        x.view(n, -1, *x.shape[1:]).masked_fill_(blocked, value)
+
+
+def _blocked(chunk: Chunk, bucket: Bucket, causal: bool, window: int | None, device) -> Tensor | None:
     mask = chunk_mask(chunk, bucket, causal, window, device)
-    if mask is None:
-        return None
-    mask = mask.expand(bucket.size, heads, -1, -1) if mask.shape[0] > 1 else mask[0]
-    return ~mask.reshape(-1, *mask.shape[-2:])
+    return None if mask is None else ~mask
 
 
 def _forward(q, k, v, plans, activation, causal, window, qk_scale, out_scale) -> Tensor:
-    H = q.shape[1]
     dtype = _compute_dtype(q)
     out = torch.zeros_like(q)
+    ws = _Workspace(q, dtype, plans)
     for p in plans:
-        b = p.bucket
-        qb = _pad(q, p.q_src, p.q_dest, b.size, b.q_len, dtype)
-        kb = _pad(k, p.kv_src, p.kv_dest, b.size, b.kv_len, dtype)
-        vb = _pad(v, p.kv_src, p.kv_dest, b.size, b.kv_len, dtype)
+        b, n = p.bucket, p.bucket.size
+        qb = _pad(q, p.q_src, p.q_dest, n, b.q_len, dtype).mul_(qk_scale)  # scale once per bucket
+        kb = _pad(k, p.kv_src, p.kv_dest, n, b.kv_len, dtype)
+        vb = _pad(v, p.kv_src, p.kv_dest, n, b.kv_len, dtype)
         ob = torch.zeros_like(qb)
         for c in p.chunks:
-            s = torch.bmm(qb[:, c.q0:c.q1], kb[:, c.k0:c.k1].transpose(1, 2)).mul_(qk_scale)
-            blocked = _masks(c, b, H, causal, window, q.device)
+            s = torch.bmm(qb[:, c.q0:c.q1], kb[:, c.k0:c.k1].transpose(1, 2),
+                          out=ws.take("s", qb.shape[0], c.q1 - c.q0, c.k1 - c.k0))
+            blocked = _blocked(c, b, causal, window, q.device)
             if activation == "softmax":
-                if blocked is not None:
-                    s.masked_fill_(blocked, torch.finfo(dtype).min)
-                a = torch.softmax(s, dim=-1)
+                _masked_fill_(s, blocked, n, torch.finfo(dtype).min)
+                _softmax_(s)
             else:
-                a = _activation(activation, s)
-            if blocked is not None:  # also zeroes softmax rows that have no allowed key
-                a.masked_fill_(blocked, 0.0)
-            ob[:, c.q0:c.q1].baddbmm_(a, vb[:, c.k0:c.k1])  # chunks partition the rows of ob
-        _unpad_into(out, ob.mul_(out_scale), p.q_src, p.q_dest, b.size)
+                _activation_(activation, s)
+            _masked_fill_(s, blocked, n, 0.0)  # also zeroes softmax rows with no allowed key
+            ob[:, c.q0:c.q1].baddbmm_(s, vb[:, c.k0:c.k1])  # chunks partition the rows of ob
+        _unpad_into(out, ob.mul_(out_scale), p.q_src, p.q_dest, n)
     return out
 
 
 def _backward(grad_out, q, k, v, out, plans, activation, causal, window, qk_scale, out_scale):
-    H = q.shape[1]
+    """dQ, dK, dV chunk by chunk. Q is pre-scaled by qk_scale and dO by out_scale, so
+    S = Q'K^T, dK = dS^T Q' and dV = W^T dO' need no further scaling; dQ = qk_scale dS K."""
     dtype = _compute_dtype(q)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     softmax = activation == "softmax"
+    ws = _Workspace(q, dtype, plans)
     for p in plans:
-        b = p.bucket
-        qb = _pad(q, p.q_src, p.q_dest, b.size, b.q_len, dtype)
-        kb = _pad(k, p.kv_src, p.kv_dest, b.size, b.kv_len, dtype)
-        vb = _pad(v, p.kv_src, p.kv_dest, b.size, b.kv_len, dtype)
-        dob = _pad(grad_out, p.q_src, p.q_dest, b.size, b.q_len, dtype)
+        b, n = p.bucket, p.bucket.size
+        qb = _pad(q, p.q_src, p.q_dest, n, b.q_len, dtype).mul_(qk_scale)
+        kb = _pad(k, p.kv_src, p.kv_dest, n, b.kv_len, dtype)
+        vb = _pad(v, p.kv_src, p.kv_dest, n, b.kv_len, dtype)
+        dob = _pad(grad_out, p.q_src, p.q_dest, n, b.q_len, dtype)
         if softmax:  # delta_i = dO_i . O_i = sum_j P_ij dP_ij
-            delta = (dob * _pad(out, p.q_src, p.q_dest, b.size, b.q_len, dtype)).sum(-1, keepdim=True)
+            delta = (dob * _pad(out, p.q_src, p.q_dest, n, b.q_len, dtype)).sum(-1, keepdim=True)
+        dob.mul_(out_scale)
         dqb, dkb, dvb = torch.zeros_like(qb), torch.zeros_like(kb), torch.zeros_like(vb)
         for c in p.chunks:
             qc, kc, vc, doc = qb[:, c.q0:c.q1], kb[:, c.k0:c.k1], vb[:, c.k0:c.k1], dob[:, c.q0:c.q1]
-            s = torch.bmm(qc, kc.transpose(1, 2)).mul_(qk_scale)
-            blocked = _masks(c, b, H, causal, window, q.device)
+            shape = (qb.shape[0], c.q1 - c.q0, c.k1 - c.k0)
+            s = torch.bmm(qc, kc.transpose(1, 2), out=ws.take("s", *shape))
+            ds = torch.bmm(doc, vc.transpose(1, 2), out=ws.take("ds", *shape))  # dA or dP
+            blocked = _blocked(c, b, causal, window, q.device)
             if softmax:
-                if blocked is not None:
-                    s.masked_fill_(blocked, torch.finfo(dtype).min)
-                a = torch.softmax(s, dim=-1)
-                if blocked is not None:
-                    a.masked_fill_(blocked, 0.0)
-                ds = torch.bmm(doc, vc.transpose(1, 2)).mul_(out_scale)   # dP
-                ds.sub_(delta[:, c.q0:c.q1]).mul_(a)                       # dS = P (dP - delta)
+                _masked_fill_(s, blocked, n, torch.finfo(dtype).min)
+                w = _softmax_(s)
+                _masked_fill_(w, blocked, n, 0.0)
+                ds.sub_(delta[:, c.q0:c.q1]).mul_(w)  # dS = P (dP - delta)
             else:
-                a, grad = activation_and_grad(activation, s)
-                ds = torch.bmm(doc, vc.transpose(1, 2))                    # dA (out_scale later)
-                if grad is not None:
-                    ds.mul_(grad)
-                if blocked is not None:
-                    a.masked_fill_(blocked, 0.0)
-                    ds.masked_fill_(blocked, 0.0)
-            dvb[:, c.k0:c.k1].baddbmm_(a.transpose(1, 2), doc)
+                _activation_backward_(activation, ds, s)
+                w = _activation_(activation, s)  # s is not needed any more
+                _masked_fill_(w, blocked, n, 0.0)
+                _masked_fill_(ds, blocked, n, 0.0)
+            kv_shape = (qb.shape[0], c.k1 - c.k0, qb.shape[2])
+            dvb[:, c.k0:c.k1].add_(torch.bmm(w.transpose(1, 2), doc, out=ws.take("kv", *kv_shape)))
+            dkb[:, c.k0:c.k1].add_(torch.bmm(ds.transpose(1, 2), qc, out=ws.take("kv", *kv_shape)))
             dqb[:, c.q0:c.q1].baddbmm_(ds, kc)
-            dkb[:, c.k0:c.k1].baddbmm_(ds.transpose(1, 2), qc)
-        grad_scale = qk_scale if softmax else qk_scale * out_scale
-        _unpad_into(dq, dqb.mul_(grad_scale), p.q_src, p.q_dest, b.size)
-        _unpad_into(dk, dkb.mul_(grad_scale), p.kv_src, p.kv_dest, b.size)
-        _unpad_into(dv, dvb.mul_(out_scale), p.kv_src, p.kv_dest, b.size)
+        _unpad_into(dq, dqb.mul_(qk_scale), p.q_src, p.q_dest, n)
+        _unpad_into(dk, dkb, p.kv_src, p.kv_dest, n)
+        _unpad_into(dv, dvb, p.kv_src, p.kv_dest, n)
     return dq, dk, dv
 
 

@@ -1,0 +1,185 @@
+"""Attention kernels side by side: time, TFLOP/s, peak memory, speed-up vs reference.
+
+For every max length, length profile, activation and kernel: forward and forward+backward
+median wall time (warm-up, then repetitions; CUDA timed with events after a sync),
+achieved TFLOP/s on the REAL-length model FLOPs (forward: attention_model_flops; forward+
+backward: 3x that, DESIGN.md), the kernel's executed/model FLOP ratio (padding, masked
+tiles), peak memory of one forward+backward (a separate, untimed pass) and the speed-up over
+the reference kernel measured in the same run on the same batch.
+
+Length profiles (deterministic from --seed), each with one sequence at the max length:
+  fixed    every sequence at the max length;
+  uniform  the others uniform in [1, max];
+  skewed   the others max * u^4 (u uniform): mostly short histories, as in ads logs.
+A batch holds about --tokens rows (default max(2 * max_len, 1024)).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from ..attention import ACTIVATIONS, KERNELS, attention_model_flops, gdpa
+from ..data.jagged import lengths_to_offsets
+from ..mfu.memory import track_peak_memory
+from ..report import format_table, write_json
+
+PROFILES = ("fixed", "uniform", "skewed")
+CPU_LENGTHS = (128, 512, 1024, 2048, 4096)
+CUDA_LENGTHS = (128, 512, 1024, 2048, 4096, 8192)
+REFERENCE_BYTES_CAP = 3 << 30  # skip the reference when its score tensors would exceed this
+
+
+def make_lengths(profile: str, max_len: int, tokens: int, seed: int) -> list[int]:
+    """Sequence lengths of one batch: the first at max_len, about `tokens` rows in all."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [max_len]
+    while sum(lengths) < tokens:
+        u = float(torch.rand((), generator=gen))
+        if profile == "fixed":
+            lengths.append(max_len)
+        elif profile == "uniform":
+            lengths.append(1 + int(u * max_len) if u < 1 else max_len)
+        elif profile == "skewed":
+            lengths.append(max(1, math.ceil(max_len * u ** 4)))
+        else:
+            raise ValueError(f"unknown length profile {profile!r}; valid: {', '.join(PROFILES)}")
+    return lengths
+
+
+def _time(fn: Callable[[], object], device: torch.device, warmup: int, reps: int) -> float:
+    """Median seconds of fn() after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _measure(kernel: str, inputs, offsets, lengths, args, device) -> dict:
+    q, k, v, grad = inputs
+    opts = dict(activation=args.activation_now, causal=args.causal, window=args.window, kernel=kernel,
+                max_len=max(lengths))
+
+    def forward():
+        return gdpa(q, k, v, offsets, **opts)
+
+    def forward_backward():
+        return torch.autograd.grad(gdpa(q, k, v, offsets, **opts), (q, k, v), grad)
+
+    fwd_s = _time(forward, device, args.warmup, args.reps)
+    fwdbwd_s = _time(forward_backward, device, args.warmup, args.reps)
+    with track_peak_memory(device) as peak:
+        forward_backward()
+    lengths_t = torch.tensor(lengths, device=device)
+    executed = sum(KERNELS[kernel].executed_flops(lengths_t, lengths_t, args.heads, args.head_dim,
+                                                  args.causal, args.window))
+    model = attention_model_flops(lengths, lengths, args.heads, args.head_dim, args.causal, args.window)
+    return {"fwd_ms": fwd_s * 1e3, "fwdbwd_ms": fwdbwd_s * 1e3,
+            "fwd_tflops": model / fwd_s / 1e12, "fwdbwd_tflops": 3 * model / fwdbwd_s / 1e12,
+            "exec_over_model": executed / (3 * model) if model else None,
+            "peak_mib": peak.bytes / 2 ** 20, "memory_method": peak.method}
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--kernels", nargs="+", default=None,
+                        help="kernels to compare (default: every kernel that can run here; reference is always added)")
+    parser.add_argument("--activations", nargs="+", default=["softmax", "silu"], choices=ACTIVATIONS)
+    parser.add_argument("--lengths", nargs="+", type=int, default=None,
+                        help="max sequence lengths (default: 128..4096 on CPU, 128..8192 on CUDA)")
+    parser.add_argument("--skews", nargs="+", default=list(PROFILES), choices=PROFILES)
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                        help="default: float32 on CPU, bfloat16 on CUDA")
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=None, help="rows per batch (default max(2*max_len, 1024))")
+    parser.add_argument("--causal", action="store_true", help="causal self-attention")
+    parser.add_argument("--window", type=int, default=None, help="sliding window size")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="CI-sized: lengths 128 512, skewed only, 2 reps")
+    parser.add_argument("--json", default=None, help="write the record to this path")
+
+
+def run(args: argparse.Namespace) -> int:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here")
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    if args.quick:
+        args.lengths, args.skews, args.reps = args.lengths or [128, 512], ["skewed"], min(args.reps, 2)
+    lengths_sweep = args.lengths or (CUDA_LENGTHS if device.type == "cuda" else CPU_LENGTHS)
+    kernels = args.kernels or [k for k in KERNELS if k != "reference"]
+    unknown = [k for k in kernels if k not in KERNELS]
+    if unknown:
+        raise ValueError(f"unknown kernels {unknown}; valid: {', '.join(KERNELS)}")
+    kernels = ["reference"] + [k for k in kernels if k != "reference"]
+    rows, skipped = [], {}
+    for max_len in lengths_sweep:
+        for profile in args.skews:
+            tokens = args.tokens or max(2 * max_len, 1024)
+            lengths = make_lengths(profile, max_len, tokens, args.seed)
+            offsets = lengths_to_offsets(torch.tensor(lengths)).to(device)
+            T = int(offsets[-1])
+            gen = torch.Generator().manual_seed(args.seed)
+            q, k, v, grad = (torch.randn(T, args.heads, args.head_dim, generator=gen).to(device, dtype)
+                             for _ in range(4))
+            for x in (q, k, v):
+                x.requires_grad_(True)
+            for activation in args.activations:
+                args.activation_now = activation
+                reference = None
+                for kernel in kernels:
+                    reason = KERNELS[kernel].unavailable(q, activation, args.causal, args.window)
+                    ref_bytes = 4 * len(lengths) * args.heads * max_len ** 2 * q.element_size()
+                    if kernel == "reference" and ref_bytes > REFERENCE_BYTES_CAP:
+                        reason = f"its padded scores would take ~{ref_bytes / 2 ** 30:.1f} GiB"
+                    if reason is not None:
+                        skipped[(kernel, activation)] = reason
+                        continue
+                    row = {"max_len": max_len, "profile": profile, "batch": len(lengths), "tokens": T,
+                           "activation": activation, "kernel": kernel}
+                    row.update(_measure(kernel, (q, k, v, grad), offsets, lengths, args, device))
+                    if kernel == "reference":
+                        reference = row
+                    row["speedup_fwd"] = reference and reference["fwd_ms"] / row["fwd_ms"]
+                    row["speedup_fwdbwd"] = reference and reference["fwdbwd_ms"] / row["fwdbwd_ms"]
+                    rows.append(row)
+                    print(f"  {max_len:>5} {profile:<8} {activation:<10} {kernel:<10} "
+                          f"fwd+bwd {row['fwdbwd_ms']:.1f} ms", flush=True)
+    columns = ["max_len", "profile", "batch", "activation", "kernel", "fwd_ms", "fwdbwd_ms",
+               "fwd_tflops", "fwdbwd_tflops", "exec_over_model", "peak_mib", "speedup_fwd", "speedup_fwdbwd"]
+    mask = "causal" if args.causal else "full"
+    if args.window:
+        mask += f", window {args.window}"
+    print(format_table(rows, columns, title=f"attention on {device.type} ({dtype}), H={args.heads} "
+                       f"D={args.head_dim}, {mask}; speed-ups over reference, TFLOP/s on real-length model FLOPs"))
+    for (kernel, activation), reason in sorted(skipped.items()):
+        print(f"skipped {kernel} ({activation}): {reason}")
+    if args.json:
+        config = {k: v for k, v in vars(args).items() if k not in ("func", "activation_now")}
+        write_json(args.json, {"bench": "attention", "device": device.type, "dtype": str(dtype),
+                               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                               "torch": torch.__version__, "threads": torch.get_num_threads(),
+                               "config": config, "rows": rows,
+                               "skipped": [{"kernel": k, "activation": a, "reason": r}
+                                           for (k, a), r in sorted(skipped.items())]})
+    return 0
