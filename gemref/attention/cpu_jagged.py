@@ -88,12 +88,13 @@ class _Workspace:
     def __init__(self, like: Tensor, dtype: torch.dtype, plans: list) -> None:
         self.like, self.dtype, self.buffers = like, dtype, {}
         heads, head_dim = like.shape[1:]
-        self.sizes = {"s": 0, "ds": 0, "kv": 0}
+        self.sizes = {"s": 0, "ds": 0, "kv": 0, "o": 0}
         for p in plans:
             for c in p.chunks:
                 rows = p.bucket.size * heads
                 self.sizes["s"] = max(self.sizes["s"], rows * (c.q1 - c.q0) * (c.k1 - c.k0))
                 self.sizes["kv"] = max(self.sizes["kv"], rows * (c.k1 - c.k0) * head_dim)
+                self.sizes["o"] = max(self.sizes["o"], rows * (c.q1 - c.q0) * head_dim)
         self.sizes["ds"] = self.sizes["s"]
 
     def take(self, name: str, *shape: int) -> Tensor:
@@ -179,7 +180,9 @@ def _forward(q, k, v, plans, activation, causal, window, qk_scale, out_scale) ->
             else:
                 _activation_(activation, s)
             _masked_fill_(s, blocked, n, 0.0)  # also zeroes softmax rows with no allowed key
-            ob[:, c.q0:c.q1].baddbmm_(s, vb[:, c.k0:c.k1])  # chunks partition the rows of ob
+            # Chunks partition the rows of ob. (Out-of-place bmm + copy rather than baddbmm_:
+            # FlopCounterMode does not count in-place matmuls.)
+            ob[:, c.q0:c.q1] = torch.bmm(s, vb[:, c.k0:c.k1], out=ws.take("o", qb.shape[0], c.q1 - c.q0, qb.shape[2]))
         _unpad_into(out, ob.mul_(out_scale), p.q_src, p.q_dest, n)
     return out
 
@@ -220,7 +223,7 @@ def _backward(grad_out, q, k, v, out, plans, activation, causal, window, qk_scal
             kv_shape = (qb.shape[0], c.k1 - c.k0, qb.shape[2])
             dvb[:, c.k0:c.k1].add_(torch.bmm(w.transpose(1, 2), doc, out=ws.take("kv", *kv_shape)))
             dkb[:, c.k0:c.k1].add_(torch.bmm(ds.transpose(1, 2), qc, out=ws.take("kv", *kv_shape)))
-            dqb[:, c.q0:c.q1].baddbmm_(ds, kc)
+            dqb[:, c.q0:c.q1] = torch.bmm(ds, kc, out=ws.take("o", qb.shape[0], c.q1 - c.q0, qb.shape[2]))
         _unpad_into(dq, dqb.mul_(qk_scale), p.q_src, p.q_dest, n)
         _unpad_into(dk, dkb, p.kv_src, p.kv_dest, n)
         _unpad_into(dv, dvb, p.kv_src, p.kv_dest, n)

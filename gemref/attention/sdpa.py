@@ -88,7 +88,7 @@ def _flash_varlen(q, k, v, q_offsets, kv_offsets, causal, window, qk_scale, max_
     if max_kv is None:
         max_kv = int((kv_offsets[1:] - kv_offsets[:-1]).max())
     if max_q == 0 or max_kv == 0:
-        return torch.zeros_like(q) + 0 * (k.sum() + v.sum())  # keeps the graph for backward
+        return _zeros_in_graph(q, k, v)
     left = right = None
     if window is not None:
         left, right = window - 1, 0 if causal else window - 1
@@ -96,6 +96,12 @@ def _flash_varlen(q, k, v, q_offsets, kv_offsets, causal, window, qk_scale, max_
         q, k, v, q_offsets.to(torch.int32), kv_offsets.to(torch.int32), max_q, max_kv, 0.0,
         causal, False, scale=qk_scale, window_size_left=left, window_size_right=right)[0]
     return out
+
+
+def _zeros_in_graph(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The all-zero output of a batch with no (query, key) pair, still a function of q, k, v
+    so that backward returns zero gradients rather than none."""
+    return q * 0 + 0 * (k.sum() + v.sum())
 
 
 def _pad(x: Tensor, src: Tensor, dest: Tensor, n: int, length: int) -> Tensor:
@@ -152,7 +158,7 @@ def _bucketed(q, k, v, q_offsets, kv_offsets, causal, window, qk_scale) -> Tenso
         srcs.append(q_src)
         rows.append(ob.transpose(1, 2).reshape(n * bucket.q_len, H, D).index_select(0, q_dest))
     if not rows:  # every sequence is empty on one side
-        return torch.zeros_like(q) + 0 * (k.sum() + v.sum())
+        return _zeros_in_graph(q, k, v)
     return q.new_zeros(q.shape).index_copy(0, torch.cat(srcs), torch.cat(rows))
 
 
