@@ -80,12 +80,12 @@ def tile_shape(pass_name: str, device_type: str) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------- schedule and FLOP counting
-def visited_tiles(kind: str, start: Tensor, len_q: Tensor, len_k: Tensor, block_m: int,
-                  block_n: int, causal: bool, window: int | None) -> Tensor:
-    """Inner tiles each outer tile visits; mirrors _key_tiles / _query_tiles of the kernels.
+def tile_range(kind: str, start: Tensor, len_q: Tensor, len_k: Tensor, block_m: int,
+               block_n: int, causal: bool, window: int | None) -> tuple[Tensor, Tensor]:
+    """Inner tiles [t_lo, t_hi) each outer tile visits; mirrors _key_tiles / _query_tiles.
 
-    kind "keys": outer query tiles starting at `start` visit key tiles of BLOCK_N;
-    kind "queries": outer key tiles starting at `start` are visited by query tiles of BLOCK_M.
+    kind "keys": outer query tiles starting at `start` visit key tiles of block_n;
+    kind "queries": outer key tiles starting at `start` are visited by query tiles of block_m.
     """
     zero = torch.zeros_like(start)
     if kind == "keys":
@@ -106,8 +106,14 @@ def visited_tiles(kind: str, start: Tensor, len_q: Tensor, len_k: Tensor, block_
             if not causal:
                 lo = torch.clamp(start - window + 1, min=0)
         hi = torch.where(start < len_k, hi, zero)
-    visited = (hi + block - 1) // block - lo // block
-    return torch.where(hi > lo, visited, zero)
+    t_lo = lo // block
+    return t_lo, torch.where(hi > lo, (hi + block - 1) // block, t_lo)
+
+
+def visited_tiles(kind: str, start: Tensor, len_q: Tensor, len_k: Tensor, block_m: int,
+                  block_n: int, causal: bool, window: int | None) -> Tensor:
+    t_lo, t_hi = tile_range(kind, start, len_q, len_k, block_m, block_n, causal, window)
+    return t_hi - t_lo
 
 
 def _tiles(offsets: Tensor, block: int, total_rows: int) -> tuple[Tensor, Tensor, Tensor]:
