@@ -3,10 +3,11 @@
 The CPU kernels (`sdpa` on CPU, `cpu_jagged`) never pad every sequence to the longest one.
 They sort the sequences by length and cut the sorted list into *buckets*: consecutive
 sequences are added to the current bucket while its padded score entries (n * Lq_max *
-Lk_max) stay within `max_waste` of its real entries (sum Lq * Lk), or within a small absolute
-slack (a bucket of many short sequences is cheaper than many tiny calls). A skewed batch of
-one 4096-long history and 63 short ones becomes a bucket of one plus a few of short ones,
-instead of 64 x 4096^2 scores.
+Lk_max) stay within MAX_WASTE (25%) of its real entries (sum Lq * Lk), or within an absolute
+slack of MIN_SLACK_ENTRIES (one bucket of many short sequences is cheaper than many tiny
+calls, so short batches accept more relative padding). A skewed batch of one 4096-long
+history and 63 short ones becomes a bucket of one plus a few of short ones, instead of
+64 x 4096^2 scores.
 
 Inside a bucket, queries are processed in *chunks* of rows so that the score tile of a
 chunk (n, H, rows, keys) stays under a memory budget; each chunk only visits the keys its

@@ -29,7 +29,7 @@ from ..mfu.memory import track_peak_memory
 from ..report import format_table, write_json
 
 PROFILES = ("fixed", "uniform", "skewed")
-CPU_LENGTHS = (128, 512, 1024, 2048, 4096)
+CPU_LENGTHS = (128, 512, 2048, 4096)
 CUDA_LENGTHS = (128, 512, 1024, 2048, 4096, 8192)
 REFERENCE_BYTES_CAP = 3 << 30  # skip the reference when its score tensors would exceed this
 
@@ -51,50 +51,66 @@ def make_lengths(profile: str, max_len: int, tokens: int, seed: int) -> list[int
     return lengths
 
 
-def _time(fn: Callable[[], object], device: torch.device, warmup: int, reps: int) -> float:
-    """Median seconds of fn() after `warmup` calls."""
-    for _ in range(warmup):
+def _seconds(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         fn()
-    times = []
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device, warmup: int,
+                      reps: int) -> dict[str, float]:
+    """Median seconds of each fn. Repetitions go round-robin over the variants, so a burst of
+    load on a shared machine hits all of them alike instead of one."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            times[name].append(_seconds(fn, device))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
-def _measure(kernel: str, inputs, offsets, lengths, args, device) -> dict:
+def _measure(kernels: list[str], inputs, offsets, lengths, activation, args, device) -> list[dict]:
+    """Timing (interleaved across kernels), then one untimed memory pass per kernel."""
     q, k, v, grad = inputs
-    opts = dict(activation=args.activation_now, causal=args.causal, window=args.window, kernel=kernel,
-                max_len=max(lengths))
+    opts = dict(activation=activation, causal=args.causal, window=args.window, max_len=max(lengths))
 
-    def forward():
-        return gdpa(q, k, v, offsets, **opts)
+    def forward(kernel):
+        return lambda: gdpa(q, k, v, offsets, kernel=kernel, **opts)
 
-    def forward_backward():
-        return torch.autograd.grad(gdpa(q, k, v, offsets, **opts), (q, k, v), grad)
+    def forward_backward(kernel):
+        return lambda: torch.autograd.grad(gdpa(q, k, v, offsets, kernel=kernel, **opts), (q, k, v), grad)
 
-    fwd_s = _time(forward, device, args.warmup, args.reps)
-    fwdbwd_s = _time(forward_backward, device, args.warmup, args.reps)
-    with track_peak_memory(device) as peak:
-        forward_backward()
-    lengths_t = torch.tensor(lengths, device=device)
-    executed = sum(KERNELS[kernel].executed_flops(lengths_t, lengths_t, args.heads, args.head_dim,
-                                                  args.causal, args.window))
+    fns = {(kernel, "fwd"): forward(kernel) for kernel in kernels}
+    fns.update({(kernel, "fwdbwd"): forward_backward(kernel) for kernel in kernels})
+    seconds = _time_interleaved(fns, device, args.warmup, args.reps)
     model = attention_model_flops(lengths, lengths, args.heads, args.head_dim, args.causal, args.window)
-    return {"fwd_ms": fwd_s * 1e3, "fwdbwd_ms": fwdbwd_s * 1e3,
-            "fwd_tflops": model / fwd_s / 1e12, "fwdbwd_tflops": 3 * model / fwdbwd_s / 1e12,
-            "exec_over_model": executed / (3 * model) if model else None,
-            "peak_mib": peak.bytes / 2 ** 20, "memory_method": peak.method}
+    lengths_t = torch.tensor(lengths, device=device)
+    rows = []
+    for kernel in kernels:
+        with track_peak_memory(device) as peak:
+            forward_backward(kernel)()
+        executed = sum(KERNELS[kernel].executed_flops(lengths_t, lengths_t, args.heads, args.head_dim,
+                                                      args.causal, args.window))
+        fwd_s, fwdbwd_s = seconds[(kernel, "fwd")], seconds[(kernel, "fwdbwd")]
+        rows.append({"kernel": kernel, "fwd_ms": fwd_s * 1e3, "fwdbwd_ms": fwdbwd_s * 1e3,
+                     "fwd_tflops": model / fwd_s / 1e12, "fwdbwd_tflops": 3 * model / fwdbwd_s / 1e12,
+                     "exec_over_model": executed / (3 * model) if model else None,
+                     "peak_mib": peak.bytes / 2 ** 20, "memory_method": peak.method})
+    if kernels[0] == "reference":
+        for row in rows:
+            row["speedup_fwd"] = rows[0]["fwd_ms"] / row["fwd_ms"]
+            row["speedup_fwdbwd"] = rows[0]["fwdbwd_ms"] / row["fwdbwd_ms"]
+    return rows
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -115,12 +131,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quick", action="store_true", help="CI-sized: lengths 128 512, skewed only, 2 reps")
     parser.add_argument("--json", default=None, help="write the record to this path")
 
 
 def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available here")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
@@ -145,26 +166,20 @@ def run(args: argparse.Namespace) -> int:
             for x in (q, k, v):
                 x.requires_grad_(True)
             for activation in args.activations:
-                args.activation_now = activation
-                reference = None
+                runnable = []
                 for kernel in kernels:
                     reason = KERNELS[kernel].unavailable(q, activation, args.causal, args.window)
                     ref_bytes = 4 * len(lengths) * args.heads * max_len ** 2 * q.element_size()
                     if kernel == "reference" and ref_bytes > REFERENCE_BYTES_CAP:
                         reason = f"its padded scores would take ~{ref_bytes / 2 ** 30:.1f} GiB"
-                    if reason is not None:
+                    if reason is None:
+                        runnable.append(kernel)
+                    else:
                         skipped[(kernel, activation)] = reason
-                        continue
-                    row = {"max_len": max_len, "profile": profile, "batch": len(lengths), "tokens": T,
-                           "activation": activation, "kernel": kernel}
-                    row.update(_measure(kernel, (q, k, v, grad), offsets, lengths, args, device))
-                    if kernel == "reference":
-                        reference = row
-                    row["speedup_fwd"] = reference and reference["fwd_ms"] / row["fwd_ms"]
-                    row["speedup_fwdbwd"] = reference and reference["fwdbwd_ms"] / row["fwdbwd_ms"]
-                    rows.append(row)
-                    print(f"  {max_len:>5} {profile:<8} {activation:<10} {kernel:<10} "
-                          f"fwd+bwd {row['fwdbwd_ms']:.1f} ms", flush=True)
+                print(f"  L={max_len} {profile} {activation}: {', '.join(runnable)}", flush=True)
+                for row in _measure(runnable, (q, k, v, grad), offsets, lengths, activation, args, device):
+                    rows.append({"max_len": max_len, "profile": profile, "batch": len(lengths),
+                                 "tokens": T, "activation": activation, **row})
     columns = ["max_len", "profile", "batch", "activation", "kernel", "fwd_ms", "fwdbwd_ms",
                "fwd_tflops", "fwdbwd_tflops", "exec_over_model", "peak_mib", "speedup_fwd", "speedup_fwdbwd"]
     mask = "causal" if args.causal else "full"
@@ -175,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     for (kernel, activation), reason in sorted(skipped.items()):
         print(f"skipped {kernel} ({activation}): {reason}")
     if args.json:
-        config = {k: v for k, v in vars(args).items() if k not in ("func", "activation_now")}
+        config = {k: v for k, v in vars(args).items() if k != "func"}
         write_json(args.json, {"bench": "attention", "device": device.type, "dtype": str(dtype),
                                "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                                "torch": torch.__version__, "threads": torch.get_num_threads(),
