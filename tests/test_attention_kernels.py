@@ -92,11 +92,9 @@ def test_many_buckets_and_chunks(monkeypatch):
         check("sdpa", case, "cpu")
 
 
-@pytest.mark.parametrize("kernel", ["sdpa", "cpu_jagged"])
-@pytest.mark.parametrize("activation", ["softmax", "silu"])
+@pytest.mark.parametrize("kernel,activation", [("sdpa", "softmax"), ("cpu_jagged", "softmax"),
+                                               ("cpu_jagged", "silu")])
 def test_bfloat16_within_bf16_tolerance(kernel, activation):
-    if kernel == "sdpa" and activation != "softmax":
-        pytest.skip("sdpa is softmax only")
     case = {"q_lens": [17, 0, 1, 40], "kv_lens": [17, 0, 1, 40], "cross": False, "causal": True,
             "window": None, "activation": activation, "heads": 2, "qk_scale": None,
             "out_scale": 1.0, "seed": 11}
@@ -245,3 +243,78 @@ def test_empty_batch_rows_give_zero_output_and_zero_grads():
         assert out.shape == (5, 1, 8) and not out.any() and not dq.any()
         assert dk.shape == (0, 1, 8) and dv.shape == (0, 1, 8)
 
+
+
+# ------------------------------------- CUDA-only call paths, wired to a CPU stand-in
+def _flash_stand_in(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right):
+    """FlashAttention varlen semantics (self-attention windows: keys i-left..i+right) computed
+    by the reference; checks the argument types the real kernels require."""
+    assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32
+    assert max_q == int((cu_q[1:] - cu_q[:-1]).max()) and max_k == int((cu_k[1:] - cu_k[:-1]).max())
+    window = None
+    if left is not None and left >= 0:
+        assert right == (0 if causal else left)
+        window = left + 1
+    return KERNELS["reference"].fn(q, k, v, cu_q.long(), cu_k.long(), activation="softmax", causal=causal,
+                                   window=window, qk_scale=scale, max_q=None, max_kv=None)
+
+
+@pytest.mark.parametrize("causal,window", [(True, None), (False, None), (True, 4), (False, 3)])
+def test_sdpa_flash_varlen_wiring(monkeypatch, causal, window):
+    """The CUDA varlen path's arguments, run against a stand-in (no GPU here)."""
+    from gemref.attention import sdpa
+
+    class FakeAten:
+        @staticmethod
+        def _flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout, is_causal, debug, *,
+                                     scale, window_size_left, window_size_right):
+            assert dropout == 0.0 and debug is False
+            out = _flash_stand_in(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale,
+                                  window_size_left, window_size_right)
+            return out, None, None, None, None
+
+    monkeypatch.setattr(sdpa, "_aten", FakeAten)
+    monkeypatch.setattr(sdpa, "_use_varlen", lambda *args: True)
+    case = {"q_lens": [9, 0, 1, 20], "kv_lens": [9, 0, 1, 20], "cross": False, "causal": causal,
+            "window": window, "activation": "softmax", "heads": 2, "qk_scale": 0.3, "out_scale": 0.5, "seed": 8}
+    expected = reference_results(case, 8)
+    assert_matches(run("sdpa", case, *make_inputs(case, 8, torch.float64, "cpu")), expected, 1e-9, "varlen")
+
+
+@pytest.mark.parametrize("causal,window", [(True, 4), (False, None), (False, 3)])
+def test_flash_attn_wiring(monkeypatch, causal, window):
+    """flash_attn_varlen_func's arguments, run against a stand-in module (flash-attn is not installed)."""
+    import sys
+    import types
+
+    from gemref.attention.flash_attn import gdpa_flash_attn
+
+    def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, *, dropout_p, softmax_scale, causal,
+                               window_size):
+        assert dropout_p == 0.0
+        return _flash_stand_in(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, *window_size)
+
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func))
+    cross = not causal and window is None
+    case = {"q_lens": [4, 4, 4] if cross else [9, 1, 30], "kv_lens": [30, 0, 2] if cross else [9, 1, 30],
+            "cross": cross, "causal": causal, "window": window, "activation": "softmax", "heads": 1,
+            "qk_scale": None, "out_scale": 2.0, "seed": 9}
+    leaves, grad, q_off, kv_off = make_inputs(case, 8, torch.float64, "cpu")
+    out = gdpa_flash_attn(*leaves, q_off, q_off if kv_off is None else kv_off, activation="softmax",
+                          causal=causal, window=window, out_scale=2.0)
+    assert_matches([out.detach(), *torch.autograd.grad(out, leaves, grad)], reference_results(case, 8), 1e-9,
+                   "flash_attn")
+
+
+def test_flash_attn_windowed_cross_attention_falls_back_to_sdpa_with_a_log(caplog):
+    from gemref.attention import flash_attn
+
+    case = {"q_lens": [4, 4], "kv_lens": [30, 2], "cross": True, "causal": False, "window": 3,
+            "activation": "softmax", "heads": 1, "qk_scale": None, "out_scale": 1.0, "seed": 10}
+    leaves, grad, q_off, kv_off = make_inputs(case, 8, torch.float64, "cpu")
+    flash_attn._logged_fallback = False
+    with caplog.at_level(logging.WARNING, logger="gemref.attention.flash_attn"):
+        out = flash_attn.gdpa_flash_attn(*leaves, q_off, kv_off, activation="softmax", window=3)
+    assert "runs through sdpa" in caplog.text
+    assert_matches([out.detach(), *torch.autograd.grad(out, leaves, grad)], reference_results(case, 8), 1e-9,
+                   "flash_attn fallback")

@@ -50,7 +50,7 @@ def _check(case: dict, device: str, dtype=torch.float32, head_dim: int = 16, rel
 
 
 @on_devices
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(case=attention_case(max_batch=4))
 def test_triton_matches_reference(device, case):
     _check(case, device)

@@ -21,9 +21,11 @@ Which kernel runs, and how the jagged batch reaches it:
       zeroed, so no fused kernel ever sees a fully masked row (NaN on some CUDA kernels).
 
 torch's FlopCounterMode has no formula for the CPU flash op; this module registers one that
-mirrors the kernel's blocking (torch 2.11-2.13, FlashAttentionKernel.cpp: query blocks of
-256/64/32 rows for Lq >= 768/192/else, key blocks of 512, causal skips key blocks past each
-query block's diagonal; 2 matmuls forward, 5 backward since S = QK^T is recomputed).
+mirrors the kernel's blocking as read in aten/src/ATen/native/cpu/FlashAttentionKernel.cpp
+(query blocks of 256/64/32 rows for Lq >= 768/192/else, key blocks of 512; causal skips the
+key blocks past each query block's diagonal; 2 matmuls forward, 5 backward since S = QK^T is
+recomputed). Only the causal count depends on those block sizes; were a torch release to
+change them, it would shift by less than one key block per query block.
 """
 from __future__ import annotations
 
@@ -120,7 +122,7 @@ def _sdpa_window_chunks(qb, kb, vb, bucket, causal, window, qk_scale) -> Tensor:
             pieces.append(qb.new_zeros(n, H, c.q0 - done, D))
         mask = chunk_mask(c, bucket, causal, window, qb.device)
         row_ok = None
-        if mask is not None and mask.shape[2] > 1:
+        if mask is not None:
             row_ok = mask.any(-1, keepdim=True)
             if bool(row_ok.all()):
                 row_ok = None
