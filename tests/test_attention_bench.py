@@ -51,6 +51,7 @@ def test_length_profiles_are_deterministic_and_hold_the_max(profile):
     (["--kernels", "nope"], "unknown kernels ['nope']"),
     (["--device", "cuda"], "no CUDA device"),
     (["--threads", "0"], "--threads must be >= 1"),
+    (["--heads", "0"], "--heads must be >= 1"),
 ])
 def test_bench_attention_user_errors_exit_2(argv, message, capsys):
     if "cuda" in argv and torch.cuda.is_available():

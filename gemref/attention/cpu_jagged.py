@@ -18,6 +18,11 @@ Chunk tiles live in a small workspace reused by every chunk (matmuls write into 
 out=, activations run in place): allocating a fresh multi-MiB tile per chunk costs page
 faults that on CPU take as long as the matmul itself.
 
+Threads: the kernel issues a few hundred mid-sized ops per call, each an OpenMP parallel
+region. On an oversubscribed CPU (more busy threads than cores, e.g. other jobs on a shared
+machine) every region's barrier waits for descheduled threads and it slows down 10x or more;
+there, give torch fewer threads (torch.set_num_threads, or `gemref bench attention --threads`).
+
 Executed matmul FLOPs, per chunk of n sequences, R rows and K keys: forward 2 matmuls
 (S = QK^T, O = A V), backward 5 (S recomputed, dV = A^T dO, dA = dO V^T, dQ = dS K,
 dK = dS^T Q), each 2 * n * H * R * K * D.

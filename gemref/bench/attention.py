@@ -11,7 +11,12 @@ Length profiles (deterministic from --seed), each with one sequence at the max l
   fixed    every sequence at the max length;
   uniform  the others uniform in [1, max];
   skewed   the others max * u^4 (u uniform): mostly short histories, as in ads logs.
-A batch holds about --tokens rows (default max(2 * max_len, 1024)).
+A batch holds about --tokens rows (default max(2 * max_len, 1024)). The reference is skipped
+(with the reason) when its padded score tensors would pass REFERENCE_BYTES_CAP.
+
+Repetitions run round-robin over the kernels so load bursts on a shared machine hit all of
+them alike. On an oversubscribed CPU pass --threads (e.g. 1): the many-op kernels suffer
+most from OpenMP threads waiting on descheduled peers (cpu_jagged.py).
 """
 from __future__ import annotations
 
@@ -129,7 +134,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--causal", action="store_true", help="causal self-attention")
     parser.add_argument("--window", type=int, default=None, help="sliding window size")
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=None, help="timed repetitions (default 3; 2 with --quick)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quick", action="store_true", help="CI-sized: lengths 128 512, skewed only, 2 reps")
@@ -146,14 +151,21 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--device cuda: no CUDA device is available here")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     if args.quick:
-        args.lengths, args.skews, args.reps = args.lengths or [128, 512], ["skewed"], min(args.reps, 2)
+        args.lengths, args.skews = args.lengths or [128, 512], ["skewed"]
+    args.reps = args.reps or (2 if args.quick else 3)
+    for name in ("heads", "head_dim", "reps", "tokens", "window"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.warmup < 0 or (args.lengths and min(args.lengths) < 1):
+        raise ValueError("--warmup must be >= 0 and every --lengths entry >= 1")
     lengths_sweep = args.lengths or (CUDA_LENGTHS if device.type == "cuda" else CPU_LENGTHS)
     kernels = args.kernels or [k for k in KERNELS if k != "reference"]
     unknown = [k for k in kernels if k not in KERNELS]
     if unknown:
         raise ValueError(f"unknown kernels {unknown}; valid: {', '.join(KERNELS)}")
     kernels = ["reference"] + [k for k in kernels if k != "reference"]
-    rows, skipped = [], {}
+    rows, skipped = [], set()
     for max_len in lengths_sweep:
         for profile in args.skews:
             tokens = args.tokens or max(2 * max_len, 1024)
@@ -171,11 +183,11 @@ def run(args: argparse.Namespace) -> int:
                     reason = KERNELS[kernel].unavailable(q, activation, args.causal, args.window)
                     ref_bytes = 4 * len(lengths) * args.heads * max_len ** 2 * q.element_size()
                     if kernel == "reference" and ref_bytes > REFERENCE_BYTES_CAP:
-                        reason = f"its padded scores would take ~{ref_bytes / 2 ** 30:.1f} GiB"
+                        reason = f"at L={max_len} {profile} its padded scores would take ~{ref_bytes / 2 ** 30:.1f} GiB"
                     if reason is None:
                         runnable.append(kernel)
                     else:
-                        skipped[(kernel, activation)] = reason
+                        skipped.add((kernel, activation, reason))
                 print(f"  L={max_len} {profile} {activation}: {', '.join(runnable)}", flush=True)
                 for row in _measure(runnable, (q, k, v, grad), offsets, lengths, activation, args, device):
                     rows.append({"max_len": max_len, "profile": profile, "batch": len(lengths),
@@ -185,9 +197,10 @@ def run(args: argparse.Namespace) -> int:
     mask = "causal" if args.causal else "full"
     if args.window:
         mask += f", window {args.window}"
-    print(format_table(rows, columns, title=f"attention on {device.type} ({dtype}), H={args.heads} "
+    threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
+    print(format_table(rows, columns, title=f"attention on {device.type} ({dtype}{threads}), H={args.heads} "
                        f"D={args.head_dim}, {mask}; speed-ups over reference, TFLOP/s on real-length model FLOPs"))
-    for (kernel, activation), reason in sorted(skipped.items()):
+    for kernel, activation, reason in sorted(skipped):
         print(f"skipped {kernel} ({activation}): {reason}")
     if args.json:
         config = {k: v for k, v in vars(args).items() if k != "func"}
@@ -196,5 +209,5 @@ def run(args: argparse.Namespace) -> int:
                                "torch": torch.__version__, "threads": torch.get_num_threads(),
                                "config": config, "rows": rows,
                                "skipped": [{"kernel": k, "activation": a, "reason": r}
-                                           for (k, a), r in sorted(skipped.items())]})
+                                           for k, a, r in sorted(skipped)]})
     return 0
