@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import math
 import os
 from types import ModuleType
 
