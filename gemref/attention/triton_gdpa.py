@@ -20,7 +20,9 @@ of 128 x 64 (forward, dQ) and 32 x 128 (dK/dV), tiles past the causal diagonal, 
 the window or past the sequence end are never visited, mask arithmetic only on boundary
 tiles, exp2 with log2(e) folded into the scale, num_warps/num_stages autotuned on CUDA.
 The tile shapes are fixed per pass (not autotuned) so that the schedule and the executed
-FLOP count are known before launch. NOT MEASURED here: this sandbox has no GPU; on CPU the
+FLOP count are known before launch. Known gap: cross attention with a few queries per
+sample (e.g. 4 over a 4096-long history) gets one forward program per (sample, head), each
+walking every key tile; a split-KV pass (flash-decoding) would add parallelism there. NOT MEASURED here: this sandbox has no GPU; on CPU the
 kernels are verified under TRITON_INTERPRET=1 (the Triton interpreter) at tiny shapes, with
 16 x 16 tiles.
 
