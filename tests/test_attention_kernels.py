@@ -1,0 +1,320 @@
+"""The fast GDPA kernels (sdpa, cpu_jagged, flash_attn) against the reference spec.
+
+Forward and dq, dk, dv, on hypothesis-drawn jagged batches with skewed lengths (empty and
+length-1 sequences included), causal or not, windowed or not, every activation, self and
+cross attention. CPU kernels are compared in float64; on a CUDA machine the same tests run
+the kernels available there in their most precise dtype (scripts/gpu_check.sh). The Triton
+kernel has its own file (tests/test_attention_triton.py).
+"""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from hypothesis import given, settings
+from torch.utils.flop_counter import FlopCounterMode
+
+from attention_cases import assert_matches, attention_case, make_inputs, reference_results, run
+from gemref.attention import ACTIVATIONS, KERNELS, gdpa, resolve_kernel
+from gemref.attention import api
+from gemref.mfu.memory import track_peak_memory
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def precise(kernel: str, device: str) -> tuple[torch.dtype, float]:
+    """The most precise dtype a kernel takes on a device, and the relative tolerance there."""
+    if device == "cpu":
+        return torch.float64, 1e-7
+    if kernel in ("sdpa", "flash_attn"):
+        return torch.bfloat16, 3e-2
+    return torch.float32, 1e-3
+
+
+def kernels_on(device: str) -> list[str]:
+    probe = torch.zeros(1, 1, 16, device=device, dtype=precise("sdpa", device)[0])
+    return [k for k in ("sdpa", "cpu_jagged", "flash_attn") if KERNELS[k].unavailable(probe, "softmax", False, None) is None]
+
+
+def check(kernel: str, case: dict, device: str, head_dim: int = 8) -> None:
+    if kernel in ("sdpa", "flash_attn"):
+        case = {**case, "activation": "softmax"}
+    dtype, rel = precise(kernel, device)
+    expected = reference_results(case, head_dim)
+    actual = run(kernel, case, *make_inputs(case, head_dim, dtype, device))
+    assert_matches(actual, expected, rel, f"{kernel}/{device} {case}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=40, deadline=None)
+@given(case=attention_case())
+def test_kernels_match_reference(device, case):
+    for kernel in kernels_on(device):
+        check(kernel, case, device)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (False, 3), (True, 5)])
+def test_cpu_jagged_every_activation_and_mask(activation, causal, window):
+    case = {"q_lens": [0, 1, 7, 33, 2], "kv_lens": [0, 1, 7, 33, 2], "cross": False, "causal": causal,
+            "window": window, "activation": activation, "heads": 2, "qk_scale": None,
+            "out_scale": 0.7, "seed": 3}
+    check("cpu_jagged", case, "cpu")
+    if activation == "softmax":
+        check("sdpa", case, "cpu")
+
+
+@pytest.mark.parametrize("window", [None, 2, 6])
+@pytest.mark.parametrize("kernel", ["sdpa", "cpu_jagged"])
+def test_cross_attention_few_queries_over_long_history(kernel, window):
+    """4 non-sequence queries per sample over that sample's history (empty history included)."""
+    case = {"q_lens": [4, 4, 4, 4], "kv_lens": [50, 0, 1, 17], "cross": True, "causal": False,
+            "window": window, "activation": "silu", "heads": 2, "qk_scale": None,
+            "out_scale": 1.0, "seed": 5}
+    check(kernel, case, "cpu")
+
+
+def test_many_buckets_and_chunks(monkeypatch):
+    """Force one bucket per sequence and 1-row chunks: the plan's edges are exercised."""
+    from gemref.attention import bucketing, cpu_jagged, sdpa
+
+    monkeypatch.setattr(bucketing, "MAX_WASTE", 0.0)
+    monkeypatch.setattr(bucketing, "MIN_SLACK_ENTRIES", 0)
+    monkeypatch.setattr(bucketing, "MIN_CHUNK_ROWS", 1)
+    monkeypatch.setattr(cpu_jagged, "CHUNK_ENTRIES", 64)
+    monkeypatch.setattr(sdpa, "WINDOW_CHUNK_ENTRIES", 64)
+    for activation, causal, window in [("softmax", True, None), ("gelu", False, 4), ("softmax", False, 3)]:
+        case = {"q_lens": [9, 0, 1, 13, 2, 13], "kv_lens": [9, 0, 1, 13, 2, 13], "cross": False,
+                "causal": causal, "window": window, "activation": activation, "heads": 2,
+                "qk_scale": 0.4, "out_scale": 1.3, "seed": 7}
+        check("cpu_jagged", case, "cpu")
+        check("sdpa", case, "cpu")
+
+
+@pytest.mark.parametrize("kernel,activation", [("sdpa", "softmax"), ("cpu_jagged", "softmax"),
+                                               ("cpu_jagged", "silu")])
+def test_bfloat16_within_bf16_tolerance(kernel, activation):
+    case = {"q_lens": [17, 0, 1, 40], "kv_lens": [17, 0, 1, 40], "cross": False, "causal": True,
+            "window": None, "activation": activation, "heads": 2, "qk_scale": None,
+            "out_scale": 1.0, "seed": 11}
+    expected = reference_results(case, 16)
+    actual = run(kernel, case, *make_inputs(case, 16, torch.bfloat16, "cpu"))
+    assert actual[0].dtype == torch.bfloat16 and actual[1].dtype == torch.bfloat16
+    assert_matches(actual, expected, 3e-2, f"{kernel} bf16")
+
+
+# ------------------------------------------------------------------------------ FLOP counts
+FLOP_CASES = [  # (q lengths, kv lengths, causal, window)
+    ([900, 3, 0, 1, 200], None, True, None),
+    ([900, 3, 0, 1, 200], None, False, None),
+    ([300, 5, 40], None, True, 37),
+    ([300, 5, 40], None, False, 20),
+    ([4, 4, 4], [700, 0, 33], False, None),
+    ([4, 4, 4], [700, 0, 33], False, 3),
+]
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "cpu_jagged"])
+@pytest.mark.parametrize("q_lens,kv_lens,causal,window", FLOP_CASES)
+def test_flop_counter_sees_executed_flops(kernel, q_lens, kv_lens, causal, window):
+    H, D = 2, 8
+    cross = kv_lens is not None
+    kv_lens = kv_lens or q_lens
+    case = {"q_lens": q_lens, "kv_lens": kv_lens, "cross": cross, "causal": causal, "window": window,
+            "activation": "softmax", "heads": H, "qk_scale": None, "out_scale": 1.0, "seed": 0}
+    inputs = make_inputs(case, D, torch.float32, "cpu")
+    with FlopCounterMode(display=False) as counter:
+        run(kernel, case, *inputs)
+    forward, backward = KERNELS[kernel].executed_flops(torch.tensor(q_lens), torch.tensor(kv_lens), H, D,
+                                                       causal, window)
+    counted = counter.get_total_flops()
+    assert counted > 0
+    assert abs(counted - (forward + backward)) <= 0.02 * counted, (counted, forward, backward)
+
+
+def test_executed_flops_never_below_model_flops():
+    from gemref.attention import attention_model_flops
+
+    for q_lens, kv_lens, causal, window in FLOP_CASES:
+        kv_lens = kv_lens or q_lens
+        model = attention_model_flops(q_lens, kv_lens, 2, 8, causal, window)
+        for kernel in ("sdpa", "cpu_jagged", "reference", "triton"):
+            forward, backward = KERNELS[kernel].executed_flops(torch.tensor(q_lens), torch.tensor(kv_lens),
+                                                               2, 8, causal, window)
+            assert forward >= model and backward >= 2 * model, (kernel, q_lens, causal, window)
+
+
+# --------------------------------------------------------------------------------- memory
+@pytest.mark.parametrize("kernel,activation,causal", [("sdpa", "softmax", False), ("sdpa", "softmax", True),
+                                                      ("cpu_jagged", "silu", True),
+                                                      ("cpu_jagged", "softmax", False)])
+def test_one_4096_sequence_uses_10x_less_memory_than_reference(kernel, activation, causal):
+    offsets = torch.tensor([0, 4096])
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, grad = (torch.randn(4096, 1, 16, generator=gen) for _ in range(4))
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    peaks = {}
+    for name in ("reference", kernel):
+        with track_peak_memory("cpu") as peak:
+            out = gdpa(q, k, v, offsets, activation=activation, causal=causal, kernel=name)
+            torch.autograd.grad(out, (q, k, v), grad)
+        peaks[name] = peak.bytes
+    assert peaks["reference"] > 4096 ** 2 * 4  # it does materialise the scores
+    assert peaks[kernel] * 10 <= peaks["reference"], peaks
+
+
+# ------------------------------------------------------------------------------ dispatch
+def test_auto_picks_the_fast_cpu_kernels_and_logs_once(caplog):
+    q = torch.zeros(3, 1, 8)
+    api._auto_logged.clear()
+    with caplog.at_level(logging.INFO, logger="gemref.attention.api"):
+        assert resolve_kernel("auto", q, "softmax", False, None) == "sdpa"
+        assert resolve_kernel("auto", q, "softmax", False, None) == "sdpa"
+        for activation in ("silu", "gelu", "identity"):
+            assert resolve_kernel("auto", q, activation, True, 4) == "cpu_jagged"
+    assert sum("chose 'sdpa'" in r.getMessage() for r in caplog.records) == 1
+
+
+def _qkv(T=5, D=8, dtype=torch.float32):
+    return (torch.randn(T, 2, D, dtype=dtype) for _ in range(3))
+
+
+@pytest.mark.parametrize("kernel,activation,dtype,D,match", [
+    ("triton", "silu", torch.float32, 16, "TRITON_INTERPRET|not installed"),
+    ("flash_attn", "softmax", torch.bfloat16, 16, "flash-attn"),
+    ("sdpa", "silu", torch.float32, 16, "softmax attention only"),
+    ("flash_attn", "gelu", torch.float32, 16, "softmax attention only"),
+])
+def test_kernel_that_cannot_run_here_is_a_value_error_with_the_reason(kernel, activation, dtype, D, match):
+    q, k, v = _qkv(D=D, dtype=dtype)
+    with pytest.raises(ValueError, match=f"gdpa kernel '{kernel}' cannot run here: .*({match})"):
+        gdpa(q, k, v, torch.tensor([0, 2, 5]), activation=activation, kernel=kernel)
+
+
+def test_triton_head_dim_and_dtype_reasons(monkeypatch):
+    from gemref.attention import triton_gdpa
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(triton_gdpa, "_kernels", {})  # as if not compiled yet in this process
+    reason = triton_gdpa._unavailable
+    assert reason(torch.zeros(1, 1, 16), "silu", False, None) is None
+    assert "head dim 24 is not supported" in reason(torch.zeros(1, 1, 24), "silu", False, None)
+    assert "head dim 256 is not supported" in reason(torch.zeros(1, 1, 256), "gelu", True, 3)
+    assert "torch.float64" in reason(torch.zeros(1, 1, 16, dtype=torch.float64), "silu", False, None)
+    monkeypatch.setattr(triton_gdpa, "_kernels", {"interpreted": False})
+    assert "already compiled" in reason(torch.zeros(1, 1, 16), "silu", False, None)
+
+
+def test_cpu_jagged_refuses_other_devices():
+    q = torch.zeros(1, 1, 8, device="meta")
+    assert "CPU path" in KERNELS["cpu_jagged"].unavailable(q, "silu", False, None)
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "cpu_jagged"])
+def test_bad_offsets_and_shapes_are_value_errors(kernel):
+    q, k, v = _qkv()
+    act = "softmax"
+    with pytest.raises(ValueError, match=r"offsets\[-1\]=4 does not match the number of rows T=5"):
+        gdpa(q, k, v, torch.tensor([0, 2, 4]), activation=act, kernel=kernel)
+    with pytest.raises(ValueError, match="non-decreasing: offsets\\[2\\]=1"):
+        gdpa(q, k, v, torch.tensor([0, 2, 1, 5]), activation=act, kernel=kernel)
+    with pytest.raises(ValueError, match="same batch size"):
+        gdpa(q, k, v, torch.tensor([0, 2, 5]), kv_offsets=torch.tensor([0, 5]), activation=act, kernel=kernel)
+    with pytest.raises(ValueError, match=r"kv_offsets\[-1\]=4"):
+        gdpa(q, k, v, torch.tensor([0, 2, 5]), kv_offsets=torch.tensor([0, 1, 4]), activation=act, kernel=kernel)
+    with pytest.raises(ValueError, match="causal attention needs the same query and key offsets"):
+        gdpa(q, k, v, torch.tensor([0, 2, 5]), kv_offsets=torch.tensor([0, 1, 5]), activation=act,
+             causal=True, kernel=kernel)
+    with pytest.raises(ValueError, match="unknown activation 'swish'"):
+        gdpa(q, k, v, torch.tensor([0, 2, 5]), activation="swish", kernel=kernel)
+    with pytest.raises(ValueError, match="window must be None or an int >= 1"):
+        gdpa(q, k, v, torch.tensor([0, 2, 5]), activation=act, window=0, kernel=kernel)
+
+
+def test_empty_batch_rows_give_zero_output_and_zero_grads():
+    """Every sequence empty on the key side: outputs and gradients are exactly zero."""
+    for kernel in ("sdpa", "cpu_jagged"):
+        case = {"q_lens": [3, 0, 2], "kv_lens": [0, 0, 0], "cross": True, "causal": False, "window": None,
+                "activation": "softmax", "heads": 1, "qk_scale": None, "out_scale": 1.0, "seed": 1}
+        leaves, grad, q_off, kv_off = make_inputs(case, 8, torch.float64, "cpu")
+        out, dq, dk, dv = run(kernel, case, leaves, grad, q_off, kv_off)
+        assert out.shape == (5, 1, 8) and not out.any() and not dq.any()
+        assert dk.shape == (0, 1, 8) and dv.shape == (0, 1, 8)
+
+
+
+# ------------------------------------- CUDA-only call paths, wired to a CPU stand-in
+def _flash_stand_in(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right):
+    """FlashAttention varlen semantics (self-attention windows: keys i-left..i+right) computed
+    by the reference; checks the argument types the real kernels require."""
+    assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32
+    assert max_q == int((cu_q[1:] - cu_q[:-1]).max()) and max_k == int((cu_k[1:] - cu_k[:-1]).max())
+    window = None
+    if left is not None and left >= 0:
+        assert right == (0 if causal else left)
+        window = left + 1
+    return KERNELS["reference"].fn(q, k, v, cu_q.long(), cu_k.long(), activation="softmax", causal=causal,
+                                   window=window, qk_scale=scale, max_q=None, max_kv=None)
+
+
+@pytest.mark.parametrize("causal,window", [(True, None), (False, None), (True, 4), (False, 3)])
+def test_sdpa_flash_varlen_wiring(monkeypatch, causal, window):
+    """The CUDA varlen path's arguments, run against a stand-in (no GPU here)."""
+    from gemref.attention import sdpa
+
+    class FakeAten:
+        @staticmethod
+        def _flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout, is_causal, debug, *,
+                                     scale, window_size_left, window_size_right):
+            assert dropout == 0.0 and debug is False
+            out = _flash_stand_in(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale,
+                                  window_size_left, window_size_right)
+            return out, None, None, None, None
+
+    monkeypatch.setattr(sdpa, "_aten", FakeAten)
+    monkeypatch.setattr(sdpa, "_use_varlen", lambda *args: True)
+    case = {"q_lens": [9, 0, 1, 20], "kv_lens": [9, 0, 1, 20], "cross": False, "causal": causal,
+            "window": window, "activation": "softmax", "heads": 2, "qk_scale": 0.3, "out_scale": 0.5, "seed": 8}
+    expected = reference_results(case, 8)
+    assert_matches(run("sdpa", case, *make_inputs(case, 8, torch.float64, "cpu")), expected, 1e-9, "varlen")
+
+
+@pytest.mark.parametrize("causal,window", [(True, 4), (False, None), (False, 3)])
+def test_flash_attn_wiring(monkeypatch, causal, window):
+    """flash_attn_varlen_func's arguments, run against a stand-in module (flash-attn is not installed)."""
+    import sys
+    import types
+
+    from gemref.attention.flash_attn import gdpa_flash_attn
+
+    def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, *, dropout_p, softmax_scale, causal,
+                               window_size):
+        assert dropout_p == 0.0
+        return _flash_stand_in(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, *window_size)
+
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func))
+    cross = not causal and window is None
+    case = {"q_lens": [4, 4, 4] if cross else [9, 1, 30], "kv_lens": [30, 0, 2] if cross else [9, 1, 30],
+            "cross": cross, "causal": causal, "window": window, "activation": "softmax", "heads": 1,
+            "qk_scale": None, "out_scale": 2.0, "seed": 9}
+    leaves, grad, q_off, kv_off = make_inputs(case, 8, torch.float64, "cpu")
+    out = gdpa_flash_attn(*leaves, q_off, q_off if kv_off is None else kv_off, activation="softmax",
+                          causal=causal, window=window, out_scale=2.0)
+    assert_matches([out.detach(), *torch.autograd.grad(out, leaves, grad)], reference_results(case, 8), 1e-9,
+                   "flash_attn")
+
+
+def test_flash_attn_windowed_cross_attention_falls_back_to_sdpa_with_a_log(caplog):
+    from gemref.attention import flash_attn
+
+    case = {"q_lens": [4, 4], "kv_lens": [30, 2], "cross": True, "causal": False, "window": 3,
+            "activation": "softmax", "heads": 1, "qk_scale": None, "out_scale": 1.0, "seed": 10}
+    leaves, grad, q_off, kv_off = make_inputs(case, 8, torch.float64, "cpu")
+    flash_attn._logged_fallback = False
+    with caplog.at_level(logging.WARNING, logger="gemref.attention.flash_attn"):
+        out = flash_attn.gdpa_flash_attn(*leaves, q_off, kv_off, activation="softmax", window=3)
+    assert "runs through sdpa" in caplog.text
+    assert_matches([out.detach(), *torch.autograd.grad(out, leaves, grad)], reference_results(case, 8), 1e-9,
+                   "flash_attn fallback")
