@@ -243,7 +243,8 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
         losses.append(float(loss))
         meter.record(StepRecord(elapsed[0], data_s, batch.batch_size, batch.num_tokens,
                                 model_flops(cfg, lengths).total,
-                                executed_flops(cfg, lengths, jagged=tc.jagged, kernel=s.kernel).total))
+                                executed_flops(cfg, lengths, jagged=tc.jagged, kernel=s.kernel,
+                                               device=s.device).total))
         bar.set_postfix(loss=f"{losses[-1]:.4f}", step_s=f"{elapsed[0]:.3f}")
         if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
             evals.append({"step": step + 1, **evaluate(s, tc.eval_batches)})

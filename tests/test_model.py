@@ -24,9 +24,9 @@ def random_batch(cfg, lengths, seed=0) -> JaggedBatch:
                        torch.randint(0, 2, (B, 2), generator=g).float())
 
 
-def loss_and_grads(cfg, batch, jagged):
+def loss_and_grads(cfg, batch, jagged, kernel="reference"):
     torch.manual_seed(0)
-    model = GEMRef(cfg, jagged=jagged)
+    model = GEMRef(cfg, jagged=jagged, kernel=kernel)
     loss = ranking_loss(model(batch), batch.labels)
     loss.backward()
     return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
@@ -37,13 +37,16 @@ skewed_lengths = st.lists(st.one_of(st.integers(0, 4), st.integers(0, TINY.max_l
                                     st.just(TINY.max_len)), min_size=1, max_size=6)
 
 
-@settings(max_examples=12, deadline=None)
-@given(skewed_lengths, st.sampled_from(["silu", "softmax", "relu2"]))
-def test_jagged_matches_padded(lengths, activation):
+@settings(max_examples=16, deadline=None)
+@given(skewed_lengths, st.sampled_from([("silu", "reference"), ("silu", "cpu_jagged"), ("relu2", "cpu_jagged"),
+                                        ("softmax", "reference"), ("softmax", "sdpa"), ("softmax", "cpu_jagged")]))
+def test_jagged_matches_padded(lengths, activation_kernel):
+    """Rung 1 (jagged layout) and rung 2 (fast kernels) change how the model runs, not what it computes."""
+    activation, kernel = activation_kernel
     cfg = dataclasses.replace(TINY, activation=activation)
     batch = random_batch(cfg, lengths)
     loss_p, grads_p = loss_and_grads(cfg, batch, jagged=False)
-    loss_j, grads_j = loss_and_grads(cfg, batch, jagged=True)
+    loss_j, grads_j = loss_and_grads(cfg, batch, jagged=True, kernel=kernel)
     torch.testing.assert_close(loss_j, loss_p, rtol=1e-5, atol=1e-6)
     assert grads_p.keys() == grads_j.keys()
     for name in grads_p:

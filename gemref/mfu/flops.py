@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..attention import KERNELS
+from ..attention import KERNELS, attention_model_flops
 from ..attention.api import padded_executed_flops
 from ..config import ModelConfig
 
@@ -71,20 +71,22 @@ def model_flops(cfg: ModelConfig, lengths) -> FlopCount:
     H, D, N, L = cfg.n_heads, cfg.head_dim, cfg.n_ns_tokens, cfg.n_layers
     fwd = dict.fromkeys(COMPONENTS, 0)
     fwd.update(_linear_terms(cfg, rows=sum(ls), batch=len(ls)))
-    fwd["sequence_attention"] = L * 4 * H * D * sum(x * x for x in ls) // 2   # causal: halved
-    fwd["cross_attention"] = L * 4 * H * D * N * sum(ls)
+    fwd["sequence_attention"] = L * attention_model_flops(ls, ls, H, D, causal=True, window=None)
+    fwd["cross_attention"] = L * attention_model_flops([N] * len(ls), ls, H, D, causal=False, window=None)
     return FlopCount(fwd, {c: 2 * v for c, v in fwd.items()})
 
 
-def executed_flops(cfg: ModelConfig, lengths, *, jagged: bool, kernel: str = "reference") -> FlopCount:
+def executed_flops(cfg: ModelConfig, lengths, *, jagged: bool, kernel: str = "reference",
+                   device: torch.device | str = "cpu") -> FlopCount:
     """Matmul FLOPs the model's kernels run for one training step, in the layout that ran.
 
     `kernel` must be a concrete kernel name (resolve "auto" first with
     gemref.attention.resolve_kernel); the padded layout always runs materialised attention.
+    `device` is where the step ran: a kernel's executed work (tiles, buckets) depends on it.
     """
     ls = _lengths(lengths)
     B, H, D, N, L = len(ls), cfg.n_heads, cfg.head_dim, cfg.n_ns_tokens, cfg.n_layers
-    lens = torch.tensor(ls, dtype=torch.int64)
+    lens = torch.tensor(ls, dtype=torch.int64, device=device)
     q_cross = torch.full_like(lens, N)
     if jagged:
         rows, kv = sum(ls), lens

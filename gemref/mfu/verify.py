@@ -18,7 +18,7 @@ def flops_report(preset, train, *, device: str = "auto", verify: bool = False) -
     batch = sample_batch(s)
     cfg = s.preset.model
     model = model_flops(cfg, batch.lengths)
-    executed = executed_flops(cfg, batch.lengths, jagged=train.jagged, kernel=s.kernel)
+    executed = executed_flops(cfg, batch.lengths, jagged=train.jagged, kernel=s.kernel, device=s.device)
     rows = [{"component": c, "model_fwd": model.forward[c],
              "model_train": model.forward[c] + model.backward[c],
              "executed_train": executed.forward[c] + executed.backward[c]} for c in COMPONENTS]
