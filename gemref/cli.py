@@ -244,7 +244,9 @@ def _cmd_notebooks(args) -> int:
     except NotebookFailure as e:
         print(f"gemref notebooks: {e}", file=sys.stderr)
         return 1
-    print(format_table(rows, title=f"notebook metrics ({args.profile}) -> {out}/summary.csv"))
+    long = [{"notebook": r["notebook"], "metric": k, "value": v} for r in rows for k, v in r.items()
+            if k != "notebook"]
+    print(format_table(long, title=f"notebook metrics ({args.profile}); wide table: {out}/summary.csv"))
     return 0
 
 

@@ -28,14 +28,13 @@ METRICS_MIME = "application/vnd.gemref.metrics+json"
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
 
-def record_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+def record_metrics(metrics: dict[str, Any]) -> None:
     """Show metrics as a table and attach them to the output (called at a notebook's end)."""
     from IPython.display import display
 
     clean = json.loads(json.dumps(metrics, default=float))
     text = format_table([{"metric": k, "value": v} for k, v in clean.items()])
     display({METRICS_MIME: clean, "text/plain": text}, raw=True)
-    return clean
 
 
 def read_metrics(executed_notebook: str | Path) -> dict[str, Any]:

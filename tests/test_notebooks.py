@@ -17,6 +17,10 @@ NOTEBOOKS = sorted(p.stem for p in NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
 EXPECT = {
     "00_mfu_baseline": lambda m: (m["flops_relative_error"] <= 0.02 and m["executed_over_model"] > 1.5
                                   and 0 < m["mfu"] < 1 and m["tokens_per_s"] > 0),
+    "01_jagged_batches": lambda m: (m["skewed_padded_over_model"] > m["skewed_jagged_over_model"] > 1
+                                    and m["memory_ratio"] > 1 and m["mfu_jagged"] > 0),
+    "02_flash_attention": lambda m: m["memory_ratio_sdpa"] > 3 and m["fused_kernel"] == "sdpa",
+    "03_gdpa": lambda m: m["gdpa_kernel"] == "cpu_jagged" and m["mfu_gdpa"] > 0,
     "06_load_balancing": lambda m: (m["imbalance_kk"] <= 1.02 < m["imbalance_round_robin"]
                                     and m["bubble_cut"] > 0.9),
     "09_mxfp8": lambda m: (m["mxfp8_min_layer_output_sqnr_db"] > 12 and m["mx_block_sqnr_median_db"] > 25

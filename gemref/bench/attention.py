@@ -84,10 +84,28 @@ def _time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def _measure(kernels: list[str], inputs, offsets, lengths, activation, args, device) -> list[dict]:
-    """Timing (interleaved across kernels), then one untimed memory pass per kernel."""
-    q, k, v, grad = inputs
-    opts = dict(activation=activation, causal=args.causal, window=args.window, max_len=max(lengths))
+def compare_kernels(lengths: list[int], kernels: list[str], activation: str, *, heads: int = 2,
+                    head_dim: int = 32, causal: bool = False, window: int | None = None,
+                    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                    warmup: int = 1, reps: int = 3, seed: int = 0) -> tuple[list[dict], list[tuple]]:
+    """Time every kernel that can run this jagged batch (interleaved), then one untimed memory
+    pass each. Returns (one row per kernel, [(kernel, reason)] for those that cannot run here).
+    Speed-ups are over "reference" when it is first in `kernels` and runs."""
+    device = torch.device(device)
+    offsets = lengths_to_offsets(torch.tensor(lengths)).to(device)
+    T = int(offsets[-1])
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, grad = (torch.randn(T, heads, head_dim, generator=gen).to(device, dtype) for _ in range(4))
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    runnable, skipped = [], []
+    for kernel in kernels:
+        reason = KERNELS[kernel].unavailable(q, activation, causal, window)
+        ref_bytes = 4 * len(lengths) * heads * max(lengths) ** 2 * q.element_size()
+        if kernel == "reference" and ref_bytes > REFERENCE_BYTES_CAP:
+            reason = f"at L={max(lengths)} its padded scores would take ~{ref_bytes / 2 ** 30:.1f} GiB"
+        (runnable.append(kernel) if reason is None else skipped.append((kernel, reason)))
+    opts = dict(activation=activation, causal=causal, window=window, max_len=max(lengths))
 
     def forward(kernel):
         return lambda: gdpa(q, k, v, offsets, kernel=kernel, **opts)
@@ -95,27 +113,26 @@ def _measure(kernels: list[str], inputs, offsets, lengths, activation, args, dev
     def forward_backward(kernel):
         return lambda: torch.autograd.grad(gdpa(q, k, v, offsets, kernel=kernel, **opts), (q, k, v), grad)
 
-    fns = {(kernel, "fwd"): forward(kernel) for kernel in kernels}
-    fns.update({(kernel, "fwdbwd"): forward_backward(kernel) for kernel in kernels})
-    seconds = _time_interleaved(fns, device, args.warmup, args.reps)
-    model = attention_model_flops(lengths, lengths, args.heads, args.head_dim, args.causal, args.window)
+    fns = {(kernel, "fwd"): forward(kernel) for kernel in runnable}
+    fns.update({(kernel, "fwdbwd"): forward_backward(kernel) for kernel in runnable})
+    seconds = _time_interleaved(fns, device, warmup, reps)
+    model = attention_model_flops(lengths, lengths, heads, head_dim, causal, window)
     lengths_t = torch.tensor(lengths, device=device)
     rows = []
-    for kernel in kernels:
+    for kernel in runnable:
         with track_peak_memory(device) as peak:
             forward_backward(kernel)()
-        executed = sum(KERNELS[kernel].executed_flops(lengths_t, lengths_t, args.heads, args.head_dim,
-                                                      args.causal, args.window))
+        executed = sum(KERNELS[kernel].executed_flops(lengths_t, lengths_t, heads, head_dim, causal, window))
         fwd_s, fwdbwd_s = seconds[(kernel, "fwd")], seconds[(kernel, "fwdbwd")]
         rows.append({"kernel": kernel, "fwd_ms": fwd_s * 1e3, "fwdbwd_ms": fwdbwd_s * 1e3,
                      "fwd_tflops": model / fwd_s / 1e12, "fwdbwd_tflops": 3 * model / fwdbwd_s / 1e12,
                      "exec_over_model": executed / (3 * model) if model else None,
                      "peak_mib": peak.bytes / 2 ** 20, "memory_method": peak.method})
-    if kernels[0] == "reference":
+    if runnable and runnable[0] == "reference":
         for row in rows:
             row["speedup_fwd"] = rows[0]["fwd_ms"] / row["fwd_ms"]
             row["speedup_fwdbwd"] = rows[0]["fwdbwd_ms"] / row["fwdbwd_ms"]
-    return rows
+    return rows, skipped
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -168,30 +185,16 @@ def run(args: argparse.Namespace) -> int:
     rows, skipped = [], set()
     for max_len in lengths_sweep:
         for profile in args.skews:
-            tokens = args.tokens or max(2 * max_len, 1024)
-            lengths = make_lengths(profile, max_len, tokens, args.seed)
-            offsets = lengths_to_offsets(torch.tensor(lengths)).to(device)
-            T = int(offsets[-1])
-            gen = torch.Generator().manual_seed(args.seed)
-            q, k, v, grad = (torch.randn(T, args.heads, args.head_dim, generator=gen).to(device, dtype)
-                             for _ in range(4))
-            for x in (q, k, v):
-                x.requires_grad_(True)
+            lengths = make_lengths(profile, max_len, args.tokens or max(2 * max_len, 1024), args.seed)
             for activation in args.activations:
-                runnable = []
-                for kernel in kernels:
-                    reason = KERNELS[kernel].unavailable(q, activation, args.causal, args.window)
-                    ref_bytes = 4 * len(lengths) * args.heads * max_len ** 2 * q.element_size()
-                    if kernel == "reference" and ref_bytes > REFERENCE_BYTES_CAP:
-                        reason = f"at L={max_len} {profile} its padded scores would take ~{ref_bytes / 2 ** 30:.1f} GiB"
-                    if reason is None:
-                        runnable.append(kernel)
-                    else:
-                        skipped.add((kernel, activation, reason))
-                print(f"  L={max_len} {profile} {activation}: {', '.join(runnable)}", flush=True)
-                for row in _measure(runnable, (q, k, v, grad), offsets, lengths, activation, args, device):
-                    rows.append({"max_len": max_len, "profile": profile, "batch": len(lengths),
-                                 "tokens": T, "activation": activation, **row})
+                measured, cannot = compare_kernels(
+                    lengths, kernels, activation, heads=args.heads, head_dim=args.head_dim, causal=args.causal,
+                    window=args.window, device=device, dtype=dtype, warmup=args.warmup, reps=args.reps,
+                    seed=args.seed)
+                skipped.update((kernel, activation, reason) for kernel, reason in cannot)
+                print(f"  L={max_len} {profile} {activation}: {', '.join(r['kernel'] for r in measured)}", flush=True)
+                rows += [{"max_len": max_len, "profile": profile, "batch": len(lengths), "tokens": sum(lengths),
+                          "activation": activation, **row} for row in measured]
     columns = ["max_len", "profile", "batch", "activation", "kernel", "fwd_ms", "fwdbwd_ms",
                "fwd_tflops", "fwdbwd_tflops", "exec_over_model", "peak_mib", "speedup_fwd", "speedup_fwdbwd"]
     mask = "causal" if args.causal else "full"
