@@ -12,6 +12,9 @@ ATTENTION_ACTIVATIONS = (
     "softmax", "silu", "gelu", "gelu_tanh", "relu", "relu2", "leaky_relu", "identity",
 )
 LENGTH_PROFILES = ("skewed", "uniform", "fixed")
+BALANCE_POLICIES = ("none", "round_robin", "lpt", "kk")   # gemref/balance.py (none: equal counts)
+SPARSE_SHARDINGS = ("none", "row", "table")               # gemref/parallel/sparse.py
+BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/comm.py
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,15 @@ class TrainConfig:
     # --- switches (the ladder of DESIGN.md) ---
     jagged: bool = False        # rung 1: keep histories jagged instead of padding to max_len
     kernel: str = "reference"   # rung 2: gdpa kernel (reference = naive materialised)
+    balance: str = "none"       # rung 5: split each global batch across ranks by cost (BALANCE_POLICIES)
+    # rung 6 (gemref/parallel/): batch_size is the GLOBAL batch, split across the ranks
+    mesh: str = "1x1"           # RxS: R replica groups x S-way sharding; R*S = number of ranks
+    reshard_after_forward: bool = True   # FSDP: free gathered params after forward (ZeRO-3)
+    sparse_sharding: str = "none"        # embedding tables: none (in FSDP's root unit), row, table
+    backend: str = "auto"                # collectives: auto (nccl on cuda, gloo on cpu), gloo, nccl, ncclx
+    checkpoint_dir: str = ""             # distributed checkpoints here ("" = none)
+    checkpoint_every: int = 0            # save every N steps (0 = never)
+    resume: bool = False                 # continue from the newest checkpoint in checkpoint_dir
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "steps", "eval_batches"):
@@ -106,6 +118,16 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        for name, valid in (("balance", BALANCE_POLICIES), ("sparse_sharding", SPARSE_SHARDINGS),
+                            ("backend", BACKENDS)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"{name}={getattr(self, name)!r}; valid: {', '.join(valid)}")
+        from .parallel.mesh import parse_mesh
+        parse_mesh(self.mesh)
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
+            raise ValueError("checkpoint_every and resume need checkpoint_dir")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,12 @@ TrainConfig, trains with AdamW, times every step (gemref/mfu/meter.py), evaluate
 on held-out shards, and returns the run record of DESIGN.md (also written as JSON).
 
 Device and precision: CPU runs fp32; CUDA runs bf16 autocast with fp32 master weights.
+
+Several ranks (gemref/distributed.py): inside a process group `setup` builds the 2D mesh
+and applies sparse sharding and FSDP LAST (after the model-level switches); batch_size is
+the global batch, each rank takes its part (balanced by cost with `balance`), losses are
+divided by the global batch size and gradients summed, so a step equals the single-process
+step on the global batch. Rank 0 prints, evaluates for the record and writes it.
 """
 from __future__ import annotations
 
@@ -14,7 +20,6 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -25,14 +30,18 @@ from . import __version__
 from .attention import resolve_kernel
 from .config import Preset, TrainConfig, get_preset, override
 from .data.jagged import JaggedBatch
+from .distributed import ParallelState, StepBatches, batch_sampler, measure_comm, parallel_state, parallelize, rank_times
 from .data.loader import EventDataset, make_loader
 from .data.shards import ensure_dataset, fingerprint_hash, shard_paths
 from .metrics import normalized_entropy, roc_auc
 from .mfu.flops import executed_flops, model_flops
 from .mfu.memory import track_peak_memory
 from .mfu.meter import Meter, StepRecord, stopwatch
-from .mfu.peak import DTYPE_NAMES, device_name, peak_flops
+from .mfu.peak import DTYPE_NAMES, Peak, device_name, peak_flops
 from .model import TASKS, GEMRef, ranking_loss
+from .parallel.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .parallel.fsdp import reshard_all
+from .parallel.memory import global_parameters, rank_bytes
 from .report import write_json
 
 log = logging.getLogger(__name__)
@@ -85,16 +94,28 @@ class Setup:
     eval_set: EventDataset
     kernel: str                   # the concrete gdpa kernel (auto resolved)
     autocast_dtype: torch.dtype | None
+    sampler: object               # this rank's part of every global batch (distributed.batch_sampler)
+    parallel: ParallelState | None = None   # mesh and rank; None in one plain process
+
+    @property
+    def rank(self) -> int:
+        return self.parallel.rank if self.parallel else 0
 
 
-def build_model(preset: Preset, train: TrainConfig, device: torch.device) -> tuple[nn.Module, str]:
-    """GEMRef with the switches applied; returns it and the concrete attention kernel."""
+def build_model(preset: Preset, train: TrainConfig, device: torch.device,
+                parallel: ParallelState | None = None) -> tuple[nn.Module, str]:
+    """GEMRef with the switches applied; returns it and the concrete attention kernel.
+
+    Order (torchtitan's): model-level switches first, sharding (tables, then FSDP) last.
+    """
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     probe = torch.empty(0, preset.model.n_heads, preset.model.head_dim, device=device, dtype=dtype)
     kernel = resolve_kernel(train.kernel, probe, preset.model.activation, True, None) if train.jagged \
         else "reference"
     torch.manual_seed(train.seed)
     model = GEMRef(preset.model, jagged=train.jagged, kernel=kernel).to(device)
+    if parallel is not None:
+        parallelize(model, train, parallel, device)
     return model, kernel
 
 
@@ -110,29 +131,38 @@ def setup(preset: Preset | str, train: TrainConfig | None = None, *, device: str
           data_root: str | Path | None = None, progress: bool = False) -> Setup:
     preset = get_preset(preset) if isinstance(preset, str) else preset
     train = train or preset.train
-    dev = resolve_device(device)
+    parallel, dev = parallel_state(train, resolve_device(device))
     folder = dataset_dir(preset, data_root)
     ensure_dataset(preset.model, preset.data, folder, progress=progress)
     train_set = EventDataset(shard_paths(folder, "train"), preset.model)
     eval_set = EventDataset(shard_paths(folder, "eval"), preset.model)
-    model, kernel = build_model(preset, train, dev)
+    model, kernel = build_model(preset, train, dev, parallel)
+    rank, world = (parallel.rank, parallel.world) if parallel else (0, 1)
     return Setup(preset, train, dev, model, make_optimizer(model, train), train_set, eval_set,
-                 kernel, torch.bfloat16 if dev.type == "cuda" else None)
+                 kernel, torch.bfloat16 if dev.type == "cuda" else None,
+                 batch_sampler(train_set.lengths, preset, train, rank, world), parallel)
 
 
-def forward_loss(s: Setup, batch: JaggedBatch) -> torch.Tensor:
+def forward_loss(s: Setup, batch: JaggedBatch, normalizer: int | None = None) -> torch.Tensor:
+    """The loss; `normalizer` = the global batch size when ranks hold parts of it."""
     with torch.autocast(s.device.type, dtype=s.autocast_dtype, enabled=s.autocast_dtype is not None):
         logits = s.model(batch)
     with record_function("loss"):
-        return ranking_loss(logits, batch.labels)
+        return ranking_loss(logits, batch.labels, normalizer)
 
 
-def train_step(s: Setup, batch: JaggedBatch) -> torch.Tensor:
-    """One optimisation step; returns the detached loss (no host sync)."""
-    s.optimizer.zero_grad(set_to_none=True)
-    loss = forward_loss(s, batch)
+def backward(s: Setup, loss: torch.Tensor) -> None:
     with record_function("backward"):
         loss.backward()
+    if s.parallel:
+        s.parallel.finish_backward(s.model)
+
+
+def train_step(s: Setup, batch: JaggedBatch, normalizer: int | None = None) -> torch.Tensor:
+    """One optimisation step; returns this rank's detached loss (no host sync)."""
+    s.optimizer.zero_grad(set_to_none=True)
+    loss = forward_loss(s, batch, normalizer)
+    backward(s, loss)
     with record_function("optimizer"):
         s.optimizer.step()
     return loss.detach()
@@ -161,45 +191,84 @@ def evaluate(s: Setup, batches: int) -> dict:
     return out
 
 
-def _forever(loader) -> Iterator[JaggedBatch]:
-    while True:
-        yield from loader
-
-
-def measure_step_memory(s: Setup, batch: JaggedBatch) -> dict:
+def measure_step_memory(s: Setup, batch: JaggedBatch, normalizer: int | None = None) -> dict:
     """Peak memory of one forward+backward (CPU: live tensor bytes, a separate slow pass)."""
     s.optimizer.zero_grad(set_to_none=True)
     with track_peak_memory(s.device) as peak:
-        forward_loss(s, batch).backward()
+        backward(s, forward_loss(s, batch, normalizer))
     s.optimizer.zero_grad(set_to_none=True)
     return {"peak_memory_bytes": peak.bytes, "peak_memory_method": peak.method}
+
+
+def resume_step(s: Setup) -> int:
+    """The step to start from: that of the newest complete checkpoint when resuming, else 0."""
+    tc = s.train
+    found = latest_checkpoint(tc.checkpoint_dir) if tc.resume else None
+    if found is None:
+        return 0
+    step = load_checkpoint(found[1], s.model, s.optimizer, global_batch=tc.batch_size, seed=tc.seed)
+    if step >= tc.steps:
+        raise ValueError(f"{found[1]} is at step {step}, which is not below steps={tc.steps}: nothing to train")
+    return step
+
+
+def _parallel_record(s: Setup, batch: JaggedBatch, normalizer: int, step_s: list, cpu_s: list,
+                     samples: list) -> dict:
+    """Per-rank times, bytes per rank, and one measured step of communication (collective on all ranks)."""
+    par, tc = s.parallel, s.train
+
+    def fwd_bwd() -> None:
+        s.optimizer.zero_grad(set_to_none=True)
+        backward(s, forward_loss(s, batch, normalizer))
+
+    reshard_all(s.model)    # evaluation leaves FSDP's root unit gathered
+    memory = par.gather(rank_bytes(s.model, s.optimizer))
+    comm = measure_comm(par, s.preset, s.model, batch, fwd_bwd)
+    s.optimizer.zero_grad(set_to_none=True)
+    return {"parallel": {"world": par.world, "mesh": tc.mesh, "backend": par.backend, "balance": tc.balance,
+                         "sparse_sharding": tc.sparse_sharding, "reshard_after_forward": tc.reshard_after_forward},
+            "ranks": rank_times(par, step_s, cpu_s, samples), "memory_per_rank": memory, "comm": comm}
 
 
 def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str = "auto",
         data_root: str | Path | None = None, json_path: str | Path | None = None,
         progress: bool = True, measure_memory: bool = True) -> dict:
-    """Train and measure; return (and optionally write) the run record."""
+    """Train and measure; return the run record (every rank returns it, rank 0 writes it)."""
     s = setup(preset, train, device=device, data_root=data_root, progress=progress)
-    cfg, tc = s.preset.model, s.train
+    cfg, tc, par = s.preset.model, s.train, s.parallel
+    world = par.world if par else 1
+    normalizer = tc.batch_size if par else None        # the global batch (drop_last: always full)
     dtype_name = "bf16" if s.autocast_dtype == torch.bfloat16 else DTYPE_NAMES[torch.float32]
-    meter = Meter(peak_flops(s.device, dtype_name), warmup_steps=min(tc.warmup_steps, tc.steps - 1))
-    loader = make_loader(s.train_set, tc.batch_size, seed=tc.seed, num_workers=tc.num_workers,
-                         device=s.device)
-    batches = _forever(loader)
-    losses, evals = [], []
-    bar = tqdm(range(tc.steps), desc=f"train {s.preset.name}", disable=not progress, unit="step")
+    peak = peak_flops(s.device, dtype_name) if s.rank == 0 else Peak(None, "reported by rank 0", dtype_name)
+    if world > 1:
+        peak = Peak(peak.flops * world if peak.flops else None, f"{peak.source}, x {world} ranks", peak.dtype)
+    start = resume_step(s)
+    meter = Meter(peak, warmup_steps=min(tc.warmup_steps, tc.steps - start - 1))
+    batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, start),
+                               num_workers=tc.num_workers, device=s.device))
+    losses, evals, step_s, cpu_s, samples = [], [], [], [], []
+    bar = tqdm(range(start, tc.steps), desc=f"train {s.preset.name}", disable=not progress or s.rank != 0,
+               unit="step")
     for step in bar:
         t0 = time.perf_counter()
         batch = next(batches)
         data_s = time.perf_counter() - t0
         lengths = batch.lengths
+        cpu0 = time.thread_time()
         with stopwatch(s.device) as elapsed:
-            loss = train_step(s, batch.to(s.device, non_blocking=True))
-        losses.append(float(loss))
-        meter.record(StepRecord(elapsed[0], data_s, batch.batch_size, batch.num_tokens,
-                                model_flops(cfg, lengths).total,
-                                executed_flops(cfg, lengths, jagged=tc.jagged, kernel=s.kernel).total))
+            loss = train_step(s, batch.to(s.device, non_blocking=True), normalizer)
+        cpu_s.append(time.thread_time() - cpu0)
+        step_s.append(elapsed[0])
+        samples.append(batch.batch_size)
+        work = [float(loss), batch.batch_size, batch.num_tokens, model_flops(cfg, lengths).total,
+                executed_flops(cfg, lengths, jagged=tc.jagged, kernel=s.kernel).total]
+        work = par.sum(work) if par else work          # the global batch's loss, samples, tokens, FLOPs
+        losses.append(work[0])
+        meter.record(StepRecord(elapsed[0], data_s, *(int(w) for w in work[1:])))
         bar.set_postfix(loss=f"{losses[-1]:.4f}", step_s=f"{elapsed[0]:.3f}")
+        if tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0:
+            save_checkpoint(tc.checkpoint_dir, step + 1, s.model, s.optimizer, global_batch=tc.batch_size,
+                            seed=tc.seed)
         if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
             evals.append({"step": step + 1, **evaluate(s, tc.eval_batches)})
     evals.append({"step": tc.steps, **evaluate(s, tc.eval_batches)})
@@ -207,19 +276,30 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
         "kind": "train",
         "preset": s.preset.name,
         "config": {"model": asdict(cfg), "data": asdict(s.preset.data), "train": asdict(tc)},
-        "switches": {"jagged": tc.jagged, "kernel": tc.kernel, "kernel_resolved": s.kernel},
+        "switches": {"jagged": tc.jagged, "kernel": tc.kernel, "kernel_resolved": s.kernel,
+                     "balance": tc.balance, "mesh": tc.mesh, "sparse_sharding": tc.sparse_sharding},
         "device": {"type": s.device.type, "name": device_name(s.device),
-                   "threads": torch.get_num_threads()},
+                   "threads": torch.get_num_threads(), "ranks": world},
         "dtype": "bf16-autocast" if s.autocast_dtype == torch.bfloat16 else "fp32",
         "versions": {"torch": torch.__version__, "gemref": __version__, "git_sha": git_sha()},
-        "parameters": sum(p.numel() for p in s.model.parameters()),
+        "parameters": global_parameters(s.model),
+        "start_step": start,
         **meter.summary(),
         "loss_curve": losses,
         "eval": evals[-1],
         "eval_history": evals,
     }
-    if measure_memory:
-        record.update(measure_step_memory(s, batch.to(s.device)))
-    if json_path:
+    device_batch = batch.to(s.device)
+    if par:
+        timed = slice(meter.warmup_steps, None)
+        record.update(_parallel_record(s, device_batch, normalizer, step_s[timed], cpu_s[timed], samples[timed]))
+    if measure_memory and par and s.device.type == "cpu":
+        # The CPU tracker (mfu/memory.py) reads every storage's data pointer, and FSDP frees
+        # gathered parameters by resizing their storage to 0, which it cannot read. Per-rank
+        # bytes of parameters, gradients and optimizer state are in memory_per_rank.
+        record.update(peak_memory_bytes=None, peak_memory_method="not measured: CPU tracker vs FSDP freed storages")
+    elif measure_memory:
+        record.update(measure_step_memory(s, device_batch, normalizer))
+    if json_path and s.rank == 0:
         write_json(json_path, record)
     return record
