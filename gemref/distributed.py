@@ -172,40 +172,54 @@ def measure_comm(state: ParallelState, preset: Preset, model: nn.Module, batch, 
 # ----------------------------------------------------------------------------- launching
 
 
-def _train_rank(rank: int, world: int, preset: Preset, train: TrainConfig, kwargs: dict):
+def _train_ranks(rank: int, world: int, preset: Preset, trains: list[TrainConfig], kwargs: dict):
     from .train import run
 
-    record = run(preset, train, **kwargs)
-    return json.loads(json.dumps(to_jsonable(record))) if rank == 0 else None
+    records = [run(preset, train, **kwargs) for train in trains]
+    return [json.loads(json.dumps(to_jsonable(r))) for r in records] if rank == 0 else None
 
 
-def launch_train(preset: Preset, train: TrainConfig, *, ranks: int | None = None, device: str = "auto",
-                 timeout_s: float = launch.DEFAULT_TIMEOUT_S, **run_kwargs) -> dict | None:
-    """Run `train.run` on every rank; return rank 0's record (None on other torchrun ranks).
+def launch_runs(preset: Preset, trains: list[TrainConfig], *, ranks: int | None = None, device: str = "auto",
+                timeout_s: float = launch.DEFAULT_TIMEOUT_S, **run_kwargs) -> list[dict] | None:
+    """Run `train.run` for each config in turn on the same ranks; return rank 0's records
+    (None on torchrun ranks other than 0). One launch for several configs saves the start-up.
 
     Under torchrun (its variables set) this process is one rank; otherwise `ranks` local
-    processes are spawned (default R*S of the mesh). Mesh, world size and backend are all
-    checked before any process group exists, so a bad input fails fast instead of hanging.
+    processes are spawned (default R*S of the first mesh). Meshes, world size and backend are
+    all checked before any process group exists, so a bad input fails fast instead of hanging.
     """
     from .train import resolve_device, run
 
+    if not trains:
+        raise ValueError("launch_runs needs at least one TrainConfig")
     dev = resolve_device(device)
-    backend = comm.resolve_backend(train.backend, dev)
-    shape = parse_mesh(train.mesh)
+    backends = {comm.resolve_backend(t.backend, dev) for t in trains}
+    if len(backends) > 1:
+        raise ValueError(f"one launch runs one backend; these configs ask for {sorted(backends)}")
+    backend = backends.pop()
+    shapes = [parse_mesh(t.mesh) for t in trains]
     world = launch.torchrun_world()
     if world is not None:
-        check_world(shape, world)
-        launch.init_from_env(backend, local_device(dev.type), shape, timeout_s)
+        for shape in shapes:
+            check_world(shape, world)
+        launch.init_from_env(backend, local_device(dev.type), shapes[0], timeout_s)
         try:
-            record = run(preset, train, device=dev.type, **run_kwargs)
+            records = [run(preset, t, device=dev.type, **run_kwargs) for t in trains]
         finally:
             launch.shutdown()
-        return record if int(os.environ["RANK"]) == 0 else None
-    ranks = shape.world if ranks is None else ranks
-    check_world(shape, ranks)
+        return records if int(os.environ["RANK"]) == 0 else None
+    ranks = shapes[0].world if ranks is None else ranks
+    for shape in shapes:
+        check_world(shape, ranks)
     if dev.type == "cuda" and ranks > torch.cuda.device_count():
         raise ValueError(f"--ranks {ranks} needs {ranks} GPUs, this host has {torch.cuda.device_count()}")
     if backend == "ncclx":
         raise ValueError("backend 'ncclx' is launched with torchrun (torchcomms bootstraps from its variables)")
     kwargs = {"device": dev.type, **run_kwargs}
-    return launch.spawn(_train_rank, ranks, (preset, train, kwargs), backend=backend, timeout_s=timeout_s)[0]
+    return launch.spawn(_train_ranks, ranks, (preset, list(trains), kwargs), backend=backend, timeout_s=timeout_s)[0]
+
+
+def launch_train(preset: Preset, train: TrainConfig, **kwargs) -> dict | None:
+    """`launch_runs` for one config: rank 0's record (None on other torchrun ranks)."""
+    records = launch_runs(preset, [train], **kwargs)
+    return records[0] if records is not None else None

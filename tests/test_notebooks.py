@@ -17,6 +17,13 @@ NOTEBOOKS = sorted(p.stem for p in NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
 EXPECT = {
     "00_mfu_baseline": lambda m: (m["flops_relative_error"] <= 0.02 and m["executed_over_model"] > 1.5
                                   and 0 < m["mfu"] < 1 and m["tokens_per_s"] > 0),
+    "07_fsdp_2d": lambda m: (m["max_rel_loss_diff"] <= 1e-5 and abs(m["ddp_fraction"] - 1) <= 0.05
+                             and all(abs(m[k] - 1) <= 0.05 for k in ("fsdp_x_shards", "hsdp_x_shards", "sparse_x_shards"))
+                             and m["table_wise_imbalance"] >= 1 and m["projected_fsdp_gb"] < m["projected_ddp_gb"]),
+    "08_communication": lambda m: (abs(m["bytes_ratio"] - 1) <= 0.05 and 0 < m["reshard_false_saving"] < 1
+                                   and 0 <= m["overlapped_share_rank0"] <= 1
+                                   and m["hsdp_comm_share_at_max"] < m["fsdp_comm_share_at_max"]
+                                   and m["ncclx_vs_nccl_step"] < 1),
 }
 
 

@@ -57,7 +57,13 @@ def test_loss_trajectory_matches_one_process(four_ranks, one_process, config):
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_bytes_per_rank_are_one_over_s(four_ranks, config):
+    from gemref.parallel.memory import projected_rank_bytes
+    from gemref.parallel.mesh import parse_mesh
+
     S = SHARDS[config]
+    projected = projected_rank_bytes(TINY.model, parse_mesh(CONFIGS[config]["mesh"]),
+                                     CONFIGS[config].get("sparse_sharding", "none"))
+    assert four_ranks[config]["memory_per_rank"][0]["params"] == projected["params"]   # rank 0 is the fullest
     for m in four_ranks[config]["memory_per_rank"]:
         assert all(part["placement"] == "sharded" for part in m["parts"]), m["parts"]
         held = m["params"] + m["optimizer"]

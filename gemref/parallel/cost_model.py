@@ -47,6 +47,7 @@ class HardwareProfile:
     gpus_per_node: int
     intra: LinkTier
     inter: LinkTier
+    gpu: str = ""         # name matched against gemref/mfu/peak.py's table for compute peaks
     notes: str = ""
 
 
@@ -63,25 +64,25 @@ HARDWARE: dict[str, HardwareProfile] = {
                  "NVIDIA H100 SXM datasheet: NVLink 900 GB/s per GPU (both directions) -> 450 GB/s one way"),
         LinkTier("ib_ndr_400", 8e-6, _EFF * 50e9,
                  "NVIDIA DGX H100: one ConnectX-7 400 Gb/s (50 GB/s) NIC per GPU"),
-        "8x H100 SXM per node (NVSwitch), InfiniBand NDR, rail-optimised"),
+        "H100", "8x H100 SXM per node (NVSwitch), InfiniBand NDR, rail-optimised"),
     "h200_ib_ndr": HardwareProfile(
         "h200_ib_ndr", 8,
         LinkTier("nvlink4", 3e-6, _EFF * 450e9, "NVIDIA H200 SXM datasheet: NVLink 900 GB/s per GPU"),
         LinkTier("ib_ndr_400", 8e-6, _EFF * 50e9, "400 Gb/s NIC per GPU (DGX H200 / HGX H200 reference)"),
-        "8x H200 SXM per node, InfiniBand NDR"),
+        "H200", "8x H200 SXM per node, InfiniBand NDR"),
     "h100_roce_400": HardwareProfile(
         "h100_roce_400", 8,
         LinkTier("nvlink4", 3e-6, _EFF * 450e9, "NVIDIA H100 SXM datasheet: NVLink 900 GB/s per GPU"),
         LinkTier("roce_400", 10e-6, _EFF * 50e9,
                  "Meta, 'RDMA over Ethernet for Distributed AI Training at Meta Scale' (SIGCOMM 2024): "
                  "400 Gb/s RoCE per GPU"),
-        "Meta-style RoCE training cluster: 8 GPUs per node, 400G RoCE per GPU"),
+        "H100", "Meta-style RoCE training cluster: 8 GPUs per node, 400G RoCE per GPU"),
     "gb200_nvl72": HardwareProfile(
         "gb200_nvl72", 72,
         LinkTier("nvlink5", 3e-6, _EFF * 900e9,
                  "NVIDIA GB200 NVL72: NVLink 5 1.8 TB/s per GPU (both directions) -> 900 GB/s one way, 72 GPUs"),
         LinkTier("ib_xdr_800", 8e-6, _EFF * 100e9, "ConnectX-8 800 Gb/s (100 GB/s) per GPU"),
-        "72 GPUs in one NVLink domain"),
+        "B200", "72 GPUs in one NVLink domain (compute peak: the B200 entry, a lower bound for GB200)"),
 }
 
 
@@ -159,4 +160,43 @@ def with_efficiency(hw: HardwareProfile, efficiency: float) -> HardwareProfile:
 
     def tier(t: LinkTier) -> LinkTier:
         return LinkTier(t.name, t.alpha_s, t.bandwidth_bytes_per_s / _EFF * efficiency, t.source)
-    return HardwareProfile(hw.name, hw.gpus_per_node, tier(hw.intra), tier(hw.inter), hw.notes)
+    return HardwareProfile(hw.name, hw.gpus_per_node, tier(hw.intra), tier(hw.inter), hw.gpu, hw.notes)
+
+
+def step_time(compute_s: float, comm_s: float, overlapped_share: float, sm_share: float = 0.0) -> float:
+    """Step time when `overlapped_share` of the comm runs under compute.
+
+    `sm_share` is the fraction of the GPU's SMs a collective's kernels occupy while they run:
+    overlapped comm then slows the compute it overlaps by that fraction of its duration.
+    Kernel-driven NCCL collectives take a few SMs per channel; NCCLX's host-driven,
+    zero-copy CTran transport moves data by RDMA without SMs (sm_share ~ 0). An assumption
+    to set from a profile, not a measured constant.
+    """
+    for name, v in (("overlapped_share", overlapped_share), ("sm_share", sm_share)):
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {v}")
+    overlapped = comm_s * overlapped_share
+    return compute_s + (comm_s - overlapped) + overlapped * sm_share
+
+
+def projected_step(cfg, mesh: MeshShape, hw: HardwareProfile, *, batch: int, tokens: int, model_flops: float,
+                   mfu: float, jagged: bool = True, sparse_sharding: str = "row", reshard_after_forward: bool = True,
+                   param_bytes: int = 2, algorithm: str = "auto") -> dict:
+    """One rank's step at scale: compute time from its model FLOPs at an assumed MFU (against the
+    GPU's bf16 peak), comm time of every collective (volume.py) on this hardware, the comm share
+    with no overlap. `batch`/`tokens`: samples and history events per rank."""
+    from ..mfu.peak import gpu_peak
+    from .volume import step_volume
+
+    if not 0 < mfu <= 1:
+        raise ValueError(f"mfu must be in (0, 1], got {mfu}")
+    peak = gpu_peak(hw.gpu, "bf16")
+    if peak.flops is None:
+        raise ValueError(f"hardware profile {hw.name!r}: no bf16 peak for GPU {hw.gpu!r}")
+    rows = step_comm_time(step_volume(cfg, mesh, batch=batch, tokens=tokens, jagged=jagged, param_bytes=param_bytes,
+                                      reshard_after_forward=reshard_after_forward, sparse_sharding=sparse_sharding),
+                          mesh, hw, algorithm)
+    compute_s = model_flops / (peak.flops * mfu)
+    comm_s = sum(r["seconds"] for r in rows)
+    return {"compute_s": compute_s, "comm_s": comm_s, "comm_share_no_overlap": comm_share(compute_s, comm_s),
+            "peak_source": peak.source, "collectives": rows}

@@ -72,3 +72,27 @@ def global_parameters(model: nn.Module) -> int:
         else:
             total += sum(p.numel() for p in module.parameters(recurse=False))
     return total
+
+
+def projected_rank_bytes(cfg, mesh, sparse_sharding: str = "none", *, optimizer_bytes_per_param: int = 8) -> dict:
+    """Bytes of parameters, gradients and AdamW state on the fullest rank, from the config alone.
+
+    fp32 master parameters and gradients (4 bytes each) sharded like the parameters; AdamW
+    keeps two fp32 moments (8 bytes per parameter). Dense units are FSDP-sharded S ways
+    (dim 0 padded); tables follow their sparse plan (or sit in FSDP's root unit when not
+    sharded). Transient gathered parameters and activations are not included.
+    """
+    from .fsdp import padded_numel
+    from .sparse import plan_tables
+    from .volume import model_units, table_shapes
+
+    S = mesh.shard
+    dense = sum(padded_numel(shape, S) for shapes in model_units(cfg, sparse_sharding).values()
+                for shape in shapes) // S
+    tables = 0
+    if sparse_sharding != "none":
+        plans = plan_tables(table_shapes(cfg), S, sparse_sharding).values()
+        tables = max(sum(p.local_bytes(s, S, 1) for p in plans) for s in range(S))
+    params = dense + tables
+    return {"params": 4 * params, "grads": 4 * params, "optimizer": optimizer_bytes_per_param * params,
+            "total": (8 + optimizer_bytes_per_param) * params}

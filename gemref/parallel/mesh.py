@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 MESH_DIMS = ("replicate", "shard")
+_meshes: dict[tuple, DeviceMesh] = {}
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,11 @@ def build_mesh(shape: MeshShape, device_type: str) -> DeviceMesh:
         return built
     assert dist.is_initialized(), "init the process group first (gemref.parallel.launch)"
     check_world(shape, dist.get_world_size())
-    return init_device_mesh(device_type, (shape.replicate, shape.shard), mesh_dim_names=MESH_DIMS)
+    # Creating process groups is a rendezvous of every rank: build each mesh once per group.
+    key = (shape, device_type, dist.distributed_c10d._get_default_group().group_name)
+    if key not in _meshes:
+        _meshes[key] = init_device_mesh(device_type, (shape.replicate, shape.shard), mesh_dim_names=MESH_DIMS)
+    return _meshes[key]
 
 
 def mesh_shape_of(mesh: DeviceMesh) -> MeshShape:
