@@ -73,7 +73,8 @@ def add_train_switches(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", choices=kernel_names(), help="rung 2: gdpa kernel (jagged layout)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--balance", choices=BALANCE_POLICIES, help="rung 5: split global batches across ranks by cost")
-    p.add_argument("--mesh", help="rung 6: RxS mesh, R replica groups x S-way sharding (default 1x<ranks>)")
+    p.add_argument("--mesh", help="rung 6: RxS mesh, R replica groups x S-way sharding "
+                                  "(with --ranks N or torchrun: default 1xN, FSDP over all ranks)")
     p.add_argument("--sparse-sharding", choices=SPARSE_SHARDINGS, help="rung 6: shard the embedding tables")
     p.add_argument("--no-reshard-after-forward", action="store_true",
                    help="FSDP: keep gathered parameters from forward to backward (more memory, less traffic)")
@@ -143,7 +144,7 @@ def _cmd_train(args) -> int:
     if world is None:
         record = run(preset, train, device=args.device, json_path=json_path, progress=not args.quiet)
     else:
-        if args.mesh is None and "mesh" not in " ".join(args.set or []):
+        if args.mesh is None and train.mesh == "1x1":     # default: FSDP over all ranks
             train = override(train, mesh=f"1x{world}")
         record = launch_train(preset, train, ranks=args.ranks, device=args.device, json_path=json_path,
                               progress=not args.quiet)

@@ -2,7 +2,12 @@
 and what a multi-rank run adds to its record. gemref/train.py composes it with the other switches.
 
     gemref train --ranks 4 --mesh 2x2 --sparse-sharding row --balance kk   (local gloo ranks)
-    torchrun --nproc-per-node 8 -m gemref train --device cuda --mesh 1x8   (one node of GPUs)
+    torchrun --nproc-per-node 8 -m gemref train --preset base --device cuda --jagged --kernel auto \
+        --mesh 1x8 --sparse-sharding row --balance kk                      (one node of 8 GPUs)
+    torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
+        -m gemref train --preset large --device cuda --jagged --kernel auto \
+        --mesh 4x8 --sparse-sharding row --balance kk                      (HSDP: 4 nodes x 8 GPUs)
+    add --backend ncclx to run the collectives on NCCLX (needs torchcomms)
 
 Batches: `TrainConfig.batch_size` is the GLOBAL batch. Every rank draws the same global
 batches (seed, epoch) and takes its part: equal counts by position (balance "none" /
@@ -74,8 +79,8 @@ def parallel_state(train: TrainConfig, device: torch.device) -> tuple[ParallelSt
     shape = parse_mesh(train.mesh)
     mesh = build_mesh(shape, device.type)
     backend = "ncclx" if launch.ncclx_mesh_built() is not None else dist.get_backend()
-    return ParallelState(mesh, shape, dist.get_rank(), dist.get_world_size(), backend, train), \
-        local_device(device.type)
+    state = ParallelState(mesh, shape, dist.get_rank(), dist.get_world_size(), backend, train)
+    return state, local_device(device.type)
 
 
 def parallelize(model: nn.Module, train: TrainConfig, state: ParallelState, device: torch.device) -> None:
@@ -97,7 +102,11 @@ def batch_sampler(lengths, preset: Preset, train: TrainConfig, rank: int, world:
 
 
 class StepBatches:
-    """An endless batch_sampler that starts at global step `start` (epochs roll over; resumable)."""
+    """An endless batch_sampler that starts at global step `start` (epochs roll over; resumable).
+
+    Resuming at step k re-plans (but does not load) the k % len(sampler) batches skipped in
+    the current epoch, so the run continues with exactly the batches it would have drawn.
+    """
 
     def __init__(self, sampler: BalancedDistributedBatchSampler, start: int = 0):
         self.sampler, self.start = sampler, start
@@ -114,7 +123,12 @@ class StepBatches:
 
 
 def rank_times(state: ParallelState, step_s: list[float], cpu_s: list[float], samples: list[int]) -> list[dict]:
-    """Per rank (medians over timed steps): step wall time, its compute (this thread's CPU time), the rest waiting."""
+    """Per rank (medians over timed steps): step wall time, its compute, and the rest: waiting.
+
+    Compute is this thread's CPU time, which on CPU ranks (one thread each) is the work
+    itself, blind to time-sharing of the cores. On GPUs the host thread only launches
+    kernels: there, read the profiler's exposed communication (measure_comm) instead.
+    """
     mine = {"rank": state.rank, "samples": statistics.median(samples), "step_s": statistics.median(step_s),
             "compute_cpu_s": statistics.median(cpu_s),
             "wait_s": statistics.median(max(0.0, w - c) for w, c in zip(step_s, cpu_s))}

@@ -30,9 +30,10 @@ from . import __version__
 from .attention import resolve_kernel
 from .config import Preset, TrainConfig, get_preset, override
 from .data.jagged import JaggedBatch
-from .distributed import ParallelState, StepBatches, batch_sampler, measure_comm, parallel_state, parallelize, rank_times
 from .data.loader import EventDataset, make_loader
 from .data.shards import ensure_dataset, fingerprint_hash, shard_paths
+from .distributed import (ParallelState, StepBatches, batch_sampler, measure_comm, parallel_state, parallelize,
+                          rank_times)
 from .metrics import normalized_entropy, roc_auc
 from .mfu.flops import executed_flops, model_flops
 from .mfu.memory import track_peak_memory
@@ -43,6 +44,7 @@ from .parallel.checkpoint import latest_checkpoint, load_checkpoint, save_checkp
 from .parallel.fsdp import reshard_all
 from .parallel.memory import global_parameters, rank_bytes
 from .report import write_json
+from .sampler import BalancedDistributedBatchSampler
 
 log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -94,7 +96,7 @@ class Setup:
     eval_set: EventDataset
     kernel: str                   # the concrete gdpa kernel (auto resolved)
     autocast_dtype: torch.dtype | None
-    sampler: object               # this rank's part of every global batch (distributed.batch_sampler)
+    sampler: BalancedDistributedBatchSampler   # this rank's part of every global batch
     parallel: ParallelState | None = None   # mesh and rank; None in one plain process
 
     @property

@@ -263,3 +263,20 @@ def test_step_batches_resume_where_they_stopped(tiny_dataset):
     assert sorted(first[0] + first[1]) == sorted(np.concatenate(first).tolist())
     assert len(first[0]) + len(first[1]) == 48 and not set(first[0]) & set(first[1])
     assert parts[0].global_size(0) == 48
+
+
+def test_single_process_resume_is_exact(data_root, tmp_path):
+    from gemref.parallel.checkpoint import latest_checkpoint
+    from gemref.train import run
+
+    train = override(TINY.train, steps=4, warmup_steps=1, eval_batches=1, balance="kk")
+    kwargs = dict(device="cpu", progress=False, measure_memory=False)
+    full = run(TINY, train, **kwargs)["loss_curve"]
+    run(TINY, override(train, steps=2, checkpoint_dir=str(tmp_path), checkpoint_every=2), **kwargs)
+    assert latest_checkpoint(tmp_path)[0] == 2
+    resumed = run(TINY, override(train, checkpoint_dir=str(tmp_path), resume=True), **kwargs)
+    assert resumed["start_step"] == 2 and resumed["loss_curve"] == full[2:]
+    run(TINY, override(train, checkpoint_dir=str(tmp_path), checkpoint_every=2, resume=True), **kwargs)
+    assert latest_checkpoint(tmp_path)[0] == 4
+    with pytest.raises(ValueError, match="is at step 4, which is not below steps=4: nothing to train"):
+        run(TINY, override(train, checkpoint_dir=str(tmp_path), resume=True), **kwargs)

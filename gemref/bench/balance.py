@@ -41,8 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import __version__
-from ..balance import (POLICIES, SampleCost, calibrate, idle_fraction, imbalance, partition, rank_loads,
-                       rank_loss_scale)
+from ..balance import POLICIES, SampleCost, calibrate, idle_fraction, imbalance, partition, rank_loads
 from ..config import LENGTH_PROFILES, get_preset
 from ..data.jagged import JaggedBatch, lengths_to_offsets
 from ..data.synthetic import draw_lengths

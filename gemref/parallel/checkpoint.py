@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -44,6 +46,14 @@ def _world() -> int:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+@contextmanager
+def _dcp_single_process_ok():
+    """DCP warns whenever it runs without a process group; one process is a supported case here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 def checkpoint_path(root: str | Path, step: int) -> Path:
@@ -85,7 +95,8 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module, optimizer: to
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "step": torch.tensor(step),
              "run": _run_key(global_batch, seed), f"rng.rank{_rank()}": torch.get_rng_state()}
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
+    with _dcp_single_process_ok():
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True), no_dist=not dist.is_initialized())
     _barrier()
     if _rank() == 0:
         if final.exists():
@@ -105,16 +116,19 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     path = Path(path)
     if not (path / ".metadata").exists():
         raise ValueError(f"{path}: not a complete checkpoint (no .metadata)")
+    run = {"run": torch.zeros(3, dtype=torch.int64)}
+    with _dcp_single_process_ok():   # who wrote it, before touching the model
+        dcp.load(run, checkpoint_id=path, no_dist=not dist.is_initialized())
+    expected = _run_key(global_batch, seed)
+    if not torch.equal(run["run"], expected):
+        names = ("world_size", "global_batch", "seed")
+        raise ValueError(f"{path} was written by a run with {dict(zip(names, run['run'].tolist()))}; this run has "
+                         f"{dict(zip(names, expected.tolist()))}: resuming needs the same")
     model_sd, optim_sd = get_state_dict(model, optimizer)
     rng_key = f"rng.rank{_rank()}"
-    state = {"model": model_sd, "optim": optim_sd, "step": torch.tensor(0),
-             "run": torch.zeros(3, dtype=torch.int64), rng_key: torch.get_rng_state()}
-    dcp.load(state, checkpoint_id=path)
-    expected = _run_key(global_batch, seed)
-    if not torch.equal(state["run"], expected):
-        saved = dict(zip(("world_size", "global_batch", "seed"), state["run"].tolist()))
-        now = dict(zip(("world_size", "global_batch", "seed"), expected.tolist()))
-        raise ValueError(f"{path} was written by a run with {saved}; this run has {now}: resume needs the same")
+    state = {"model": model_sd, "optim": optim_sd, "step": torch.tensor(0), rng_key: torch.get_rng_state()}
+    with _dcp_single_process_ok():
+        dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     torch.set_rng_state(state[rng_key])
     return int(state["step"])

@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ..config import BACKENDS
+
 NCCLX_INSTALL = ("pip install --pre torchcomms --index-url https://download.pytorch.org/whl/nightly/cu128 "
                  "(see https://github.com/meta-pytorch/torchcomms; needs CUDA GPUs)")
 

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-from ..config import SPARSE_SHARDINGS as SPARSE_SHARDING
+from ..config import SPARSE_SHARDINGS
 
 
 @dataclass(frozen=True)
@@ -151,8 +151,8 @@ def shard_tables(model: nn.Module, mesh: DeviceMesh, mode: str) -> list[nn.Param
 
     The returned parameters are what FSDP must ignore (`fully_shard(..., ignored_params=...)`).
     """
-    if mode not in SPARSE_SHARDING:
-        raise ValueError(f"sparse_sharding={mode!r}; valid: {', '.join(SPARSE_SHARDING)}")
+    if mode not in SPARSE_SHARDINGS:
+        raise ValueError(f"sparse_sharding={mode!r}; valid: {', '.join(SPARSE_SHARDINGS)}")
     if mode == "none":
         return []
     tables = model.tables
