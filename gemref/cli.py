@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .bench import bench_names
-from .config import PRESETS, TrainConfig, get_preset, override
+from .config import BACKENDS, BALANCE_POLICIES, PRESETS, SPARSE_SHARDINGS, TrainConfig, get_preset, override
 from .precision import PRECISIONS
 from .report import format_table, fmt, write_json
 
@@ -75,6 +75,13 @@ def add_train_switches(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=("auto",) + PRECISIONS,
                    help="rung 7: Linear GEMM precision (auto: fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--balance", choices=BALANCE_POLICIES, help="rung 5: split global batches across ranks by cost")
+    p.add_argument("--mesh", help="rung 6: RxS mesh, R replica groups x S-way sharding "
+                                  "(with --ranks N or torchrun: default 1xN, FSDP over all ranks)")
+    p.add_argument("--sparse-sharding", choices=SPARSE_SHARDINGS, help="rung 6: shard the embedding tables")
+    p.add_argument("--no-reshard-after-forward", action="store_true",
+                   help="FSDP: keep gathered parameters from forward to backward (more memory, less traffic)")
+    p.add_argument("--backend", choices=BACKENDS, help="collectives (auto: nccl on cuda, gloo on cpu)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="any other TrainConfig field, e.g. lr=0.001 (see gemref/config.py)")
 
@@ -91,6 +98,13 @@ def train_config_from_args(args, base: TrainConfig) -> TrainConfig:
         changes["kernel"] = args.kernel
     if args.precision is not None:
         changes["precision"] = args.precision
+    for name in ("balance", "mesh", "sparse_sharding", "backend", "checkpoint_dir", "checkpoint_every"):
+        if getattr(args, name, None) is not None:
+            changes[name] = getattr(args, name)
+    if args.no_reshard_after_forward:
+        changes["reshard_after_forward"] = False
+    if getattr(args, "resume", False):
+        changes["resume"] = True
     return parse_set(args.set, override(base, **changes))
 
 
@@ -106,7 +120,24 @@ def run_row(r: dict) -> dict:
             "data_share": r["data_share"], "ne_click": r["eval"]["ne_click"], "auc_click": r["eval"]["auc_click"]}
 
 
+def _print_parallel(record: dict) -> None:
+    """Rank 0's extra tables for a multi-rank run: per-rank times and bytes, collectives."""
+    par, comm = record["parallel"], record["comm"]
+    rows = [{**t, "param_bytes": m["params"], "optimizer_bytes": m["optimizer"]}
+            for t, m in zip(record["ranks"], record["memory_per_rank"])]
+    print(format_table(rows, title=f"per rank: mesh {par['mesh']} on {par['backend']}, balance {par['balance']}, "
+                                   f"tables {par['sparse_sharding']} (medians over timed steps)"))
+    print(format_table(comm["by_kind"], columns=["kind", "dim", "recorded_count", "recorded_bytes", "analytic_bytes",
+                                                 "ratio", "seconds"],
+                       title="collectives of one step, all ranks (recorded vs analytic payload bytes)"))
+    ov = comm["overlap_per_rank"][0]
+    print(f"rank 0: comm {fmt(ov['comm_s'])} s, exposed {fmt(ov['exposed_comm_s'])} s, "
+          f"overlapped {fmt(ov['overlapped_share'])}")
+
+
 def _cmd_train(args) -> int:
+    from .distributed import launch_train
+    from .parallel.launch import torchrun_world
     from .plots import run_figure, save_figure
     from .train import run
 
@@ -114,9 +145,20 @@ def _cmd_train(args) -> int:
     train = train_config_from_args(args, preset.train)
     out = Path(args.out) if args.out else None
     json_path = args.json or (out / "run.json" if out else None)
-    record = run(preset, train, device=args.device, json_path=json_path, progress=not args.quiet)
+    world = args.ranks if args.ranks is not None else torchrun_world()
+    if world is None:
+        record = run(preset, train, device=args.device, json_path=json_path, progress=not args.quiet)
+    else:
+        if args.mesh is None and train.mesh == "1x1":     # default: FSDP over all ranks
+            train = override(train, mesh=f"1x{world}")
+        record = launch_train(preset, train, ranks=args.ranks, device=args.device, json_path=json_path,
+                              progress=not args.quiet)
+        if record is None:          # a torchrun rank other than 0: rank 0 reports
+            return 0
     print(format_table([run_row(record)], title=f"gemref train ({record['device']['name']}, {record['dtype']})"))
     print(f"peak FLOP/s {fmt(record['peak_flops'])} ({record['mfu_basis']}): {record['peak_source']}")
+    if "parallel" in record:
+        _print_parallel(record)
     if out:
         written = save_figure(run_figure(record), out / "run")
         print(f"wrote {json_path}, " + ", ".join(map(str, written)))
@@ -129,6 +171,10 @@ def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train a preset, print throughput/MFU/NE, write the run record")
     _preset_arg(p)
     add_train_switches(p)
+    p.add_argument("--ranks", type=int, help="spawn this many local ranks (gloo on CPU); torchrun sets its own")
+    p.add_argument("--checkpoint-dir", help="distributed checkpoints here")
+    p.add_argument("--checkpoint-every", type=int, help="save every N steps")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir")
     p.add_argument("--json", help="write the run record here")
     p.add_argument("--out", help="folder for run.json and run.html")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

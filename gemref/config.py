@@ -15,6 +15,9 @@ ATTENTION_ACTIVATIONS = (
     "softmax", "silu", "gelu", "gelu_tanh", "relu", "relu2", "leaky_relu", "identity",
 )
 LENGTH_PROFILES = ("skewed", "uniform", "fixed")
+BALANCE_POLICIES = ("none", "round_robin", "lpt", "kk")   # gemref/balance.py (none: equal counts)
+SPARSE_SHARDINGS = ("none", "row", "table")               # gemref/parallel/sparse.py
+BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/comm.py
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,15 @@ class TrainConfig:
     precision: str = "auto"     # rung 7: auto (fp32 on CPU, bf16 on CUDA) or one of PRECISIONS
     precision_kernel: str = "auto"  # float8/MXFP8 GEMMs: auto | native | emulated
     precision_min_dim: int = 64     # Linear layers with min(in, out) below this stay high precision
+    balance: str = "none"       # rung 5: split each global batch across ranks by cost (BALANCE_POLICIES)
+    # rung 6 (gemref/parallel/): batch_size is the GLOBAL batch, split across the ranks
+    mesh: str = "1x1"           # RxS: R replica groups x S-way sharding; R*S = number of ranks
+    reshard_after_forward: bool = True   # FSDP: free gathered params after forward (ZeRO-3)
+    sparse_sharding: str = "none"        # embedding tables: none (in FSDP's root unit), row, table
+    backend: str = "auto"                # collectives: auto (nccl on cuda, gloo on cpu), gloo, nccl, ncclx
+    checkpoint_dir: str = ""             # distributed checkpoints here ("" = none)
+    checkpoint_every: int = 0            # save every N steps (0 = never)
+    resume: bool = False                 # continue from the newest checkpoint in checkpoint_dir
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "steps", "eval_batches"):
@@ -119,6 +131,16 @@ class TrainConfig:
                              f"valid: {', '.join(PRECISION_KERNELS)}")
         if self.precision_min_dim < 0:
             raise ValueError(f"precision_min_dim must be >= 0, got {self.precision_min_dim}")
+        for name, valid in (("balance", BALANCE_POLICIES), ("sparse_sharding", SPARSE_SHARDINGS),
+                            ("backend", BACKENDS)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"{name}={getattr(self, name)!r}; valid: {', '.join(valid)}")
+        from .parallel.mesh import parse_mesh
+        parse_mesh(self.mesh)
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
+            raise ValueError("checkpoint_every and resume need checkpoint_dir")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,13 @@ EXPECT = {
                                     and m["bubble_cut"] > 0.9),
     "09_mxfp8": lambda m: (m["mxfp8_min_layer_output_sqnr_db"] > 12 and m["mx_block_sqnr_median_db"] > 25
                            and abs(m["mxfp8_eval_loss_rel_to_fp32"]) < 0.05),
+    "07_fsdp_2d": lambda m: (m["max_rel_loss_diff"] <= 1e-5 and abs(m["ddp_fraction"] - 1) <= 0.05
+                             and all(abs(m[k] - 1) <= 0.05 for k in ("fsdp_x_shards", "hsdp_x_shards", "sparse_x_shards"))
+                             and m["table_wise_imbalance"] >= 1 and m["projected_fsdp_gb"] < m["projected_ddp_gb"]),
+    "08_communication": lambda m: (abs(m["bytes_ratio"] - 1) <= 0.05 and 0 < m["reshard_false_saving"] < 1
+                                   and 0 <= m["overlapped_share_rank0"] <= 1
+                                   and m["hsdp_comm_share_at_max"] < m["fsdp_comm_share_at_max"]
+                                   and m["ncclx_vs_nccl_step"] < 1),
 }
 
 

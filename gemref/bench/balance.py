@@ -10,40 +10,44 @@ batch with each policy and report, per policy, the medians over batches of
   part_ms   = time of the partitioner itself (it runs on every rank, every step)
   lower_bound = max(dearest sample, mean) / mean: no partition of that batch can do better.
 
---measure: spawn R gloo ranks on CPU (one thread each). A toy jagged model (projection,
-per-sequence attention, mean pool: cost c0 + c1*L + c2*L^2) is first calibrated in this
-process (`gemref.balance.calibrate`); then every rank, on each global batch, runs fwd+bwd
-on its samples split by round_robin and by kk in turn, then all-reduces the gradients.
+--measure: spawn R gloo ranks on CPU (one thread each, gemref.parallel.launch) that run the
+real GEM training step: every rank builds the --preset GEMRef (jagged, max_len = --max-len,
+same seed), and on each global batch (synthetic ids, lengths from the profile) takes its
+samples split by round_robin and by kk in turn, runs forward + backward with the loss
+divided by the global batch size, then all-reduces the gradients (replicated data
+parallelism, as DDP without buckets). The split prices samples with the same cost as the
+training switch (model FLOPs, gemref/mfu/flops.py), or with seconds fitted to this
+machine's measured step times (--calibrate, `gemref.balance.calibrate`).
 Per rank: compute time, and wait (+comm) time in the all-reduce; per step: step time (max
 over ranks), imbalance of compute wall time and of compute CPU time, idle share. With more
 ranks than CPU cores, or other jobs on the machine, ranks time-share cores and wall times
 stretch: then cpu_imbalance (thread CPU time, blind to time-sharing) is the figure to read.
+
+The toy jagged model below (ToyJaggedModel & co.) is kept for tests/test_balance.py's
+gradient check on a model small enough to reason about by hand.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
-import socket
 import statistics
-import tempfile
 import time
-from pathlib import Path
+from dataclasses import replace
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from .. import __version__
-from ..balance import (POLICIES, SampleCost, calibrate, idle_fraction, imbalance, partition, rank_loads,
-                       rank_loss_scale)
+from ..balance import POLICIES, SampleCost, calibrate, idle_fraction, imbalance, partition, rank_loads
 from ..config import LENGTH_PROFILES, get_preset
-from ..mfu.flops import sample_cost_coefficients
-from ..report import format_table, write_json
+from ..data.jagged import JaggedBatch, lengths_to_offsets
 from ..data.synthetic import draw_lengths
+from ..mfu.flops import sample_cost_coefficients
+from ..parallel.launch import spawn_gloo
+from ..report import format_table, write_json
 
 
 # ----------------------------------------------------------------------------- toy jagged model
@@ -95,89 +99,79 @@ def sample_losses(model, values, offsets, labels) -> torch.Tensor:
     return nn.functional.binary_cross_entropy_with_logits(model(values, offsets), labels, reduction="none")
 
 
-# ----------------------------------------------------------------------------- gloo ranks
+# ----------------------------------------------------------------------------- the GEM step on gloo ranks
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def gem_batch(cfg, lengths, seed: int) -> JaggedBatch:
+    """A synthetic JaggedBatch with these history lengths: uniform ids within every vocab, random labels."""
+    g = torch.Generator().manual_seed(seed)
+    lengths_t = torch.as_tensor(np.asarray(lengths), dtype=torch.int64)
+    B, T = len(lengths_t), int(lengths_t.sum())
+
+    def ids(vocab: int, *shape: int) -> torch.Tensor:
+        return torch.randint(0, vocab, shape, generator=g)
+    values = torch.stack([ids(cfg.item_vocab, T), ids(cfg.action_vocab, T), ids(cfg.time_buckets, T)], dim=1)
+    sparse = torch.stack([ids(v, B) for v in cfg.sparse_vocab], dim=1)
+    return JaggedBatch(values, lengths_to_offsets(lengths_t), sparse, torch.randn(B, cfg.n_dense, generator=g),
+                       ids(cfg.item_vocab, B), torch.randint(0, 2, (B, 2), generator=g).float())
 
 
-def _rank_entry(rank, fn, world, port, timeout_s, out_dir, args):
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
-    try:
-        torch.save(fn(rank, world, *args), Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def gem_model(preset: str, max_len: int):
+    """The preset's GEMRef with max_len widened to the profile's, jagged, with the best attention kernel here."""
+    from ..attention import resolve_kernel
+    from ..model import GEMRef
 
-
-def spawn_gloo(fn, world: int, args: tuple = (), timeout_s: float = 120.0) -> list:
-    """Run fn(rank, world, *args) on `world` spawned gloo ranks (one CPU thread each); return their results.
-
-    `fn` must be importable (module level) and return tensors / plain containers. A rank that
-    raises fails the call; past `timeout_s` every rank is killed and TimeoutError raised.
-    """
-    with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.spawn(_rank_entry, args=(fn, world, free_port(), timeout_s, out_dir, args),
-                       nprocs=world, join=False)
-        deadline = time.monotonic() + timeout_s
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    p.kill()
-                raise TimeoutError(f"{world} gloo ranks did not finish within {timeout_s:.0f} s")
-        return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=True) for r in range(world)]
-
-
-def _measure_rank(rank, world, lengths_per_step, cost_coeffs, policies, d_in, d_hidden, warmup):
-    """One rank of --measure: per step and policy, (compute wall s, compute CPU s, all-reduce wall s, n)."""
+    cfg = replace(get_preset(preset).model, max_len=max_len)
+    probe = torch.empty(0, cfg.n_heads, cfg.head_dim)
     torch.manual_seed(0)
-    model = ToyJaggedModel(d_in, d_hidden)
+    return GEMRef(cfg, jagged=True, kernel=resolve_kernel("auto", probe, cfg.activation, True, None))
+
+
+def _measure_rank(rank, world, preset, max_len, lengths_per_step, cost_coeffs, policies, warmup):
+    """One rank of --measure: per step and policy, (compute wall s, compute CPU s, all-reduce wall s, n)."""
+    from ..model import ranking_loss
+
+    model = gem_model(preset, max_len)
     cost = SampleCost(*cost_coeffs)
     out = {p: [] for p in policies}
     for step, lengths in enumerate(lengths_per_step):
-        batch = toy_batch(lengths, d_in, seed=step)
+        batch = gem_batch(model.cfg, lengths, seed=step)
         for policy in policies:
-            mine = partition(cost.cost(lengths), world, policy, min_per_rank=1)[rank]
-            values, offsets, labels = select_samples(*batch, mine)
+            mine = batch.select(partition(cost.cost(lengths), world, policy, min_per_rank=1)[rank])
             model.zero_grad(set_to_none=True)
             dist.barrier()
             t0, c0 = time.perf_counter(), time.thread_time()
-            scale = rank_loss_scale(len(mine), len(lengths), world, grad_reduce="sum")
-            (sample_losses(model, values, offsets, labels).mean() * scale).backward()
+            ranking_loss(model(mine), mine.labels, normalizer=len(lengths)).backward()
             t1, c1 = time.perf_counter(), time.thread_time()
             flat = torch.cat([p.grad.flatten() for p in model.parameters()])
             dist.all_reduce(flat)
             t2 = time.perf_counter()
             if step >= warmup:
-                out[policy].append([t1 - t0, c1 - c0, t2 - t1, len(mine)])
+                out[policy].append([t1 - t0, c1 - c0, t2 - t1, mine.batch_size])
     return {p: torch.tensor(v, dtype=torch.float64) for p, v in out.items()}
 
 
-def calibrate_toy(pool: np.ndarray, d_in: int, d_hidden: int, n_batches: int = 24, reps: int = 3, seed: int = 0):
-    """Time toy fwd+bwd on batches of varied size and length mix from `pool`; fit a SampleCost in seconds.
+def calibrate_gem(preset: str, max_len: int, pool: np.ndarray, n_batches: int = 16, reps: int = 2, seed: int = 0):
+    """Time the GEM fwd+bwd on batches of varied size and length mix from `pool`; fit a SampleCost in seconds.
 
-    Times are this thread's CPU time (one torch thread: the op and autograd work run on it),
-    so that other processes sharing the cores do not distort the fit.
+    Times are this thread's CPU time with one torch thread (as on every rank), so other
+    processes sharing the cores do not distort the fit.
     """
+    from ..model import ranking_loss
+
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)      # as on every rank; and thread_time must see all the work
-    torch.manual_seed(0)
-    model = ToyJaggedModel(d_in, d_hidden)
+    torch.set_num_threads(1)
+    model = gem_model(preset, max_len)
     rng = np.random.default_rng(seed)
     lengths_list, times = [], []
     for k in range(n_batches):
-        lengths = rng.choice(pool, size=int(rng.integers(4, 65)))
-        batch = toy_batch(lengths, d_in, seed=k)
+        lengths = rng.choice(pool, size=int(rng.integers(2, 33)))
+        batch = gem_batch(model.cfg, lengths, seed=k)
         samples = []
         for _ in range(reps + 1):   # first run is warm-up
             model.zero_grad(set_to_none=True)
             t0 = time.thread_time()
-            sample_losses(model, *batch).mean().backward()
+            ranking_loss(model(batch), batch.labels).backward()
             samples.append(time.thread_time() - t0)
         lengths_list.append(lengths)
         times.append(statistics.median(samples[1:]))
@@ -201,9 +195,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost", type=float, nargs=3, metavar=("C0", "C1", "C2"),
                    help="override: cost per sample, per event, per event^2 (default: the preset's FLOPs)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--measure", action="store_true", help="also run R gloo ranks on CPU (toy model)")
+    p.add_argument("--measure", action="store_true",
+                   help="also run R gloo ranks on CPU: the --preset GEM training step, round_robin vs kk")
     p.add_argument("--measure-steps", type=int, default=10, help="measured steps per policy (after 2 warm-up)")
-    p.add_argument("--toy-width", type=int, default=128, help="hidden width of the --measure toy model")
+    p.add_argument("--calibrate", action="store_true",
+                   help="--measure: split by seconds fitted to this machine's GEM step times, not by FLOPs")
     p.add_argument("--json", metavar="PATH", help="write the record here")
 
 
@@ -235,17 +231,19 @@ def _show(rows: list[dict]) -> list[dict]:
     return [{k: f"{v:.4f}" if k in keys else v for k, v in row.items()} for row in rows]
 
 
-def _measure(args) -> tuple[dict, list[dict], list[dict]]:
-    d_in, warmup = 8, 2
-    pool = draw_lengths(args.profile, 4096, args.max_len, args.median, args.sigma, args.seed + 10_000)
-    fit = calibrate_toy(pool, d_in, args.toy_width, seed=args.seed)
+def _measure(args, cost: SampleCost) -> tuple[dict | None, list[dict], list[dict]]:
+    warmup = 2
+    fit = None
+    if args.calibrate:
+        pool = draw_lengths(args.profile, 4096, args.max_len, args.median, args.sigma, args.seed + 10_000)
+        fit = calibrate_gem(args.preset, args.max_len, pool, seed=args.seed)
+        cost = fit.cost
     steps = [draw_lengths(args.profile, args.batch, args.max_len, args.median, args.sigma, args.seed + s)
              for s in range(warmup + args.measure_steps)]
     policies = ["round_robin", "kk"]
-    c = fit.cost
     results = spawn_gloo(_measure_rank, args.ranks,
-                         (steps, (c.per_sample, c.per_token, c.per_token_sq), policies, d_in, args.toy_width, warmup),
-                         timeout_s=540)
+                         (args.preset, args.max_len, steps, (cost.per_sample, cost.per_token, cost.per_token_sq),
+                          policies, warmup), timeout_s=540)
     per_rank, summary = [], []
     for policy in policies:
         per_step = torch.stack([res[policy] for res in results])    # (R, steps, 4)
@@ -262,8 +260,9 @@ def _measure(args) -> tuple[dict, list[dict], list[dict]]:
     base = summary[0]["step_ms"]
     for row in summary:
         row["speedup"] = base / row["step_ms"]
-    fit_info = {"per_sample_s": c.per_sample, "per_token_s": c.per_token, "per_token_sq_s": c.per_token_sq,
-                "per_step_s": fit.per_step, "rel_rms_error": fit.rel_rms_error}
+    fit_info = None if fit is None else {
+        "per_sample_s": fit.cost.per_sample, "per_token_s": fit.cost.per_token,
+        "per_token_sq_s": fit.cost.per_token_sq, "per_step_s": fit.per_step, "rel_rms_error": fit.rel_rms_error}
     return fit_info, per_rank, summary
 
 
@@ -280,14 +279,18 @@ def run(args: argparse.Namespace) -> int:
               "platform": platform.platform(), "torch": torch.__version__, "gemref": __version__}
     if args.measure:
         load_1min = os.getloadavg()[0]
-        fit, per_rank, summary = _measure(args)
-        print(f"\ncalibrated toy cost (s): per_sample {fit['per_sample_s']:.3g}, per_token {fit['per_token_s']:.3g}, "
-              f"per_token^2 {fit['per_token_sq_s']:.3g}, per_step {fit['per_step_s']:.3g} "
-              f"(rel RMS error {fit['rel_rms_error']:.1%})")
+        fit, per_rank, summary = _measure(args, cost)
+        if fit:
+            print(f"\ncalibrated GEM step cost (s): per_sample {fit['per_sample_s']:.3g}, per_token "
+                  f"{fit['per_token_s']:.3g}, per_token^2 {fit['per_token_sq_s']:.3g}, per_step {fit['per_step_s']:.3g} "
+                  f"(rel RMS error {fit['rel_rms_error']:.1%})")
+        else:
+            print(f"\nsplit by model FLOPs per sample of the {args.preset} preset (as `gemref train --balance kk`)")
         if args.ranks + load_1min > (os.cpu_count() or 1):
             print(f"note: {args.ranks} ranks + load average {load_1min:.1f} on {os.cpu_count()} CPU cores: "
                   "wall times include time-sharing; read cpu_imbalance")
-        print(format_table(per_rank, title="measured per rank (medians over steps)"))
+        print(format_table(per_rank, title=f"measured per rank: {args.preset} GEM step, max_len {args.max_len} "
+                                           "(medians over steps)"))
         print(format_table(_show(summary), title="measured per step (medians over steps)"))
         record.update(calibration=fit, measured_per_rank=per_rank, measured=summary, load_avg_1min=load_1min)
     if args.json:

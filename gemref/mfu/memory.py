@@ -40,7 +40,10 @@ class _LiveTensorBytes(TorchDispatchMode):
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.device.type == "cpu":
                 storage = t.untyped_storage()
-                key = storage.data_ptr()
+                try:
+                    key = storage.data_ptr()
+                except RuntimeError:  # a storage resized to 0 (FSDP frees gathered params so)
+                    continue
                 known = self.live.get(key)
                 if key and (known is None or known[0].expired()):
                     nbytes = storage.nbytes()

@@ -1,0 +1,162 @@
+"""Starting ranks: local spawned ranks for a laptop, or the environment torchrun sets.
+
+Two ways in, one process group at the end:
+  * `torchrun --nproc-per-node N -m gemref train --mesh RxS ...` sets RANK, WORLD_SIZE,
+    LOCAL_RANK, MASTER_ADDR/PORT; `init_from_env` reads them (`torchrun_world()` says
+    whether they are there).
+  * `gemref train --ranks N` (and the tests, benches and notebooks) call `spawn(fn, N)`:
+    N processes on this host, each with one CPU thread (OMP_NUM_THREADS=1), a process group
+    on a free TCP port, and a timeout on every collective and on the whole run.
+
+Nothing may hang: a rank that raises fails the call with that rank's error (a ValueError
+stays a ValueError, so the CLI still exits 2 with one line); a rank that dies kills the
+others; past `timeout_s` every rank is killed and TimeoutError raised. Backends are
+checked before any process starts (gemref/parallel/comm.py).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import socket
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+DEFAULT_TIMEOUT_S = 300.0
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_world() -> int | None:
+    """WORLD_SIZE when launched by torchrun (all of its variables set), else None."""
+    if all(v in os.environ for v in TORCHRUN_VARS):
+        return int(os.environ["WORLD_SIZE"])
+    return None
+
+
+def _timeout(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
+
+
+_ncclx: dict = {}   # {"mesh": DeviceMesh, "comms": [...]} after init_from_env("ncclx", ...)
+
+
+def init_from_env(backend: str, device: torch.device, mesh_shape, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Join torchrun's job (env://). `backend` is resolved and checked already (comm.resolve_backend).
+
+    nccl / gloo: init_process_group. ncclx: torchcomms builds NCCLX communicators per mesh
+    dim and the DeviceMesh over them (comm.ncclx_mesh); `ncclx_mesh_built()` returns it.
+    """
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if backend == "ncclx":
+        from .comm import ncclx_mesh
+        mesh, comms = ncclx_mesh(mesh_shape.replicate, mesh_shape.shard, device)
+        _ncclx.update(mesh=mesh, comms=comms)
+        return
+    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(backend, init_method="env://", timeout=_timeout(timeout_s), **kwargs)
+
+
+def ncclx_mesh_built():
+    return _ncclx.get("mesh")
+
+
+def shutdown() -> None:
+    """Release communicators (NCCLX sub-communicators first) and the process group."""
+    for comm in _ncclx.pop("comms", []):
+        comm.finalize()
+    _ncclx.clear()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _rank_entry(rank: int, fn: Callable, world: int, port: int, backend: str, timeout_s: float,
+                out_dir: str, args: tuple) -> None:
+    os.environ.update(OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    out = Path(out_dir)
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=_timeout(timeout_s))
+        torch.save(fn(rank, world, *args), out / f"rank{rank}.pt")
+    except BaseException as e:      # written before the group goes down, so the cause is first in time
+        (out / f"rank{rank}.err.json").write_text(json.dumps(
+            {"type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc(), "time": time.time()}))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _rank_failure(out_dir: Path, processes: list, fallback: BaseException) -> BaseException:
+    """The cause of a failed launch: a rank that died without a Python error (killed, crashed,
+    os._exit), else the error raised first (later ones are ranks losing their peer). A
+    ValueError stays a ValueError."""
+    errors = {r: json.loads(path.read_text()) for r in range(len(processes))
+              if (path := out_dir / f"rank{r}.err.json").exists()}
+    stopped_by_us = (0, None, -signal.SIGTERM, -signal.SIGKILL)
+    died = [(r, p.exitcode) for r, p in enumerate(processes) if r not in errors and p.exitcode not in stopped_by_us]
+    if died:
+        r, code = died[0]
+        return RuntimeError(f"rank {r} died with exit code {code} (no Python error); "
+                            f"{len(errors)} other rank(s) then failed")
+    if not errors:
+        return RuntimeError(f"a rank died: {fallback}")
+    r, err = min(errors.items(), key=lambda item: (item[1]["time"], item[0]))
+    if err["type"] == "ValueError":
+        return ValueError(err["message"])
+    return RuntimeError(f"rank {r} failed with {err['type']}: {err['message']}\n{err['traceback']}")
+
+
+def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str = "gloo",
+          timeout_s: float = DEFAULT_TIMEOUT_S) -> list:
+    """Run fn(rank, world, *args) on `world` local ranks in a process group; return their results.
+
+    `fn` must be importable (module level); its result must load with
+    torch.load(weights_only=True) (tensors, numbers, strings, lists, dicts). Each rank has
+    one CPU thread. `timeout_s` bounds every collective and the whole call.
+    """
+    if world < 1:
+        raise ValueError(f"ranks must be >= 1, got {world}")
+    with tempfile.TemporaryDirectory(prefix="gemref-ranks-") as tmp:
+        out = Path(tmp)
+        ctx = mp.start_processes(_rank_entry, args=(fn, world, free_port(), backend, timeout_s, tmp, args),
+                                 nprocs=world, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=0.5):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{world} ranks did not finish within {timeout_s:.0f} s")
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            for p in ctx.processes:
+                p.join(timeout=10)
+            raise _rank_failure(out, ctx.processes, e) from None
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+        return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(world)]
+
+
+# Kept for callers of the first version (gemref.bench.balance, tests/test_balance.py).
+def spawn_gloo(fn: Callable[..., Any], world: int, args: tuple = (), timeout_s: float = 120.0) -> list:
+    """`spawn` on gloo (CPU ranks)."""
+    return spawn(fn, world, args, backend="gloo", timeout_s=timeout_s)

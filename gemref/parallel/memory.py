@@ -1,0 +1,98 @@
+"""Bytes a rank holds for parameters, gradients and optimizer state, itemised by part.
+
+Under S-way sharding each rank should hold about 1/S of the model's parameter and optimizer
+bytes; what it holds beyond that is itemised: FSDP's dim-0 padding (inside the sharded
+parts), parameters that are replicated, and small per-parameter optimizer scalars (AdamW's
+step counter). `unsharded_*` are the totals one process would hold.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Shard
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else _local(t).numel() * t.element_size()
+
+
+def placement(p: torch.Tensor) -> str:
+    """"sharded" when the tensor is split over a mesh dim with more than one rank, else "replicated"."""
+    if isinstance(p, DTensor):
+        for dim, pl in enumerate(p.placements):
+            if isinstance(pl, Shard) and p.device_mesh.size(dim) > 1:
+                return "sharded"
+    return "replicated"
+
+
+def rank_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """This rank's bytes: totals, and rows per (part, placement); part = "tables" or "dense".
+
+    Optimizer state tensors with as many elements as their parameter count with it (under
+    its placement); smaller ones (AdamW's step) are itemised as "optimizer scalars".
+    A table-wise sharded table is held whole by its owner (a plain tensor), so it shows
+    as "replicated" there and is absent elsewhere.
+    """
+    rows: dict[tuple[str, str], dict] = defaultdict(lambda: {"params": 0, "grads": 0, "optimizer": 0,
+                                                             "unsharded_params": 0})
+    scalars = 0
+    unsharded_optimizer = 0
+    for name, p in model.named_parameters():
+        row = rows[("tables" if name.startswith("tables.") else "dense", placement(p))]
+        row["params"] += _nbytes(p)
+        row["grads"] += _nbytes(p.grad)
+        row["unsharded_params"] += p.numel() * p.element_size()
+        for value in (optimizer.state.get(p, {}) if optimizer is not None else {}).values():
+            if not isinstance(value, torch.Tensor):
+                continue
+            if value.numel() == p.numel():
+                row["optimizer"] += _nbytes(value)
+                unsharded_optimizer += value.numel() * value.element_size()
+            else:
+                scalars += _nbytes(value)
+    parts = [{"part": part, "placement": pl, **v} for (part, pl), v in sorted(rows.items())]
+    total = {k: sum(r[k] for r in parts) for k in ("params", "grads", "optimizer", "unsharded_params")}
+    return {**total, "optimizer_scalars": scalars, "unsharded_optimizer": unsharded_optimizer, "parts": parts}
+
+
+def global_parameters(model: nn.Module) -> int:
+    """Parameters of the whole model, however it is sharded (a table-wise table counts on every rank)."""
+    from .sparse import ShardedEmbedding
+
+    total = 0
+    for module in model.modules():
+        if isinstance(module, ShardedEmbedding):
+            total += module.num_embeddings * module.embedding_dim
+        else:
+            total += sum(p.numel() for p in module.parameters(recurse=False))
+    return total
+
+
+def projected_rank_bytes(cfg, mesh, sparse_sharding: str = "none", *, optimizer_bytes_per_param: int = 8) -> dict:
+    """Bytes of parameters, gradients and AdamW state on the fullest rank, from the config alone.
+
+    fp32 master parameters and gradients (4 bytes each) sharded like the parameters; AdamW
+    keeps two fp32 moments (8 bytes per parameter). Dense units are FSDP-sharded S ways
+    (dim 0 padded); tables follow their sparse plan (or sit in FSDP's root unit when not
+    sharded). Transient gathered parameters and activations are not included.
+    """
+    from .fsdp import padded_numel
+    from .sparse import plan_tables
+    from .volume import model_units, table_shapes
+
+    S = mesh.shard
+    dense = sum(padded_numel(shape, S) for shapes in model_units(cfg, sparse_sharding).values()
+                for shape in shapes) // S
+    tables = 0
+    if sparse_sharding != "none":
+        plans = plan_tables(table_shapes(cfg), S, sparse_sharding).values()
+        tables = max(sum(p.local_bytes(s, S, 1) for p in plans) for s in range(S))
+    params = dense + tables
+    return {"params": 4 * params, "grads": 4 * params, "optimizer": optimizer_bytes_per_param * params,
+            "total": (8 + optimizer_bytes_per_param) * params}

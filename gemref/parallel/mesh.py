@@ -1,0 +1,96 @@
+"""The 2D device mesh ("replicate", "shard") that both dense FSDP and the sparse tables use.
+
+A mesh `RxS` arranges R*S ranks as R groups of S: parameters are sharded S ways inside a
+group (the "shard" dim: FSDP's reduce-scatter/all-gather, the embedding rows) and
+replicated R ways across groups (the "replicate" dim: an all-reduce of gradient shards).
+Rank r sits at (r // S, r % S), so a shard group is S consecutive ranks: put it inside a
+node, where the links are fast, and let only the replicate all-reduce cross nodes.
+
+    1xW   FSDP 1D (everything sharded W ways)
+    Wx1   replicated data parallelism (DDP-like: full copies, gradients all-reduced)
+    RxS   HSDP / 2D: sharded within groups of S, replicated across R groups
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+MESH_DIMS = ("replicate", "shard")
+_meshes: dict[tuple, DeviceMesh] = {}
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    replicate: int   # R: groups holding a full copy of the (sharded) parameters
+    shard: int       # S: ranks a parameter is split across
+
+    @property
+    def world(self) -> int:
+        return self.replicate * self.shard
+
+    def coordinates(self, rank: int) -> tuple[int, int]:
+        """(replicate index, shard index) of a global rank."""
+        return divmod(rank, self.shard)
+
+    def __str__(self) -> str:
+        return f"{self.replicate}x{self.shard}"
+
+
+def parse_mesh(spec: str) -> MeshShape:
+    """"RxS" -> MeshShape; anything else is a ValueError naming the field."""
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(spec))
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise ValueError(f"mesh={spec!r} must look like RxS with R, S >= 1 (e.g. 1x4, 2x2, 4x1)")
+    return MeshShape(int(m.group(1)), int(m.group(2)))
+
+
+def check_world(shape: MeshShape, world_size: int) -> None:
+    """R*S must equal the number of ranks; checked before any process group exists."""
+    if shape.world != world_size:
+        raise ValueError(f"mesh={shape} needs R*S = {shape.world} ranks, but the world size is {world_size}: "
+                         f"launch {shape.world} ranks (--ranks {shape.world}, or torchrun --nproc-per-node "
+                         f"{shape.world}) or choose a mesh with R*S = {world_size}")
+
+
+def build_mesh(shape: MeshShape, device_type: str) -> DeviceMesh:
+    """The 2D DeviceMesh over the initialised process group (or the NCCLX one torchcomms built)."""
+    from .launch import ncclx_mesh_built
+
+    built = ncclx_mesh_built()
+    if built is not None:
+        check_world(shape, built.size())
+        return built
+    assert dist.is_initialized(), "init the process group first (gemref.parallel.launch)"
+    check_world(shape, dist.get_world_size())
+    # Creating process groups is a rendezvous of every rank: build each mesh once per group.
+    key = (shape, device_type, dist.distributed_c10d._get_default_group().group_name)
+    if key not in _meshes:
+        _meshes[key] = init_device_mesh(device_type, (shape.replicate, shape.shard), mesh_dim_names=MESH_DIMS)
+    return _meshes[key]
+
+
+def mesh_shape_of(mesh: DeviceMesh) -> MeshShape:
+    return MeshShape(mesh.size(0), mesh.size(1))
+
+
+def group_dims(mesh: DeviceMesh) -> dict[str, str]:
+    """Process-group name -> mesh dim ("replicate", "shard"), plus the world group ("world").
+
+    The collective recorder (comm.py) uses it to say along which dim each collective ran.
+    """
+    names = {dist.distributed_c10d._get_default_group().group_name: "world"}
+    for dim in MESH_DIMS:
+        names[mesh.get_group(dim).group_name] = dim
+    return names
+
+
+def local_device(device_type: str) -> torch.device:
+    """This rank's device: cuda:LOCAL_RANK on GPUs, cpu otherwise."""
+    if device_type == "cuda":
+        import os
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")

@@ -1,0 +1,97 @@
+"""Analytic communication volume of one training step: which collectives, how many payload bytes.
+
+Per rank and step, for a ModelConfig on an RxS mesh (payload bytes as comm.py records
+them: all-gather output, reduce-scatter input, all-reduce tensor, all-to-all input):
+
+  dense, FSDP units = each GEMLayer + the root (the rest; plus the tables if not sharded):
+    all_gather     over shard      per unit in forward, and again in backward for every
+                                   non-root unit when reshard_after_forward: padded numel x param bytes
+    reduce_scatter over shard      per unit: padded numel x reduce bytes
+    all_reduce     over replicate  per unit (R > 1, HSDP): padded numel / S x reduce bytes
+  sparse, per table lookup (row- or table-wise tables, over shard):
+    all_to_all     counts S x 8, ids n x 8, rows m x d x 4 (forward), row grads n x d x 4 (backward)
+                   where n = ids this rank looks up and m = ids it serves
+    all_reduce     over replicate: this rank's table rows x d x 4 (R > 1), once
+A collective over one rank moves nothing and is not counted. m (rows a rank serves)
+depends on the ids; it is taken as n here, so per-rank sparse figures assume balanced
+routing, and summed over a shard group they are exact. Parameter counts come from a
+meta-device GEMRef, so this also works for presets that fit no machine (the simulator).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from ..config import ModelConfig
+from .fsdp import padded_numel
+from .mesh import MeshShape
+from .sparse import plan_tables
+
+ID_BYTES = 8     # int64 ids and counts
+
+
+def model_units(cfg: ModelConfig, sparse_sharding: str = "none") -> dict[str, list[torch.Size]]:
+    """FSDP unit -> parameter shapes ("layers.i" per GEMLayer, "root" for the rest)."""
+    from ..model import GEMRef
+
+    with torch.device("meta"):
+        model = GEMRef(cfg)
+    units: dict[str, list[torch.Size]] = defaultdict(list)
+    for name, p in model.named_parameters():
+        if name.startswith("tables.") and sparse_sharding != "none":
+            continue
+        parts = name.split(".")
+        units[".".join(parts[:2]) if parts[0] == "layers" else "root"].append(p.shape)
+    return dict(units)
+
+
+def table_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """{table name: (rows, dim)} in GEMRef's order."""
+    tables = {"item": cfg.item_vocab, "action": cfg.action_vocab, "time_gap": cfg.time_buckets,
+              "position": cfg.max_len}
+    tables.update({f"sparse_{f}": v for f, v in enumerate(cfg.sparse_vocab)})
+    return {n: (v, cfg.d_model) for n, v in tables.items()}
+
+
+def lookups(cfg: ModelConfig, batch: int, tokens: int, jagged: bool) -> list[tuple[str, int]]:
+    """(table, ids) of every embedding call of one forward, in GEMRef.embed's order."""
+    rows = tokens if jagged else batch * cfg.max_len
+    calls = [("item", tokens), ("action", tokens), ("time_gap", tokens), ("position", rows)]
+    calls += [(f"sparse_{f}", batch) for f in range(cfg.n_sparse)]
+    return calls + [("item", batch)]
+
+
+def step_volume(cfg: ModelConfig, mesh: MeshShape, *, rank: int = 0, batch: int, tokens: int, jagged: bool,
+                param_bytes: int = 4, reduce_bytes: int = 4, reshard_after_forward: bool = True,
+                sparse_sharding: str = "none") -> list[dict]:
+    """Rows {kind, dim, group_size, count, bytes} for one step of rank `rank` holding
+    `batch` samples with `tokens` history events."""
+    R, S = mesh.replicate, mesh.shard
+    out: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+
+    def add(kind: str, dim: str, count: int, nbytes: int) -> None:
+        if (S if dim == "shard" else R) > 1 and count:
+            out[(kind, dim)][0] += count
+            out[(kind, dim)][1] += nbytes
+
+    for unit, shapes in model_units(cfg, sparse_sharding).items():
+        numel = sum(padded_numel(s, S) for s in shapes)
+        gathers = 1 + (reshard_after_forward and unit != "root")
+        add("all_gather", "shard", gathers, gathers * numel * param_bytes)
+        add("reduce_scatter", "shard", 1, numel * reduce_bytes)
+        add("all_reduce", "replicate", 1, numel // S * reduce_bytes)
+    if sparse_sharding != "none":
+        d = cfg.d_model
+        for _, n in lookups(cfg, batch, tokens, jagged):
+            add("all_to_all", "shard", 4, S * ID_BYTES + n * ID_BYTES + 2 * n * d * 4)
+        plans = plan_tables(table_shapes(cfg), S, sparse_sharding)
+        held = sum(p.local_bytes(mesh.coordinates(rank)[1], S) for p in plans.values())
+        add("all_reduce", "replicate", int(held > 0), held)
+    group = {"shard": S, "replicate": R}
+    return [{"kind": k, "dim": dim, "group_size": group[dim], "count": c, "bytes": b}
+            for (k, dim), (c, b) in sorted(out.items())]
+
+
+def total_bytes(rows: list[dict]) -> int:
+    return sum(r["bytes"] for r in rows)

@@ -1,0 +1,213 @@
+"""Multi-rank training on gloo: parity with one process, bytes per rank, bytes on the wire,
+load-balanced gradients, checkpoints that survive a crash, and errors that never hang."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from gemref.config import get_preset, override
+from gemref.parallel.checkpoint import latest_checkpoint
+from gemref.parallel.launch import spawn
+from gemref.report import to_jsonable
+
+pytestmark = pytest.mark.multiproc
+TINY = get_preset("tiny")
+TRAIN = override(TINY.train, steps=5, warmup_steps=1, eval_batches=1)
+CONFIGS = {"fsdp_1x4": {"mesh": "1x4"}, "hsdp_2x2": {"mesh": "2x2"},
+           "sparse_2x2": {"mesh": "2x2", "sparse_sharding": "row"}}
+SHARDS = {"fsdp_1x4": 4, "hsdp_2x2": 2, "sparse_2x2": 2}
+
+
+def _jsonable(x):
+    return json.loads(json.dumps(to_jsonable(x)))
+
+
+def _train_configs(rank, world):
+    from gemref.train import run
+
+    out = {}
+    for name, changes in CONFIGS.items():
+        r = run(TINY, override(TRAIN, **changes), device="cpu", progress=False, measure_memory=False)
+        out[name] = _jsonable({k: r[k] for k in ("loss_curve", "memory_per_rank", "comm", "ranks")})
+    return out if rank == 0 else None
+
+
+@pytest.fixture(scope="module")
+def four_ranks(data_root):
+    """One spawn of 4 gloo ranks running every config for 5 steps; rank 0's records."""
+    return spawn(_train_configs, 4, timeout_s=240)[0]
+
+
+@pytest.fixture(scope="module")
+def one_process(data_root):
+    from gemref.train import run
+    return run(TINY, TRAIN, device="cpu", progress=False, measure_memory=False)["loss_curve"]
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_loss_trajectory_matches_one_process(four_ranks, one_process, config):
+    losses = four_ranks[config]["loss_curve"]
+    assert len(losses) == len(one_process) == 5
+    for step, (a, b) in enumerate(zip(losses, one_process)):
+        assert abs(a - b) <= 1e-5 * abs(b), (config, step, a, b)
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_bytes_per_rank_are_one_over_s(four_ranks, config):
+    from gemref.parallel.memory import projected_rank_bytes
+    from gemref.parallel.mesh import parse_mesh
+
+    S = SHARDS[config]
+    projected = projected_rank_bytes(TINY.model, parse_mesh(CONFIGS[config]["mesh"]),
+                                     CONFIGS[config].get("sparse_sharding", "none"))
+    assert four_ranks[config]["memory_per_rank"][0]["params"] == projected["params"]   # rank 0 is the fullest
+    for m in four_ranks[config]["memory_per_rank"]:
+        assert all(part["placement"] == "sharded" for part in m["parts"]), m["parts"]
+        held = m["params"] + m["optimizer"]
+        ideal = (m["unsharded_params"] + m["unsharded_optimizer"]) / S
+        assert abs(held - ideal) <= 0.05 * ideal, (config, held, ideal)
+        assert m["grads"] == m["params"]
+        assert 0 < m["optimizer_scalars"] < 0.01 * held      # AdamW step counters: replicated, itemised
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_recorded_collective_bytes_match_analytic(four_ranks, config):
+    comm = four_ranks[config]["comm"]
+    kinds = {(row["kind"], row["dim"]) for row in comm["by_kind"]}
+    expected = {("all_gather", "shard"), ("reduce_scatter", "shard")}
+    expected |= {("all_reduce", "replicate")} if config != "fsdp_1x4" else set()
+    expected |= {("all_to_all", "shard")} if config == "sparse_2x2" else set()
+    assert kinds == expected
+    for row in comm["by_kind"]:
+        assert row["recorded_count"] > 0 and abs(row["ratio"] - 1) <= 0.05, row
+        assert row["seconds"] > 0
+    overlap = comm["overlap_per_rank"][0]
+    assert 0 < overlap["exposed_comm_s"] <= overlap["comm_s"]
+
+
+def test_rank_times_are_recorded(four_ranks):
+    ranks = four_ranks["sparse_2x2"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert all(r["step_s"] > 0 and 0 < r["compute_cpu_s"] and r["wait_s"] >= 0 for r in ranks)
+    assert sum(r["samples"] for r in ranks) == TRAIN.batch_size
+
+
+# ----------------------------------------------------------------------------- load balancing
+
+BALANCED = override(TINY.train, batch_size=40, mesh="1x2", balance="kk")   # kk splits it 21 + 19
+
+
+def _balanced_grads(rank, world):
+    from gemref.distributed import StepBatches
+    from gemref.train import backward, forward_loss, setup
+
+    s = setup(TINY, BALANCED, device="cpu")
+    indices = next(iter(StepBatches(s.sampler, 0)))
+    batch = s.train_set.__getitems__(indices)
+    out = {"indices": torch.tensor(indices)}
+    for name, normalizer in (("global", BALANCED.batch_size), ("naive", len(indices))):
+        s.optimizer.zero_grad(set_to_none=True)
+        backward(s, forward_loss(s, batch, normalizer))
+        out[name] = torch.cat([p.grad.full_tensor().flatten() for _, p in s.model.named_parameters()])
+    return out
+
+
+def test_balanced_two_ranks_give_the_single_process_gradient(data_root):
+    from gemref.train import forward_loss, setup
+
+    results = spawn(_balanced_grads, 2, timeout_s=120)
+    counts = [len(r["indices"]) for r in results]
+    assert counts[0] != counts[1] and sum(counts) == 40, "kk should split this batch unequally"
+    s = setup(TINY, override(BALANCED, mesh="1x1", balance="none"), device="cpu")
+    whole = torch.cat([r["indices"] for r in results]).tolist()
+    forward_loss(s, s.train_set.__getitems__(whole)).backward()
+    reference = torch.cat([p.grad.flatten() for _, p in s.model.named_parameters()])
+
+    def rel(g):
+        return float((g - reference).norm() / reference.norm())
+    for r in results:
+        assert rel(r["global"]) < 1e-5
+        assert rel(r["naive"]) > 1e-3, "per-rank means must differ, else the test proves nothing"
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+CKPT = override(TINY.train, steps=6, warmup_steps=1, eval_batches=1, mesh="1x2", sparse_sharding="row", balance="kk")
+
+
+def _run_then_crash_mid_save(rank, world, folder):
+    """The uninterrupted run (losses to full.json), then a run whose rank 1 dies inside the step-4 save."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from gemref.train import run
+
+    full = run(TINY, CKPT, device="cpu", progress=False, measure_memory=False)
+    if rank == 0:
+        (Path(folder) / "full.json").write_text(json.dumps(full["loss_curve"]))
+    if rank == 1:
+        write = FileSystemWriter.write_data
+
+        def write_then_die(self, plan, planner):
+            done = write(self, plan, planner)
+            done.wait()
+            if "step-00000004" in str(self.path):
+                os._exit(17)             # this rank's shard files are written, the save is not complete
+            return done
+        FileSystemWriter.write_data = write_then_die
+    run(TINY, override(CKPT, checkpoint_dir=f"{folder}/ckpt", checkpoint_every=2), device="cpu",
+        progress=False, measure_memory=False)
+
+
+def _resume(rank, world, folder):
+    from gemref.train import run
+
+    r = run(TINY, override(CKPT, checkpoint_dir=f"{folder}/ckpt", checkpoint_every=2, resume=True),
+            device="cpu", progress=False, measure_memory=False)
+    return {"start": r["start_step"], "losses": torch.tensor(r["loss_curve"], dtype=torch.float64)}
+
+
+def test_a_crash_mid_save_keeps_the_last_checkpoint_and_resume_is_exact(data_root, tmp_path):
+    """Also: checkpoints of 2 ranks are not resumed by a different world (here 1 process)."""
+    from gemref.train import run
+
+    with pytest.raises(RuntimeError, match="rank 1 died with exit code 17"):
+        spawn(_run_then_crash_mid_save, 2, (str(tmp_path),), timeout_s=180)
+    ckpt = tmp_path / "ckpt"
+    assert latest_checkpoint(ckpt)[0] == 2
+    assert (ckpt / ".tmp-step-00000004").is_dir() and not (ckpt / "step-00000004").exists()
+    full = json.loads((tmp_path / "full.json").read_text())
+    resumed = spawn(_resume, 2, (str(tmp_path),), timeout_s=180)
+    assert resumed[0]["start"] == 2
+    assert resumed[0]["losses"].tolist() == full[2:], "resuming must reproduce the run exactly"
+    assert latest_checkpoint(ckpt)[0] == 6 and not list(ckpt.glob(".tmp-*"))
+    with pytest.raises(ValueError, match="world_size': 2.*this run has .*world_size': 1"):
+        run(TINY, override(CKPT, mesh="1x1", sparse_sharding="none", steps=8, checkpoint_dir=str(ckpt), resume=True),
+            device="cpu", progress=False, measure_memory=False)
+
+
+# ----------------------------------------------------------------------------- errors never hang
+
+
+def _one_rank_fails(rank, world):
+    import torch.distributed as dist
+    if rank == 1:
+        raise ValueError("rank 1 saw a bad input")
+    dist.barrier()             # rank 0 would wait here forever if the launcher did not stop it
+
+
+def _mesh_mismatch(rank, world):
+    from gemref.train import setup
+    setup(TINY, override(TINY.train, mesh="2x2"), device="cpu")
+
+
+def test_a_failing_rank_fails_the_launch_with_its_error():
+    with pytest.raises(ValueError, match="rank 1 saw a bad input"):
+        spawn(_one_rank_fails, 2, timeout_s=60)
+
+
+def test_mesh_not_matching_the_world_is_a_value_error_in_every_rank(data_root):
+    with pytest.raises(ValueError, match=r"mesh=2x2 needs R\*S = 4 ranks, but the world size is 2"):
+        spawn(_mesh_mismatch, 2, timeout_s=60)
