@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from .config import Preset, TrainConfig, override
+from .distributed import launch_runs
 from .mfu.meter import Meter, StepRecord
 from .mfu.peak import Peak
 from .precision import native_support
@@ -52,11 +53,24 @@ def _low_precision(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     return f"n/a here: {why} (emulation reproduces the numerics, not the speed)"
 
 
+def _needs_ranks(configure):
+    """A data-parallel rung: n/a on one rank."""
+    def rung(train: TrainConfig, ctx: Context) -> TrainConfig | str:
+        if ctx.ranks < 2:
+            return "n/a here: needs data-parallel ranks (--ranks >= 2)"
+        return configure(train, ctx)
+    return rung
+
+
 LADDER: list[Rung] = [
     # 0: eager, padded to max_len, materialised attention, no AC, replicated data parallel.
-    Rung("baseline", "0 baseline", lambda t, c: override(t, jagged=False, kernel="reference")),
+    Rung("baseline", "0 baseline", lambda t, c: override(t, jagged=False, kernel="reference",
+                                                         mesh=f"{c.ranks}x1", balance="none")),
     Rung("jagged", "1 + jagged", lambda t, c: override(t, jagged=True)),
     Rung("fused_attention", "2 + flash/GDPA", lambda t, c: override(t, kernel="auto")),
+    Rung("load_balance", "5 + load balance", _needs_ranks(lambda t, c: override(t, balance="kk"))),
+    Rung("fsdp_2d", "6 + FSDP/2D sparse",
+         _needs_ranks(lambda t, c: override(t, mesh=f"1x{c.ranks}", sparse_sharding="row"))),
     Rung("low_precision", "7 + float8/MXFP8", _low_precision),
 ]
 
@@ -87,22 +101,30 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, repeat
     ctx = Context(preset, torch.device(device), ranks)
     train = override(preset.train, steps=warmup + repeats * steps, warmup_steps=warmup,
                      eval_every=0, eval_batches=1)
-    rows, base, prev = [], None, None
-    for i, rung in enumerate(ladder or LADDER):
+    plan = []                        # (rung, TrainConfig or the reason it does not apply)
+    for rung in ladder or LADDER:
         nxt = rung.configure(train, ctx)
-        if isinstance(nxt, str):
-            log(f"[{i + 1}] {rung.title}: {nxt}")
-            rows.append({"rung": rung.title, "key": rung.key, "status": nxt})
+        plan.append((rung, nxt))
+        train = train if isinstance(nxt, str) else nxt
+    configs = [c for _, c in plan if not isinstance(c, str)]
+    for i, (rung, c) in enumerate(plan):
+        log(f"[{i + 1}] {rung.title}: " + (c if isinstance(c, str) else "runs"))
+    if ranks == 1:
+        records = iter([run(preset, c, device=device, progress=False) for c in configs])
+    else:   # one launch of `ranks` gloo/NCCL processes runs every rung in turn
+        records = iter(launch_runs(preset, configs, ranks=ranks, device=device, progress=False))
+    rows, base, prev = [], None, None
+    for i, (rung, c) in enumerate(plan):
+        if isinstance(c, str):
+            rows.append({"rung": rung.title, "key": rung.key, "status": c})
             continue
-        train = nxt
-        log(f"[{i + 1}] {rung.title} ...")
-        record = run(preset, train, device=device, progress=False)
+        record = next(records)
         if out_dir:
             write_json(Path(out_dir) / f"rung{i}_{rung.key}.json", record)
         row = {"rung": rung.title, "key": rung.key, "status": "ran", **_window_stats(record, repeats),
                "peak_memory_bytes": record.get("peak_memory_bytes"),
-               "model_flops_per_sample": record["model_flops_per_step"] / train.batch_size,
-               "batch_size": train.batch_size, "peak_source": record["peak_source"],
+               "model_flops_per_sample": record["model_flops_per_step"] / c.batch_size,
+               "batch_size": c.batch_size, "peak_source": record["peak_source"],
                "switches": record["switches"], "dtype": record["dtype"]}
         base = base or row
         row["vs_previous"] = row["tokens_per_s"] / prev["tokens_per_s"] if prev else 1.0
