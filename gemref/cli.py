@@ -6,10 +6,13 @@ mistake (ValueError) exits 2 with one clear line and no traceback.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import logging
 import sys
 from pathlib import Path
+
+import yaml
 
 from .bench import bench_names
 from .config import BACKENDS, BALANCE_POLICIES, PRESETS, SPARSE_SHARDINGS, TrainConfig, get_preset, override
@@ -17,20 +20,24 @@ from .precision import PRECISIONS
 from .report import format_table, fmt, write_json
 
 
-def parse_set(pairs: list[str], cfg):
-    """`--set key=value` overrides of a config dataclass; values parsed as Python literals."""
-    import ast
-
-    changes = {}
+def parse_pairs(pairs: list[str] | None, flag: str) -> dict:
+    """["k=v", ...] -> {k: v}; a value is a Python literal (1e-3, [8, 64], True) where it
+    parses as one, else YAML (true, a bare string)."""
+    out = {}
     for pair in pairs or []:
         if "=" not in pair:
-            raise ValueError(f"--set expects key=value, got {pair!r}")
+            raise ValueError(f"{flag} expects key=value, got {pair!r}")
         key, raw = pair.split("=", 1)
         try:
-            changes[key] = ast.literal_eval(raw)
+            out[key] = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
-            changes[key] = raw
-    return override(cfg, **changes)
+            out[key] = yaml.safe_load(raw)
+    return out
+
+
+def parse_set(pairs: list[str], cfg):
+    """`--set key=value` overrides of a config dataclass (unknown keys: ValueError)."""
+    return override(cfg, **parse_pairs(pairs, "--set"))
 
 
 def _preset_arg(p: argparse.ArgumentParser, default: str = "tiny") -> None:
@@ -270,16 +277,9 @@ def _add_waterfall(sub) -> None:
 def _cmd_notebooks(args) -> int:
     import datetime
 
-    import yaml
-
     from .notebooks import NotebookFailure, run_notebooks
 
-    params = {}
-    for pair in args.param or []:
-        if "=" not in pair:
-            raise ValueError(f"--param expects key=value, got {pair!r}")
-        key, raw = pair.split("=", 1)
-        params[key] = yaml.safe_load(raw)
+    params = parse_pairs(args.param, "--param")
     grid = yaml.safe_load(Path(args.grid).read_text()) if args.grid else None
     if grid is not None and not isinstance(grid, dict):
         raise ValueError(f"{args.grid}: a grid is a mapping of parameter -> list of values")

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from . import __version__
 from .attention import resolve_kernel
-from .config import Preset, TrainConfig, get_preset, override
+from .config import Preset, TrainConfig, get_preset
 from .data.jagged import JaggedBatch
 from .data.loader import EventDataset, make_loader
 from .data.shards import ensure_dataset, fingerprint_hash, shard_paths

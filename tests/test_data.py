@@ -5,9 +5,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
 
-from gemref.config import DataConfig, get_preset
+from gemref.config import get_preset
 from gemref.data.loader import EventDataset, make_loader, read_shard
 from gemref.data.schema import samples_to_table
 from gemref.data.shards import ensure_dataset, generate_dataset, shard_paths

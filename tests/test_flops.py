@@ -1,8 +1,6 @@
 """Analytic FLOPs: exact against FlopCounterMode for the executed path; conventions for model FLOPs."""
-import dataclasses
 
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 
 from gemref.config import get_preset

@@ -1,5 +1,4 @@
 """The training loop: it learns, it measures, it records what DESIGN.md's run record lists."""
-import dataclasses
 import json
 
 import pytest

@@ -1,7 +1,7 @@
 """The waterfall's records are internally consistent; n/a rungs are kept, with their reason."""
 import pytest
 
-from gemref.config import get_preset, override
+from gemref.config import get_preset
 from gemref.waterfall import LADDER, Rung, run_waterfall
 
 TINY = get_preset("tiny")

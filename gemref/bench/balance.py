@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import __version__
-from ..balance import POLICIES, SampleCost, calibrate, idle_fraction, imbalance, partition, rank_loads
+from ..balance import POLICIES, SampleCost, calibrate, compare_policies, partition
 from ..config import LENGTH_PROFILES, get_preset
 from ..data.jagged import JaggedBatch, lengths_to_offsets
 from ..data.synthetic import draw_lengths
@@ -204,25 +204,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _projected(args, cost: SampleCost) -> list[dict]:
-    rows = []
     batches = [draw_lengths(args.profile, args.batch, args.max_len, args.median, args.sigma, args.seed + b)
                for b in range(args.batches)]
-    for policy in POLICIES:
-        imb, idle, ms, counts, best_possible = [], [], [], [], []
-        for lengths in batches:
-            costs = cost.cost(lengths)
-            t0 = time.perf_counter()
-            parts = partition(costs, args.ranks, policy, min_per_rank=1)
-            ms.append((time.perf_counter() - t0) * 1e3)
-            loads = rank_loads(costs, parts)
-            imb.append(imbalance(loads))
-            idle.append(idle_fraction(loads))
-            counts += [len(q) for q in parts]
-            best_possible.append(max(costs.max(), loads.mean()) / loads.mean())
-        rows.append({"policy": policy, "imbalance": statistics.median(imb), "imbalance_worst": max(imb),
-                     "idle": statistics.median(idle), "samples/rank": f"{min(counts)}-{max(counts)}",
-                     "part_ms": statistics.median(ms), "lower_bound": statistics.median(best_possible)})
-    return rows
+    return [{k: v for k, v in row.items() if k != "loads"}
+            for row in compare_policies(batches, cost, args.ranks, tuple(POLICIES))]
 
 
 def _show(rows: list[dict]) -> list[dict]:
