@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .bench import bench_names
-from .config import PRESETS, TrainConfig, get_preset, override
+from .config import AC_MODES, PRESETS, TrainConfig, get_preset, override
 from .report import format_table, fmt, write_json
 
 
@@ -71,6 +71,11 @@ def add_train_switches(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, help="samples per step (default: the preset's)")
     p.add_argument("--jagged", action="store_true", help="rung 1: keep histories jagged")
     p.add_argument("--kernel", choices=kernel_names(), help="rung 2: gdpa kernel (jagged layout)")
+    p.add_argument("--compile", action="store_true", help="rung 3: torch.compile, block by block")
+    p.add_argument("--ac", choices=AC_MODES, help="rung 4: activation checkpointing (auto = AutoAC; "
+                   "pt2 = torch's activation_memory_budget, needs --compile)")
+    p.add_argument("--ac-budget", type=float, help="auto/pt2: activation memory budget, a fraction "
+                   "in (0, 1] of the no-checkpoint activation bytes")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="any other TrainConfig field, e.g. lr=0.001 (see gemref/config.py)")
@@ -86,6 +91,12 @@ def train_config_from_args(args, base: TrainConfig) -> TrainConfig:
         changes["jagged"] = True
     if args.kernel is not None:
         changes["kernel"] = args.kernel
+    if args.compile:
+        changes["compile"] = True
+    if args.ac is not None:
+        changes["ac"] = args.ac
+    if args.ac_budget is not None:
+        changes["ac_budget"] = args.ac_budget
     return parse_set(args.set, override(base, **changes))
 
 

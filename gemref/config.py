@@ -12,6 +12,7 @@ ATTENTION_ACTIVATIONS = (
     "softmax", "silu", "gelu", "gelu_tanh", "relu", "relu2", "leaky_relu", "identity",
 )
 LENGTH_PROFILES = ("skewed", "uniform", "fixed")
+AC_MODES = ("none", "full", "auto", "pt2")
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,9 @@ class TrainConfig:
     # --- switches (the ladder of DESIGN.md) ---
     jagged: bool = False        # rung 1: keep histories jagged instead of padding to max_len
     kernel: str = "reference"   # rung 2: gdpa kernel (reference = naive materialised)
+    compile: bool = False       # rung 3: torch.compile, block by block (gemref/compile.py)
+    ac: str = "none"            # rung 4: activation checkpointing: none, full, auto (AutoAC), pt2
+    ac_budget: float = 1.0      # auto/pt2: activation memory budget, fraction of the no-AC bytes
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "steps", "eval_batches"):
@@ -106,6 +110,14 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.ac not in AC_MODES:
+            raise ValueError(f"ac={self.ac!r}; valid: {', '.join(AC_MODES)}")
+        if not 0.0 < self.ac_budget <= 1.0:
+            raise ValueError(f"ac_budget must be in (0, 1] (a fraction of the no-AC activation bytes), "
+                             f"got {self.ac_budget}")
+        if self.ac == "pt2" and not self.compile:
+            raise ValueError("ac='pt2' (PyTorch 2's activation memory budget) acts inside compiled "
+                             "regions: it needs compile=True")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,10 @@ from torch.profiler import record_function
 from tqdm import tqdm
 
 from . import __version__
+from .ac_profile import auto_checkpoint, representative_batch
 from .attention import resolve_kernel
+from .autoac import ac_blocks, applied_plan, apply_plan, plan_record, recompute_flops
+from .compile import compile_model, compile_stats, loss_function
 from .config import Preset, TrainConfig, get_preset, override
 from .data.jagged import JaggedBatch
 from .data.loader import EventDataset, make_loader
@@ -88,13 +91,24 @@ class Setup:
 
 
 def build_model(preset: Preset, train: TrainConfig, device: torch.device) -> tuple[nn.Module, str]:
-    """GEMRef with the switches applied; returns it and the concrete attention kernel."""
+    """GEMRef with the switches applied; returns it and the concrete attention kernel.
+
+    Composition order: precision -> activation checkpointing -> compile -> FSDP.
+    """
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     probe = torch.empty(0, preset.model.n_heads, preset.model.head_dim, device=device, dtype=dtype)
     kernel = resolve_kernel(train.kernel, probe, preset.model.activation, True, None) if train.jagged \
         else "reference"
     torch.manual_seed(train.seed)
     model = GEMRef(preset.model, jagged=train.jagged, kernel=kernel).to(device)
+    if train.ac == "full":
+        apply_plan(model, {name: "full" for name in ac_blocks(model)})
+    elif train.ac == "auto":   # profiled eagerly on a batch shaped like the preset's data
+        batch = representative_batch(preset, train.batch_size, device, seed=train.seed)
+        auto_checkpoint(model, batch, train.ac_budget, options=("full",) if train.compile else
+                        ("selective", "full"), autocast_dtype=torch.bfloat16 if device.type == "cuda" else None)
+    if train.compile:
+        compile_model(model, activation_memory_budget=train.ac_budget if train.ac == "pt2" else None)
     return model, kernel
 
 
@@ -124,7 +138,7 @@ def forward_loss(s: Setup, batch: JaggedBatch) -> torch.Tensor:
     with torch.autocast(s.device.type, dtype=s.autocast_dtype, enabled=s.autocast_dtype is not None):
         logits = s.model(batch)
     with record_function("loss"):
-        return ranking_loss(logits, batch.labels)
+        return loss_function(s.model)(logits, batch.labels)
 
 
 def train_step(s: Setup, batch: JaggedBatch) -> torch.Tensor:
@@ -198,7 +212,9 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
         losses.append(float(loss))
         meter.record(StepRecord(elapsed[0], data_s, batch.batch_size, batch.num_tokens,
                                 model_flops(cfg, lengths).total,
-                                executed_flops(cfg, lengths, jagged=tc.jagged, kernel=s.kernel).total))
+                                executed_flops(cfg, lengths, jagged=tc.jagged, kernel=s.kernel).total
+                                + recompute_flops(cfg, lengths, applied_plan(s.model), jagged=tc.jagged,
+                                                  kernel=s.kernel)))
         bar.set_postfix(loss=f"{losses[-1]:.4f}", step_s=f"{elapsed[0]:.3f}")
         if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
             evals.append({"step": step + 1, **evaluate(s, tc.eval_batches)})
@@ -207,7 +223,11 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
         "kind": "train",
         "preset": s.preset.name,
         "config": {"model": asdict(cfg), "data": asdict(s.preset.data), "train": asdict(tc)},
-        "switches": {"jagged": tc.jagged, "kernel": tc.kernel, "kernel_resolved": s.kernel},
+        "switches": {"jagged": tc.jagged, "kernel": tc.kernel, "kernel_resolved": s.kernel,
+                     "compile": tc.compile, "ac": tc.ac, "ac_budget": tc.ac_budget},
+        "compile": compile_stats(s.model).as_record() if compile_stats(s.model) else None,
+        "ac_plan": plan_record(s.model),
+        "hfu_counts_recompute": tc.ac != "pt2",   # PT2's partitioner recompute is not counted
         "device": {"type": s.device.type, "name": device_name(s.device),
                    "threads": torch.get_num_threads()},
         "dtype": "bf16-autocast" if s.autocast_dtype == torch.bfloat16 else "fp32",
