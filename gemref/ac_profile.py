@@ -284,6 +284,7 @@ class BatchSearch:
     autoac_batch: int
     autoac_bytes: int            # measured at autoac_batch with the plan applied
     plan: Plan
+    max_batch: int               # the search's upper end (a batch equal to it may fit more)
 
 
 def step_bytes(model: nn.Module, batch: JaggedBatch, autocast_dtype=None) -> int:
@@ -365,4 +366,5 @@ def find_batch_size(model: nn.Module, batch_of: Callable[[int], JaggedBatch], me
         activation_budget -= used - memory_budget       # CUDA: tighten by the overshoot
     else:
         plan, used = full_plan(profile), measured["full", with_ac]
-    return BatchSearch(memory_budget, measure, no_ac, measured.get(("none", no_ac), 0), with_ac, used, plan)
+    return BatchSearch(memory_budget, measure, no_ac, measured.get(("none", no_ac), 0), with_ac, used, plan,
+                       max_batch)

@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 import torch
 import torch._functorch.config
+import torch.fx.experimental._config as fx_config
 from torch import Tensor, nn
 
 from .model import ranking_loss
@@ -76,11 +77,15 @@ def inductor_backend(memory_budget: float | None) -> Callable:
         patch["force_non_lazy_backward_lowering"] = True
     if memory_budget is not None:
         patch["activation_memory_budget"] = memory_budget
+    # Inductor's CPU code picks a cascade summation for fp32 sums longer than 4096 and guards
+    # on that (rows > 4096): with it a batch crossing 4096 history rows would recompile. While
+    # lowering, let undecidable size tests fall to "no" without a guard instead.
+    oblivious = {"backed_size_oblivious": True} if hasattr(fx_config, "backed_size_oblivious") else {}
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         from torch._inductor.compile_fx import compile_fx   # heavy import: only when compiling
 
-        with torch._functorch.config.patch(**patch):
+        with torch._functorch.config.patch(**patch), fx_config.patch(**oblivious):
             return compile_fx(gm, example_inputs)
 
     return backend
@@ -156,3 +161,62 @@ def loss_function(model: nn.Module) -> Callable[..., Tensor]:
     """The loss to use with this model: the compiled region if the model is compiled."""
     stats = _STATS.get(model)
     return stats.loss if stats is not None and stats.loss is not None else ranking_loss
+
+
+REGION_KINDS = {"sequence.project": ("sequence", "project"), "sequence.mix": ("sequence", "mix"),
+                "interaction": ("interaction", "forward"), "cross.project": ("cross", "project"),
+                "cross.mix": ("cross", "mix")}
+
+
+def region_inputs(model: nn.Module, forward: Callable[[], Any]) -> dict[str, tuple]:
+    """The arguments each region kind of the first layer gets when `forward()` runs the model
+    (detached; floating-point ones require grad so a region can be run forward+backward)."""
+    layer = model.layers[0]
+    inputs: dict[str, tuple] = {}
+    for name, (block_name, method) in REGION_KINDS.items():
+        block = getattr(layer, block_name)
+
+        def spy(*args, _name=name, _fn=getattr(block, method)):
+            inputs.setdefault(_name, tuple(a.detach().requires_grad_(a.is_floating_point()) for a in args))
+            return _fn(*args)
+        setattr(block, method, spy)
+    try:
+        with torch.no_grad():
+            forward()
+    finally:
+        for block_name, method in REGION_KINDS.values():
+            delattr(getattr(layer, block_name), method)
+    return inputs
+
+
+def run_region(fn: Callable, args: tuple) -> None:
+    """Forward and backward of one region (the sum of its outputs as the loss)."""
+    outs = fn(*args)
+    sum(o.float().sum() for o in (outs if isinstance(outs, tuple) else (outs,))).backward()
+
+
+def fused_kernels(model: nn.Module, forward: Callable[[], Any]) -> list[dict]:
+    """What inductor generates for each region kind of the first layer: per pass, the fused
+    kernels (a name lists the ops fused into one loop) and the matmuls left to the BLAS.
+
+    `model` is an eager GEMRef and `forward()` runs it once; every region is then compiled
+    afresh (in a temporary inductor cache) and run forward+backward.
+    """
+    import re
+
+    from torch._inductor import utils as inductor_utils
+
+    fresh_cache = getattr(inductor_utils, "fresh_cache", None) or inductor_utils.fresh_inductor_cache
+    inputs = region_inputs(model, forward)
+    rows = []
+    for name, (block_name, method) in REGION_KINDS.items():
+        fn = torch.compile(getattr(getattr(model.layers[0], block_name), method),
+                           backend=inductor_backend.__wrapped__(None))   # a new backend: a new graph
+        with fresh_cache():
+            _, codes = inductor_utils.run_and_get_code(run_region, fn, inputs[name])
+        for pass_name, code in zip(("forward", "backward"), codes):
+            rows.append({"region": name, "pass": pass_name,
+                         "fused_kernels": re.findall(r"\b(cpp_fused_\w+|triton_\w+_fused_\w+)\s*=\s*async_compile",
+                                                     code),
+                         "matmuls": len(re.findall(r"extern_kernels\.(?:mm|addmm|bmm|baddbmm)\b", code))})
+    return rows

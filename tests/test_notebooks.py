@@ -17,6 +17,12 @@ NOTEBOOKS = sorted(p.stem for p in NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
 EXPECT = {
     "00_mfu_baseline": lambda m: (m["flops_relative_error"] <= 0.02 and m["executed_over_model"] > 1.5
                                   and 0 < m["mfu"] < 1 and m["tokens_per_s"] > 0),
+    "04_torch_compile": lambda m: (m["recompiles_after_warmup"] == 0 and m["graphs"] > 0 and m["fused_kernels"] > 0
+                                   and m["eager_step_s"] > 0 and m["compiled_step_s"] > 0
+                                   and 0 < m["mfu_compiled"] < 1),
+    "05_autoac": lambda m: (m["auto_fits_every_budget"] and m["auto_prediction_error"] < 0.05
+                            and m["auto_over_full_recompute_at_half"] <= 0.5 and m["full_recompute_pct"] > 0
+                            and m["autoac_batch"] > m["no_ac_batch"] >= 1),
 }
 
 
