@@ -11,15 +11,19 @@ Activation bytes = the memory a training step's forward leaves alive for its bac
     That misses what a checkpoint keeps (its inputs), so it is used only where nothing is
     checkpointed (the PT2 budget); on an eager step the two methods agree (tests).
 
-The profiling pass (`profile_blocks`), on one batch:
-  1. nothing checkpointed: the base bytes; per block the bytes it saves for backward (each
-     storage attributed to the first block that saves it), its forward FLOPs
-     (FlopCounterMode) and forward time;
-  2. per block and option, only that block checkpointed: bytes freed = base - bytes, and
-     recompute FLOPs = backward FLOPs - base backward FLOPs. A checkpoint keeps its inputs,
-     which the block saved anyway, so it frees less than the block saves; measuring with
-     and without the checkpoint gets that right. Blocks share only their inputs and outputs,
-     alive under any plan, so freed bytes add up: a plan's bytes = base - sum(freed).
+The profiling pass (`profile_blocks`), on one batch, never runs the un-checkpointed step
+(so it fits wherever the fully checkpointed step fits, as the batch search needs):
+  1. every block fully checkpointed: the reference bytes and backward FLOPs;
+  2. per block, the same step with that one block left out of the checkpointing ("none")
+     and with it at each other option: bytes freed by an option = bytes at "none" - bytes
+     at it; recompute FLOPs = backward FLOPs at it - backward FLOPs at "none". In the "none"
+     step the block's saved tensors (saved_tensors_hooks, storages deduplicated), forward
+     FLOPs (FlopCounterMode) and, in a plain forward, its forward time are noted too.
+A checkpoint keeps its inputs, which the block saves anyway, so it frees less than the block
+saves; measuring with and without it gets that right. Blocks share only their inputs and
+outputs, alive under any plan, so bytes add up: a plan's bytes = base - sum(freed), with
+base (nothing checkpointed) = reference + sum over blocks of what "full" frees (tests
+check both against measured steps).
 """
 from __future__ import annotations
 
@@ -36,8 +40,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from .autoac import (OPTIONS, ActivationProfile, BlockProfile, Plan, ac_blocks, applied_plan, apply_plan,
-                     full_plan, remove_plan, solve)
+from .autoac import (ActivationProfile, BlockProfile, Plan, ac_blocks, applied_plan, apply_plan,
+                     recompute_flops, remove_plan, solve)
 from .compile import compile_stats, loss_function
 from .config import ModelConfig, Preset
 from .data.jagged import JaggedBatch, lengths_to_offsets
@@ -159,21 +163,21 @@ def backward_flops(loss: Tensor, model: nn.Module) -> int:
 
 
 @contextmanager
-def _watched_blocks(model: nn.Module, enter: Callable[[str], None], leave: Callable[[str], None]):
-    blocks = ac_blocks(model)
-    for name, block in blocks.items():
-        def run(*args, _forward=block.forward, _name=name, **kwargs):
-            enter(_name)
-            try:
-                return _forward(*args, **kwargs)
-            finally:
-                leave(_name)
-        block.forward = run
+def _watched(block: nn.Module, enter: Callable[[], None], leave: Callable[[], None]):
+    """Call enter() and leave() around every forward of one (not checkpointed) block."""
+    forward = block.forward
+
+    def run(*args, **kwargs):
+        enter()
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            leave()
+    block.forward = run
     try:
         yield
     finally:
-        for block in blocks.values():
-            del block.forward
+        del block.forward
 
 
 def profile_blocks(model: nn.Module, batch: JaggedBatch, *, options: tuple[str, ...] = ("selective", "full"),
@@ -181,56 +185,68 @@ def profile_blocks(model: nn.Module, batch: JaggedBatch, *, options: tuple[str, 
     """Measure every block with every option on `batch` (see module docstring).
 
     The model must be eager and not checkpointed (profile first, then apply, then compile).
-    Costs 1 + 3 * n_layers * len(options) forward+backward passes; leaves no gradients.
+    Costs 1 + 3 * n_layers * len(options) forward+backward passes and 3 * n_layers forwards;
+    the most memory any of them needs is the fully checkpointed step plus one block's
+    activations. Leaves no gradients.
     """
-    bad = [o for o in options if o not in OPTIONS or o == "none"]
-    if bad or not options:
-        raise ValueError(f"options {options!r}: give one or more of {', '.join(OPTIONS[1:])}")
+    if set(options) - {"selective", "full"} or "full" not in options:
+        raise ValueError(f"options {options!r}: give ('full',) or ('selective', 'full') (full checkpointing "
+                         f"is the reference every block is measured against)")
     if applied_plan(model) or compile_stats(model) is not None:
         raise ValueError("profile the eager model before checkpointing or compiling it")
     device = batch.values.device
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    existing = existing_storages(model, batch)
-    saved, clock, fwd_flops, fwd_seconds = SavedTensors(existing), {}, {}, {}
-    counter = FlopCounterMode(display=False)
+    names = list(ac_blocks(model))
+    all_full = {name: "full" for name in names}
 
-    def enter(name):
-        saved.current = name
-        clock[name] = counter.get_total_flops()
-
-    def leave(name):
-        saved.current = "outside"
-        fwd_flops[name] = counter.get_total_flops() - clock[name]
-
-    with _watched_blocks(model, enter, leave), counter, saved.active():
-        loss, base_bytes = forward_with_bytes(model, batch, autocast_dtype)
-    saved_by_block = saved.bytes_by_block()
-    base_backward = backward_flops(loss, model)
-    del loss
-
-    def start(name):
-        sync()
-        clock[name] = time.perf_counter()
-
-    def stop(name):
-        sync()
-        fwd_seconds[name] = time.perf_counter() - clock[name]
-
-    with _watched_blocks(model, start, stop):   # timed apart from the instrumented pass
-        forward_loss(model, batch, autocast_dtype)
-    blocks = []
-    for name in ac_blocks(model):
-        freed, recompute = {}, {}
-        for option in options:
-            apply_plan(model, {name: option})
-            try:
+    def step(choices: dict[str, str], watch: str | None = None):
+        """Bytes and backward FLOPs of one step under `choices`; the watched block's saved
+        bytes and forward FLOPs, if any."""
+        apply_plan(model, choices)
+        try:
+            if watch is None:
                 loss, nbytes = forward_with_bytes(model, batch, autocast_dtype)
-                freed[option] = base_bytes - nbytes
-                recompute[option] = backward_flops(loss, model) - base_backward
-            finally:
-                remove_plan(model)
-        blocks.append(BlockProfile(name, saved_by_block.get(name, 0), int(fwd_flops[name]),
-                                   fwd_seconds[name], freed, recompute))
+                return nbytes, backward_flops(loss, model), 0, 0
+            saved, counter, at = SavedTensors(existing_storages(model, batch)), FlopCounterMode(display=False), []
+
+            def enter():
+                saved.current = watch
+                at.append(counter.get_total_flops())
+
+            def leave():
+                saved.current = "outside"
+                at.append(counter.get_total_flops())
+            with _watched(ac_blocks(model)[watch], enter, leave), counter, saved.active():
+                loss, nbytes = forward_with_bytes(model, batch, autocast_dtype)
+            saved_bytes = saved.bytes_by_block().get(watch, 0)
+            return nbytes, backward_flops(loss, model), saved_bytes, at[1] - at[0]
+        finally:
+            remove_plan(model)
+
+    def forward_seconds(name: str) -> float:
+        clock: list[float] = []
+
+        def tick():
+            sync()
+            clock.append(time.perf_counter())
+        apply_plan(model, {**all_full, name: "none"})
+        try:
+            with _watched(ac_blocks(model)[name], tick, tick):
+                forward_loss(model, batch, autocast_dtype)
+        finally:
+            remove_plan(model)
+        return clock[1] - clock[0]
+
+    reference_bytes, reference_backward, _, _ = step(all_full)
+    blocks = []
+    for name in names:
+        none_bytes, none_backward, saved_bytes, flops = step({**all_full, name: "none"}, watch=name)
+        at = {o: step({**all_full, name: o})[:2] for o in options if o != "full"}
+        at["full"] = (reference_bytes, reference_backward)
+        blocks.append(BlockProfile(name, saved_bytes, int(flops), forward_seconds(name),
+                                   {o: none_bytes - at[o][0] for o in options},
+                                   {o: at[o][1] - none_backward for o in options}))
+    base_bytes = reference_bytes + sum(b.freed_bytes["full"] for b in blocks)
     return ActivationProfile(base_bytes, tuple(blocks), tuple(options), measure_method(model, device),
                              model_flops(model.cfg, batch.lengths).total)
 
@@ -355,16 +371,24 @@ def find_batch_size(model: nn.Module, batch_of: Callable[[int], JaggedBatch], me
         apply_plan(model, {name: "full" for name in ac_blocks(model)})
         activation_budget -= measured["full", with_ac] - activation_bytes(model, batch, autocast_dtype)
         remove_plan(model)
-    profile = profile_blocks(model, batch, options=options, autocast_dtype=autocast_dtype)
-    for _ in range(3):
-        plan = solve(profile, max(activation_budget, profile.min_bytes))
-        apply_plan(model, plan.choices)
-        used = step_bytes(model, batch, autocast_dtype)
+    all_full = {name: "full" for name in ac_blocks(model)}
+    plan, used = None, measured["full", with_ac]
+    try:
+        profile = profile_blocks(model, batch, options=options, autocast_dtype=autocast_dtype)
+    except torch.cuda.OutOfMemoryError:     # one block left un-checkpointed does not fit either
+        torch.cuda.empty_cache()
+        profile = None
+    for _ in range(3 if profile is not None else 0):
+        candidate = solve(profile, max(activation_budget, profile.min_bytes))
+        apply_plan(model, candidate.choices)
+        candidate_bytes = step_bytes(model, batch, autocast_dtype)
         remove_plan(model)
-        if used <= memory_budget:
+        if candidate_bytes <= memory_budget:
+            plan, used = candidate, candidate_bytes
             break
-        activation_budget -= used - memory_budget       # CUDA: tighten by the overshoot
-    else:
-        plan, used = full_plan(profile), measured["full", with_ac]
+        activation_budget -= candidate_bytes - memory_budget       # CUDA: tighten by the overshoot
+    if plan is None:
+        plan = Plan(all_full, memory_budget, used, recompute_flops(model.cfg, batch.lengths, all_full,
+                    jagged=model.jagged, kernel=model.kernel), model.cfg.n_layers)
     return BatchSearch(memory_budget, measure, no_ac, measured.get(("none", no_ac), 0), with_ac, used, plan,
                        max_batch)

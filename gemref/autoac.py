@@ -147,7 +147,7 @@ class BlockProfile:
 
     name: str
     saved_bytes: int                 # bytes this block saves for backward, storages deduplicated
-    forward_flops: int               # FLOPs of its forward (what "full" recomputes)
+    forward_flops: int               # FLOPs of its forward (FlopCounterMode)
     forward_seconds: float           # time of its forward
     freed_bytes: dict[str, int] = field(default_factory=dict)       # option -> bytes freed
     recompute_flops: dict[str, int] = field(default_factory=dict)   # option -> FLOPs recomputed

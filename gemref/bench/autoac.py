@@ -154,6 +154,10 @@ def budget_sweep(b: Bench, budgets=DEFAULT_BUDGETS, *, pt2: bool = True, log=pri
 
     def run(label, strategy, plan=None, budget=1.0):
         log(f"timing {label} ...")
+        if strategy == "pt2":
+            # Each budget is a new inductor backend, so a new graph for every region; dynamo
+            # keeps at most recompile_limit (8) per function, then runs it eagerly. Start clean.
+            torch._dynamo.reset()
         twin = strategy_model(b, strategy, plan, compiled=False) if eager_twin and strategy in ("full", "auto") \
             else None
         return measure(b, strategy_model(b, strategy, plan, budget=budget), bytes_model=twin,
