@@ -2,6 +2,7 @@
 and the profile's predictions match what a step then measures."""
 import dataclasses
 import itertools
+import json
 import random
 import subprocess
 import sys
@@ -253,3 +254,19 @@ def test_training_with_autoac_is_training_without_it(data_root):
     assert auto["switches"]["ac"] == "auto" and plain["ac_plan"] is None
     recompute = auto["executed_flops_per_step"] - plain["executed_flops_per_step"]
     assert (recompute > 0) == ("full" in plan["counts"])
+
+
+def test_bench_autoac_command(data_root, tmp_path, capsys):
+    from gemref.cli import main
+
+    out = tmp_path / "autoac.json"
+    assert main(["bench", "autoac", "--preset", "tiny", "--batch-size", "16", "--budgets", "1.0,0.5,0.01",
+                 "--steps", "1", "--warmup", "0", "--no-pt2", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    rows = {(r["budget"], r["strategy"]): r for r in record["rows"]}
+    assert set(rows) == {(b, s) for b in (1.0, 0.5, 0.01) for s in ("none", "full", "auto")}
+    assert rows[0.5, "auto"]["fits"] and rows[0.5, "auto"]["act_pct"] <= 50
+    assert rows[0.01, "auto"]["plan"].startswith("impossible: min")
+    assert record["done_when"]["auto_recompute_pct"] <= record["done_when"]["full_recompute_pct"]
+    assert "at a 50% budget AutoAC recomputes" in capsys.readouterr().out
+    assert main(["bench", "autoac", "--preset", "tiny", "--budgets", "1.5"]) == 2

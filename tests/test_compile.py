@@ -86,12 +86,32 @@ def test_compile_settings_are_checked():
         compile_model(model)
 
 
-def test_compiled_run_records_compile_stats(data_root):
+def test_compiled_autoac_run_records_compile_stats_and_plan(data_root):
+    """AutoAC then compile in build_model: under compile the plan uses full checkpoints only."""
     from gemref.train import run
 
     train = override(TINY.train, steps=5, warmup_steps=1, eval_batches=1, jagged=True, batch_size=16,
-                     compile=True)
+                     compile=True, ac="auto", ac_budget=0.5)
     record = run(TINY, train, device="cpu", progress=False, measure_memory=False)
-    assert record["switches"]["compile"] is True
+    assert record["switches"]["compile"] is True and record["switches"]["ac"] == "auto"
     assert record["compile"]["recompiles"] == 0 and record["compile"]["regions"] == 5 * CFG.n_layers + 1
     assert record["compile"]["compile_s"] >= 0 and compile_stats(model_pair()[0]) is None
+    plan = record["ac_plan"]
+    assert set(plan["counts"]) == {"full"} and plan["predicted_bytes"] <= plan["budget_bytes"]
+    assert record["executed_flops_per_step"] > record["model_flops_per_step"]
+
+
+def test_bench_compile_command(data_root, tmp_path):
+    import json
+
+    from gemref.cli import main
+
+    out = tmp_path / "compile.json"
+    assert main(["bench", "compile", "--preset", "tiny", "--batch-size", "16", "--steps", "2", "--warmup", "1",
+                 "--region-reps", "1", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    eager, compiled = record["rows"]
+    assert compiled["recompiles_after_warmup"] == 0 and compiled["graphs_after_warmup"] == 0
+    assert record["ratio"] == pytest.approx(compiled["median_step_s"] / eager["median_step_s"])
+    assert {r["region"] for r in record["regions"]} == {"sequence.project", "sequence.mix", "interaction",
+                                                        "cross.project", "cross.mix"}

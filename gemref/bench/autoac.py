@@ -102,18 +102,38 @@ def strategy_model(b: Bench, strategy: str, plan: Plan | dict | None = None, *, 
     return model
 
 
-def time_steps(b: Bench, model, batches: list) -> list[float]:
-    """Seconds of each training step (forward, backward, AdamW) after the warm-up steps."""
-    opt = torch.optim.AdamW(model.parameters(), lr=b.train.lr)
-    seconds = []
-    for i, batch in enumerate(batches):
-        with stopwatch(b.device) as elapsed:
-            opt.zero_grad(set_to_none=True)
-            forward_loss(model, batch, b.autocast).backward()
-            opt.step()
+class Trainer:
+    """A model and its AdamW; `step(batch)` runs one training step and returns its seconds."""
+
+    def __init__(self, b: Bench, model):
+        self.b, self.model = b, model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=b.train.lr)
+
+    def step(self, batch) -> float:
+        with stopwatch(self.b.device) as elapsed:
+            self.optimizer.zero_grad(set_to_none=True)
+            forward_loss(self.model, batch, self.b.autocast).backward()
+            self.optimizer.step()
+        return elapsed[0]
+
+
+def paired_steps(b: Bench, trainer: Trainer, batches: list, reference: Trainer,
+                 reference_batches: list | None = None) -> tuple[list[float], list[float]]:
+    """Seconds of `trainer`'s steps after the warm-up, each paired with a step of `reference`
+    (on the same batch unless `reference_batches` are given) run right before or after it,
+    alternately, so that a shared machine's changing load hits both alike. Returns the
+    trainer's seconds and the reference's."""
+    reference_batches = reference_batches or batches
+    seconds, ref_seconds = [], []
+    for i, (batch, ref_batch) in enumerate(zip(batches, reference_batches)):
+        if i % 2:
+            t, ref = trainer.step(batch), reference.step(ref_batch)
+        else:
+            ref, t = reference.step(ref_batch), trainer.step(batch)
         if i >= b.warmup:
-            seconds.append(elapsed[0])
-    return seconds
+            seconds.append(t)
+            ref_seconds.append(ref)
+    return seconds, ref_seconds
 
 
 def _mfu(b: Bench, batches: list, seconds: list[float]) -> float | None:
@@ -123,20 +143,22 @@ def _mfu(b: Bench, batches: list, seconds: list[float]) -> float | None:
     return statistics.median(model_flops(cfg, x.lengths).total / s for x, s in zip(batches, seconds)) / b.peak
 
 
-def measure(b: Bench, model, *, bytes_model=None, base_backward: int | None = None) -> dict:
-    """Activation bytes and backward FLOPs on the first batch, then the timed steps."""
+def measure(b: Bench, model, reference: Trainer, *, bytes_model=None, base_backward: int = 0) -> dict:
+    """Activation bytes and backward FLOPs on the first batch, then the timed steps, each
+    paired with a step of `reference` (vs_reference: the median ratio)."""
     batch = b.batches[0]
     loss, nbytes = forward_with_bytes(bytes_model or model, batch, b.autocast)
     del loss
     bwd = backward_flops(forward_loss(model, batch, b.autocast), model)
-    seconds = time_steps(b, model, b.batches)
+    seconds, ref_seconds = paired_steps(b, Trainer(b, model), b.batches, reference)
     cfg, model_f = b.preset.model, model_flops(b.preset.model, batch.lengths).total
-    recompute = 0 if base_backward is None else bwd - base_backward
+    recompute = bwd - base_backward if base_backward else 0
     mfu = _mfu(b, b.batches[b.warmup:], seconds)
     executed = executed_flops(cfg, batch.lengths, jagged=True, kernel=b.train.kernel).total + recompute
     return {"act_bytes": nbytes, "backward_flops": bwd, "recompute_flops": recompute,
-            "recompute_pct": 100 * recompute / model_f, "step_s": statistics.median(seconds),
-            "steps_s": seconds, "mfu": mfu, "hfu": mfu * executed / model_f if mfu is not None else None}
+            "recompute_pct": 100 * recompute / model_f, "step_s": statistics.median(seconds), "steps_s": seconds,
+            "vs_reference": statistics.median(t / r for t, r in zip(seconds, ref_seconds)),
+            "mfu": mfu, "hfu": mfu * executed / model_f if mfu is not None else None}
 
 
 def budget_sweep(b: Bench, budgets=DEFAULT_BUDGETS, *, pt2: bool = True, log=print) -> dict:
@@ -150,7 +172,8 @@ def budget_sweep(b: Bench, budgets=DEFAULT_BUDGETS, *, pt2: bool = True, log=pri
     profile = profile_blocks(eager, b.batches[0], options=("full",) if b.train.compile else ("selective", "full"),
                              autocast_dtype=b.autocast)
     base = profile.base_bytes
-    reference = backward_flops(forward_loss(eager, b.batches[0], b.autocast), eager)
+    reference_backward = backward_flops(forward_loss(eager, b.batches[0], b.autocast), eager)
+    reference = Trainer(b, strategy_model(b, "none"))     # every strategy's steps pair with its steps
 
     def run(label, strategy, plan=None, budget=1.0):
         log(f"timing {label} ...")
@@ -160,8 +183,8 @@ def budget_sweep(b: Bench, budgets=DEFAULT_BUDGETS, *, pt2: bool = True, log=pri
             torch._dynamo.reset()
         twin = strategy_model(b, strategy, plan, compiled=False) if eager_twin and strategy in ("full", "auto") \
             else None
-        return measure(b, strategy_model(b, strategy, plan, budget=budget), bytes_model=twin,
-                       base_backward=reference)
+        return measure(b, strategy_model(b, strategy, plan, budget=budget), reference, bytes_model=twin,
+                       base_backward=reference_backward)
 
     none, full = run("none", "none"), run("full", "full")
     plans, auto_runs, rows = {}, {}, []
@@ -187,7 +210,7 @@ def budget_sweep(b: Bench, budgets=DEFAULT_BUDGETS, *, pt2: bool = True, log=pri
             if m is not None:
                 row.update(act_mb=m["act_bytes"] / 2**20, act_pct=100 * m["act_bytes"] / base,
                            fits=m["act_bytes"] <= target, recompute_pct=m["recompute_pct"], step_s=m["step_s"],
-                           vs_none=m["step_s"] / none["step_s"], mfu=m["mfu"], hfu=m["hfu"],
+                           vs_none=m["vs_reference"], mfu=m["mfu"], hfu=m["hfu"],
                            act_bytes=m["act_bytes"], recompute_flops=m["recompute_flops"], steps_s=m["steps_s"],
                            predicted_bytes=m.get("predicted_bytes"))
             rows.append(row)
@@ -217,14 +240,16 @@ def batch_gain(b: Bench, memory_budget: int | None = None, max_batch: int | None
     found = find_batch_size(eager, batch_of, memory_budget, autocast_dtype=b.autocast,
                             max_batch=min(len(b.dataset), max_batch or 16 * b.train.batch_size),
                             options=("full",) if b.train.compile else ("selective", "full"))
+    log(f"timing batch {found.no_ac_batch} without AC against batch {found.autoac_batch} with AutoAC ...")
+    cfg, count = b.preset.model, len(b.batches)
+    batches = {"none": timed_batches(b, found.no_ac_batch, count), "auto": timed_batches(b, found.autoac_batch, count)}
+    auto_s, none_s = paired_steps(b, Trainer(b, strategy_model(b, "auto", found.plan)), batches["auto"],
+                                  Trainer(b, strategy_model(b, "none")), batches["none"])
     rows = []
-    for strategy, n, plan, used in (("none", found.no_ac_batch, None, found.no_ac_bytes),
-                                    ("auto", found.autoac_batch, found.plan, found.autoac_bytes)):
-        log(f"timing {strategy} at batch {n} ...")
-        batches = timed_batches(b, n, len(b.batches))
-        seconds = time_steps(b, strategy_model(b, strategy, plan), batches)
-        mfu = _mfu(b, batches[b.warmup:], seconds)
-        cfg, first = b.preset.model, batches[0]
+    for strategy, plan, used, seconds in (("none", None, found.no_ac_bytes, none_s),
+                                          ("auto", found.plan, found.autoac_bytes, auto_s)):
+        first, n = batches[strategy][0], batches[strategy][0].batch_size
+        mfu = _mfu(b, batches[strategy][b.warmup:], seconds)
         recompute = recompute_flops(cfg, first.lengths, plan.choices if plan else {}, jagged=True,
                                     kernel=b.train.kernel)
         model_f = model_flops(cfg, first.lengths).total
@@ -238,7 +263,8 @@ def batch_gain(b: Bench, memory_budget: int | None = None, max_batch: int | None
     return {"memory_budget_bytes": memory_budget, "measure": found.measure, "rows": rows,
             "search_cap": found.max_batch, "capped": found.autoac_batch == found.max_batch,
             "batch_ratio": auto["batch_size"] / max(none["batch_size"], 1),
-            "samples_per_s_ratio": auto["samples_per_s"] / none["samples_per_s"],
+            "samples_per_s_ratio": statistics.median((auto["batch_size"] / a) / (none["batch_size"] / n)
+                                                     for a, n in zip(auto_s, none_s)),
             "mfu_gain": (auto["mfu"] - none["mfu"]) if none["mfu"] is not None else None}
 
 
@@ -269,6 +295,8 @@ def run(args) -> int:
         budgets = tuple(float(x) for x in args.budgets.split(","))
     except ValueError:
         raise ValueError(f"--budgets takes comma-separated fractions, got {args.budgets!r}") from None
+    if not all(0.0 < f <= 1.0 for f in budgets):
+        raise ValueError(f"--budgets are fractions in (0, 1], got {args.budgets}")
     b = make_bench(args.preset, batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
                    device=args.device, compile=args.compile)
     log = lambda s: print(s, flush=True)   # noqa: E731
