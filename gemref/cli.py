@@ -15,7 +15,8 @@ from pathlib import Path
 import yaml
 
 from .bench import bench_names
-from .config import BACKENDS, BALANCE_POLICIES, PRESETS, SPARSE_SHARDINGS, TrainConfig, get_preset, override
+from .config import (AC_MODES, BACKENDS, BALANCE_POLICIES, PRESETS, SPARSE_SHARDINGS, TrainConfig, get_preset,
+                     override)
 from .precision import PRECISIONS
 from .report import format_table, fmt, write_json
 
@@ -81,6 +82,11 @@ def add_train_switches(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", choices=kernel_names(), help="rung 2: gdpa kernel (jagged layout)")
     p.add_argument("--precision", choices=("auto",) + PRECISIONS,
                    help="rung 7: Linear GEMM precision (auto: fp32 on CPU, bf16 on CUDA)")
+    p.add_argument("--compile", action="store_true", help="rung 3: torch.compile, block by block")
+    p.add_argument("--ac", choices=AC_MODES, help="rung 4: activation checkpointing (auto = AutoAC; "
+                   "pt2 = torch's activation_memory_budget, needs --compile)")
+    p.add_argument("--ac-budget", type=float, help="auto/pt2: activation memory budget, a fraction "
+                   "in (0, 1] of the no-checkpoint activation bytes")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--balance", choices=BALANCE_POLICIES, help="rung 5: split global batches across ranks by cost")
     p.add_argument("--mesh", help="rung 6: RxS mesh, R replica groups x S-way sharding "
@@ -112,6 +118,12 @@ def train_config_from_args(args, base: TrainConfig) -> TrainConfig:
         changes["reshard_after_forward"] = False
     if getattr(args, "resume", False):
         changes["resume"] = True
+    if args.compile:
+        changes["compile"] = True
+    if args.ac is not None:
+        changes["ac"] = args.ac
+    if args.ac_budget is not None:
+        changes["ac_budget"] = args.ac_budget
     return parse_set(args.set, override(base, **changes))
 
 

@@ -18,6 +18,7 @@ LENGTH_PROFILES = ("skewed", "uniform", "fixed")
 BALANCE_POLICIES = ("none", "round_robin", "lpt", "kk")   # gemref/balance.py (none: equal counts)
 SPARSE_SHARDINGS = ("none", "row", "table")               # gemref/parallel/sparse.py
 BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/comm.py
+AC_MODES = ("none", "full", "auto", "pt2")
 
 
 @dataclass(frozen=True)
@@ -102,9 +103,9 @@ class TrainConfig:
     # --- switches (the ladder of DESIGN.md) ---
     jagged: bool = False        # rung 1: keep histories jagged instead of padding to max_len
     kernel: str = "reference"   # rung 2: gdpa kernel (reference = naive materialised)
-    precision: str = "auto"     # rung 7: auto (fp32 on CPU, bf16 on CUDA) or one of PRECISIONS
-    precision_kernel: str = "auto"  # float8/MXFP8 GEMMs: auto | native | emulated
-    precision_min_dim: int = 64     # Linear layers with min(in, out) below this stay high precision
+    compile: bool = False       # rung 3: torch.compile, block by block (gemref/compile.py)
+    ac: str = "none"            # rung 4: activation checkpointing: none, full, auto (AutoAC), pt2
+    ac_budget: float = 1.0      # auto/pt2: activation memory budget, fraction of the no-AC bytes
     balance: str = "none"       # rung 5: split each global batch across ranks by cost (BALANCE_POLICIES)
     # rung 6 (gemref/parallel/): batch_size is the GLOBAL batch, split across the ranks
     mesh: str = "1x1"           # RxS: R replica groups x S-way sharding; R*S = number of ranks
@@ -114,6 +115,9 @@ class TrainConfig:
     checkpoint_dir: str = ""             # distributed checkpoints here ("" = none)
     checkpoint_every: int = 0            # save every N steps (0 = never)
     resume: bool = False                 # continue from the newest checkpoint in checkpoint_dir
+    precision: str = "auto"     # rung 7: auto (fp32 on CPU, bf16 on CUDA) or one of PRECISIONS
+    precision_kernel: str = "auto"  # float8/MXFP8 GEMMs: auto | native | emulated
+    precision_min_dim: int = 64     # Linear layers with min(in, out) below this stay high precision
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "steps", "eval_batches"):
@@ -141,6 +145,14 @@ class TrainConfig:
             raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise ValueError("checkpoint_every and resume need checkpoint_dir")
+        if self.ac not in AC_MODES:
+            raise ValueError(f"ac={self.ac!r}; valid: {', '.join(AC_MODES)}")
+        if not 0.0 < self.ac_budget <= 1.0:
+            raise ValueError(f"ac_budget must be in (0, 1] (a fraction of the no-AC activation bytes), "
+                             f"got {self.ac_budget}")
+        if self.ac == "pt2" and not self.compile:
+            raise ValueError("ac='pt2' (PyTorch 2's activation memory budget) acts inside compiled "
+                             "regions: it needs compile=True")
 
 
 @dataclass(frozen=True)

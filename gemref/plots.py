@@ -82,6 +82,20 @@ def mx_blocks_figure(exponent, sqnr_db, title: str = "MXFP8: one scale per 32 va
     for col in (1, 2):
         fig.update_xaxes(title_text="block", row=1, col=col)
         fig.update_yaxes(title_text="row", row=1, col=col)
+def compile_steps_figure(steps: dict, title: str = "eager vs compiled: step time and compile time") -> go.Figure:
+    """Per-step times of both variants (left) and compile time against the median step (right);
+    `steps` from gemref.bench.compile.compare_steps."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4],
+                        subplot_titles=("timed training steps", "one-off compile vs one step"))
+    for row in steps["rows"]:
+        fig.add_trace(go.Scatter(y=row["steps_s"], mode="lines+markers", name=row["variant"]), row=1, col=1)
+    compiled = steps["rows"][1]
+    labels = ["compile (once)", "eager step", "compiled step"]
+    values = [compiled["compile_s"], steps["rows"][0]["median_step_s"], compiled["median_step_s"]]
+    fig.add_trace(go.Bar(x=labels, y=values, text=[f"{v:.3g} s" for v in values], showlegend=False), row=1, col=2)
+    fig.update_xaxes(title_text="timed step", row=1, col=1)
+    fig.update_yaxes(title_text="seconds", row=1, col=1)
+    fig.update_yaxes(title_text="seconds", type="log", row=1, col=2)
     fig.update_layout(title=title, template=TEMPLATE)
     return fig
 
@@ -166,3 +180,55 @@ def lines_figure(x: list, series: dict[str, list], title: str, xaxis: str, yaxis
     if log_x:
         fig.update_xaxes(type="log")
     return fig
+def activation_profile_figure(blocks: list[dict], title: str = "what checkpointing each block frees") -> go.Figure:
+    """Per block: bytes saved for backward and freed by each checkpoint option (left), FLOPs
+    a full checkpoint recomputes (right); `blocks` from an ActivationProfile (as dicts)."""
+    names = [b["name"].replace("layers.", "L") for b in blocks]
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.65, 0.35],
+                        subplot_titles=("activation bytes", "recomputed FLOPs (full)"))
+    fig.add_trace(go.Bar(name="saved for backward", x=names, y=[b["saved_bytes"] for b in blocks]), row=1, col=1)
+    for option in blocks[0]["freed_bytes"]:
+        fig.add_trace(go.Bar(name=f"freed by {option}", x=names, y=[b["freed_bytes"][option] for b in blocks]),
+                      row=1, col=1)
+    fig.add_trace(go.Bar(name="recompute (full)", x=names, y=[b["recompute_flops"].get("full", 0) for b in blocks],
+                         showlegend=False), row=1, col=2)
+    fig.update_layout(barmode="group", title=title, template=TEMPLATE)
+    return fig
+
+
+def ac_pareto_figure(rows: list[dict], title: str = "activation memory vs recompute, per strategy") -> go.Figure:
+    """Recompute (% of model FLOPs) and step time against activation bytes (% of no AC), one
+    trace per strategy, points labelled by budget; rows from gemref.bench.autoac.budget_sweep."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("recompute FLOPs", "step time"))
+    for i, strategy in enumerate(dict.fromkeys(r["strategy"] for r in rows)):
+        points = {}
+        for r in rows:
+            if r["strategy"] == strategy and r.get("act_pct") is not None:
+                points.setdefault((r["act_pct"], r["recompute_pct"], r["step_s"]), []).append(r["budget"])
+        xs = [p[0] for p in points]
+        text = ["budget " + ", ".join(f"{b:.0%}" for b in budgets) for budgets in points.values()]
+        for col, ys in ((1, [p[1] for p in points]), (2, [p[2] for p in points])):
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=strategy, text=text, legendgroup=strategy,
+                                     showlegend=col == 1, marker=dict(size=10, color=DEFAULT_COLORS[i])),
+                          row=1, col=col)
+    fig.update_xaxes(title_text="activation bytes, % of no checkpointing")
+    fig.update_yaxes(title_text="% of model FLOPs", row=1, col=1)
+    fig.update_yaxes(title_text="seconds per step", row=1, col=2)
+    fig.update_layout(title=title, template=TEMPLATE)
+    return fig
+
+
+def batch_gain_figure(gain: dict, title: str = "what the freed memory buys") -> go.Figure:
+    """Batch size, samples/s and MFU without and with AutoAC under one memory budget."""
+    rows = gain["rows"]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("largest batch", "samples/s", "MFU %"))
+    names = ["no AC" if r["strategy"] == "none" else "AutoAC" for r in rows]
+    for col, key, scale in ((1, "batch_size", 1), (2, "samples_per_s", 1), (3, "mfu", 100)):
+        values = [(r[key] or 0) * scale for r in rows]
+        fig.add_trace(go.Bar(x=names, y=values, text=[f"{v:.3g}" for v in values], showlegend=False),
+                      row=1, col=col)
+    fig.update_layout(title=title, template=TEMPLATE)
+    return fig
+
+
+DEFAULT_COLORS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3")

@@ -32,7 +32,10 @@ from torch.profiler import record_function
 from tqdm import tqdm
 
 from . import __version__
+from .ac_profile import auto_checkpoint, representative_batch
 from .attention import resolve_kernel
+from .autoac import ac_blocks, applied_plan, apply_plan, plan_record, recompute_flops
+from .compile import compile_model, compile_stats, loss_function
 from .config import Preset, TrainConfig, get_preset
 from .data.jagged import JaggedBatch
 from .data.loader import EventDataset, make_loader
@@ -132,6 +135,14 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     model = GEMRef(preset.model, jagged=train.jagged, kernel=kernel).to(device)
     report = apply_precision(model, precision, device=device, kernel=train.precision_kernel,
                              min_dim=train.precision_min_dim)
+    if train.ac == "full":
+        apply_plan(model, {name: "full" for name in ac_blocks(model)})
+    elif train.ac == "auto":   # profiled eagerly on a batch shaped like the preset's data
+        batch = representative_batch(preset, train.batch_size, device, seed=train.seed)
+        auto_checkpoint(model, batch, train.ac_budget, options=("full",) if train.compile else
+                        ("selective", "full"), autocast_dtype=report.autocast_dtype)
+    if train.compile:
+        compile_model(model, activation_memory_budget=train.ac_budget if train.ac == "pt2" else None)
     if parallel is not None:
         parallelize(model, train, parallel, device)
     return model, kernel, report
@@ -170,7 +181,7 @@ def forward_loss(s: Setup, batch: JaggedBatch, normalizer: int | None = None) ->
     with s.precision.autocast():
         logits = s.model(batch)
     with record_function("loss"):
-        return ranking_loss(logits, batch.labels, normalizer)
+        return loss_function(s.model)(logits, batch.labels, normalizer)
 
 
 def backward(s: Setup, loss: torch.Tensor) -> None:
@@ -307,7 +318,8 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
         step_s.append(elapsed[0])
         samples.append(batch.batch_size)
         work = [float(loss), batch.batch_size, batch.num_tokens, model_flops(cfg, lengths).total,
-                executed_flops(cfg, lengths, jagged=tc.jagged, kernel=s.kernel, device=s.device).total]
+                executed_flops(cfg, lengths, jagged=tc.jagged, kernel=s.kernel, device=s.device).total
+                + recompute_flops(cfg, lengths, applied_plan(s.model), jagged=tc.jagged, kernel=s.kernel)]
         work = par.sum(work) if par else work          # the global batch's loss, samples, tokens, FLOPs
         losses.append(work[0])
         meter.record(StepRecord(elapsed[0], data_s, *(int(w) for w in work[1:])))
@@ -323,7 +335,12 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
         "preset": s.preset.name,
         "config": {"model": asdict(cfg), "data": asdict(s.preset.data), "train": asdict(tc)},
         "switches": {"jagged": tc.jagged, "kernel": tc.kernel, "kernel_resolved": s.kernel,
-                     "balance": tc.balance, "mesh": tc.mesh, "sparse_sharding": tc.sparse_sharding},
+                     "compile": tc.compile, "ac": tc.ac, "ac_budget": tc.ac_budget,
+                     "balance": tc.balance, "mesh": tc.mesh, "sparse_sharding": tc.sparse_sharding,
+                     "precision": s.precision.precision},
+        "compile": compile_stats(s.model).as_record() if compile_stats(s.model) else None,
+        "ac_plan": plan_record(s.model),
+        "hfu_counts_recompute": tc.ac != "pt2",   # PT2's partitioner recompute is not counted
         "device": {"type": s.device.type, "name": device_name(s.device),
                    "threads": torch.get_num_threads(), "ranks": world},
         "dtype": precision_label(s.precision),

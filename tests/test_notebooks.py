@@ -34,6 +34,12 @@ EXPECT = {
                                    and 0 <= m["overlapped_share_rank0"] <= 1
                                    and m["hsdp_comm_share_at_max"] < m["fsdp_comm_share_at_max"]
                                    and m["ncclx_vs_nccl_step"] < 1),
+    "04_torch_compile": lambda m: (m["recompiles_after_warmup"] == 0 and m["graphs"] > 0 and m["fused_kernels"] > 0
+                                   and m["eager_step_s"] > 0 and m["compiled_step_s"] > 0
+                                   and 0 < m["mfu_compiled"] < 1),
+    "05_autoac": lambda m: (m["auto_fits_every_budget"] and m["auto_prediction_error"] < 0.05
+                            and m["auto_over_full_recompute_at_half"] <= 0.5 and m["full_recompute_pct"] > 0
+                            and m["autoac_batch"] > m["no_ac_batch"] >= 1),
 }
 
 

@@ -10,7 +10,9 @@
 
 History tokens are (rows, d) in the layout of `SequenceLayout`; non-sequence tokens are
 (B, N, d). Each block is wrapped in `torch.profiler.record_function` so a profile shows
-where the time goes.
+where the time goes. The blocks with attention split at it: `project` (dense, before),
+the layout's attention call, `mix` (dense, after). torch.compile compiles `project`, `mix`
+and the interaction block as regions (gemref/compile.py) while attention runs its own kernels.
 """
 from __future__ import annotations
 
@@ -55,12 +57,20 @@ class SequenceBlock(nn.Module):
 
     def forward(self, x: Tensor, layout: SequenceLayout) -> Tensor:
         with record_function("sequence_block"):
-            H, D = self.cfg.n_heads, self.cfg.head_dim
-            q, k, v = self.qkv(self.norm_attn(x)).view(-1, 3, H, D).unbind(1)
+            q, k, v = self.project(x)
             a = layout.self_attention(q, k, v, activation=self.cfg.activation,
                                       out_scale=attention_out_scale(self.cfg))
-            x = x + self.out(a.reshape(x.shape))
-            return x + self.ffn(self.norm_ffn(x))
+            return self.mix(x, a)
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(rows, d) -> q, k, v, each (rows, H, D)."""
+        H, D = self.cfg.n_heads, self.cfg.head_dim
+        return self.qkv(self.norm_attn(x)).view(-1, 3, H, D).unbind(1)
+
+    def mix(self, x: Tensor, a: Tensor) -> Tensor:
+        """Attention output a (rows, H, D) back into the residual stream, then the FFN."""
+        x = x + self.out(a.reshape(x.shape))
+        return x + self.ffn(self.norm_ffn(x))
 
 
 class InteractionBlock(nn.Module):
@@ -99,15 +109,25 @@ class CrossBlock(nn.Module):
 
     def forward(self, x: Tensor, z: Tensor, layout: SequenceLayout) -> tuple[Tensor, Tensor]:
         with record_function("cross_block"):
-            B, N, d = z.shape
-            H, D = self.cfg.n_heads, self.cfg.head_dim
-            q = self.q(self.norm_q(z)).view(B * N, H, D)
-            k, v = self.kv(self.norm_kv(x)).view(-1, 2, H, D).unbind(1)
+            q, k, v = self.project(x, z)
             c = layout.cross_attention(q, k, v, activation=self.cfg.activation,
                                        out_scale=attention_out_scale(self.cfg))
-            z = z + self.out(c.reshape(B, N, d))
-            summary = self.summary(self.norm_summary(z).reshape(B, N * d))   # (B, d)
+            z, summary = self.mix(z, c)
             return x + layout.broadcast(summary), z
+
+    def project(self, x: Tensor, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries from z (B*N, H, D); keys and values from x (rows, H, D)."""
+        B, N, d = z.shape
+        H, D = self.cfg.n_heads, self.cfg.head_dim
+        q = self.q(self.norm_q(z)).view(B * N, H, D)
+        k, v = self.kv(self.norm_kv(x)).view(-1, 2, H, D).unbind(1)
+        return q, k, v
+
+    def mix(self, z: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention output c (B*N, H, D) into z; returns new z and its (B, d) summary."""
+        B, N, d = z.shape
+        z = z + self.out(c.reshape(B, N, d))
+        return z, self.summary(self.norm_summary(z).reshape(B, N * d))
 
 
 class GEMLayer(nn.Module):

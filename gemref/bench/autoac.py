@@ -1,0 +1,332 @@
+"""AutoAC against the alternatives under activation-memory budgets: bytes, recompute, step time, MFU.
+
+For each budget (a fraction of the activation bytes of a step with nothing checkpointed),
+four strategies side by side on the same batches (jagged histories, the auto attention kernel):
+  none  nothing checkpointed: the reference (the same row at every budget)
+  full  every block fully checkpointed: the classic recipe (the same row at every budget)
+  auto  AutoAC: the least-recompute plan that fits the budget (gemref/autoac.py)
+  pt2   torch.compile with torch._functorch.config.activation_memory_budget = the budget
+Columns: activation bytes on the first batch (gemref/ac_profile.py; with --compile on CPU the
+checkpointed strategies are measured on their eager twin), their share of the eager no-AC
+bytes, whether they fit the budget, recompute FLOPs (FlopCounterMode: backward FLOPs minus
+the eager no-AC backward's) in % of the step's model FLOPs, the median of --steps timed
+training steps after --warmup, its ratio to none's, MFU, and HFU (= MFU x executed/model
+FLOPs of the first batch, recompute counted as executed).
+
+--find-batch: the largest batch that fits a memory budget without and with AutoAC (default:
+the memory the no-AC step needs at --batch-size; CPU: activation bytes, CUDA: peak device
+memory), then both are timed side by side: what the freed memory bought.
+
+Timings on a shared machine are noisy: compare ratios within one run and read medians.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from .. import __version__
+from ..ac_profile import backward_flops, find_batch_size, forward_loss, forward_with_bytes, profile_blocks, step_bytes
+from ..autoac import Plan, ac_blocks, apply_plan, recompute_flops, solve
+from ..compile import compile_model
+from ..config import Preset, TrainConfig, get_preset, override
+from ..data.loader import EventDataset, make_loader
+from ..data.shards import ensure_dataset, shard_paths
+from ..mfu.flops import executed_flops, model_flops
+from ..mfu.meter import stopwatch
+from ..mfu.peak import peak_flops
+from ..report import format_table, write_json
+from ..train import build_model, dataset_dir, git_sha, resolve_device
+
+DEFAULT_BUDGETS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
+SWEEP_COLUMNS = ("budget", "strategy", "act_mb", "act_pct", "fits", "recompute_pct", "step_s", "vs_none",
+                 "mfu", "hfu", "plan")
+GAIN_COLUMNS = ("strategy", "batch_size", "memory_mb", "recompute_pct", "step_s", "samples_per_s", "mfu", "hfu",
+                "plan")
+
+
+@dataclass
+class Bench:
+    """What every strategy shares: preset, switches, device, data, the timed batches, peak FLOP/s."""
+
+    preset: Preset
+    train: TrainConfig
+    device: torch.device
+    autocast: torch.dtype | None
+    dataset: EventDataset
+    batches: list
+    warmup: int
+    peak: float | None
+
+
+def make_bench(preset: str | Preset, *, batch_size: int | None = None, steps: int = 3, warmup: int = 1,
+               device: str = "auto", compile: bool = False, data_root=None, seed: int = 0) -> Bench:
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    dev = resolve_device(device)
+    train = override(preset.train, jagged=True, kernel="auto", batch_size=batch_size or preset.train.batch_size,
+                     seed=seed, compile=compile)
+    folder = dataset_dir(preset, data_root)
+    ensure_dataset(preset.model, preset.data, folder)
+    dataset = EventDataset(shard_paths(folder, "train"), preset.model)
+    _, kernel, precision = build_model(preset, override(train, compile=False), dev)
+    autocast = precision.autocast_dtype
+    peak = peak_flops(dev, "bf16" if autocast else "fp32").flops
+    b = Bench(preset, override(train, kernel=kernel), dev, autocast, dataset, [], warmup, peak)
+    b.batches = timed_batches(b, b.train.batch_size, warmup + steps)
+    return b
+
+
+def timed_batches(b: Bench, batch_size: int, count: int) -> list:
+    loader = iter(make_loader(b.dataset, batch_size, seed=b.train.seed))
+    return [next(loader).to(b.device) for _ in range(count)]
+
+
+def strategy_model(b: Bench, strategy: str, plan: Plan | dict | None = None, *, budget: float = 1.0,
+                   compiled: bool | None = None) -> torch.nn.Module:
+    """A fresh model (same seed) with a strategy applied: AC before compile, as in training."""
+    if strategy == "pt2":
+        return build_model(b.preset, override(b.train, compile=True, ac="pt2", ac_budget=budget), b.device)[0]
+    model = build_model(b.preset, override(b.train, compile=False), b.device)[0]
+    if strategy == "full":
+        apply_plan(model, {name: "full" for name in ac_blocks(model)})
+    elif strategy == "auto" and plan is not None:
+        apply_plan(model, plan)
+    if b.train.compile if compiled is None else compiled:
+        compile_model(model)
+    return model
+
+
+class Trainer:
+    """A model and its AdamW; `step(batch)` runs one training step and returns its seconds."""
+
+    def __init__(self, b: Bench, model):
+        self.b, self.model = b, model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=b.train.lr)
+
+    def step(self, batch) -> float:
+        with stopwatch(self.b.device) as elapsed:
+            self.optimizer.zero_grad(set_to_none=True)
+            forward_loss(self.model, batch, self.b.autocast).backward()
+            self.optimizer.step()
+        return elapsed[0]
+
+
+def paired_steps(b: Bench, trainer: Trainer, batches: list, reference: Trainer,
+                 reference_batches: list | None = None) -> tuple[list[float], list[float]]:
+    """Seconds of `trainer`'s steps after the warm-up, each paired with a step of `reference`
+    (on the same batch unless `reference_batches` are given) run right before or after it,
+    alternately, so that a shared machine's changing load hits both alike. Returns the
+    trainer's seconds and the reference's."""
+    reference_batches = reference_batches or batches
+    seconds, ref_seconds = [], []
+    for i, (batch, ref_batch) in enumerate(zip(batches, reference_batches)):
+        if i % 2:
+            t, ref = trainer.step(batch), reference.step(ref_batch)
+        else:
+            ref, t = reference.step(ref_batch), trainer.step(batch)
+        if i >= b.warmup:
+            seconds.append(t)
+            ref_seconds.append(ref)
+    return seconds, ref_seconds
+
+
+def _mfu(b: Bench, batches: list, seconds: list[float]) -> float | None:
+    if not b.peak:
+        return None
+    cfg = b.preset.model
+    return statistics.median(model_flops(cfg, x.lengths).total / s for x, s in zip(batches, seconds)) / b.peak
+
+
+def measure(b: Bench, model, reference: Trainer, *, bytes_model=None, base_backward: int = 0) -> dict:
+    """Activation bytes and backward FLOPs on the first batch, then the timed steps, each
+    paired with a step of `reference` (vs_reference: the median ratio)."""
+    batch = b.batches[0]
+    loss, nbytes = forward_with_bytes(bytes_model or model, batch, b.autocast)
+    del loss
+    bwd = backward_flops(forward_loss(model, batch, b.autocast), model)
+    seconds, ref_seconds = paired_steps(b, Trainer(b, model), b.batches, reference)
+    cfg, model_f = b.preset.model, model_flops(b.preset.model, batch.lengths).total
+    recompute = bwd - base_backward if base_backward else 0
+    mfu = _mfu(b, b.batches[b.warmup:], seconds)
+    executed = executed_flops(cfg, batch.lengths, jagged=True, kernel=b.train.kernel).total + recompute
+    return {"act_bytes": nbytes, "backward_flops": bwd, "recompute_flops": recompute,
+            "recompute_pct": 100 * recompute / model_f, "step_s": statistics.median(seconds), "steps_s": seconds,
+            "vs_reference": statistics.median(t / r for t, r in zip(seconds, ref_seconds)),
+            "mfu": mfu, "hfu": mfu * executed / model_f if mfu is not None else None}
+
+
+def budget_sweep(b: Bench, budgets=DEFAULT_BUDGETS, *, pt2: bool = True, log=print) -> dict:
+    """Every strategy at every budget; returns {"profile", "rows", "done_when"}."""
+    for f in budgets:
+        if not 0.0 < f <= 1.0:
+            raise ValueError(f"budgets are fractions in (0, 1], got {f}")
+    eager_twin = b.device.type == "cpu" and b.train.compile   # CPU can't see compiled + checkpointed bytes
+    log("profiling every block (eager) ...")
+    eager = strategy_model(b, "none", compiled=False)
+    profile = profile_blocks(eager, b.batches[0], options=("full",) if b.train.compile else ("selective", "full"),
+                             autocast_dtype=b.autocast)
+    base = profile.base_bytes
+    reference_backward = backward_flops(forward_loss(eager, b.batches[0], b.autocast), eager)
+    reference = Trainer(b, strategy_model(b, "none"))     # every strategy's steps pair with its steps
+
+    def run(label, strategy, plan=None, budget=1.0):
+        log(f"timing {label} ...")
+        if strategy == "pt2":
+            # Each budget is a new inductor backend, so a new graph for every region; dynamo
+            # keeps at most recompile_limit (8) per function, then runs it eagerly. Start clean.
+            torch._dynamo.reset()
+        twin = strategy_model(b, strategy, plan, compiled=False) if eager_twin and strategy in ("full", "auto") \
+            else None
+        return measure(b, strategy_model(b, strategy, plan, budget=budget), reference, bytes_model=twin,
+                       base_backward=reference_backward)
+
+    none, full = run("none", "none"), run("full", "full")
+    plans, auto_runs, rows = {}, {}, []
+    for f in budgets:
+        try:
+            plans[f] = solve(profile, int(f * base))
+        except ValueError:
+            plans[f] = None
+    for plan in {p.summary(): p for p in plans.values() if p is not None}.values():
+        auto_runs[plan.summary()] = run(f"auto {plan.summary()}", "auto", plan)
+    for f in budgets:
+        target = f * base
+        entries = [("none", none, ""), ("full", full, "every block")]
+        if plans[f] is None:
+            entries.append(("auto", None, f"impossible: min {100 * profile.min_bytes / base:.0f}%"))
+        else:
+            entries.append(("auto", {**auto_runs[plans[f].summary()], "predicted_bytes": plans[f].predicted_bytes},
+                            plans[f].summary()))
+        if pt2:
+            entries.append(("pt2", run(f"pt2 budget {f}", "pt2", budget=f), f"activation_memory_budget={f}"))
+        for strategy, m, note in entries:
+            row = {"budget": f, "strategy": strategy, "plan": note}
+            if m is not None:
+                row.update(act_mb=m["act_bytes"] / 2**20, act_pct=100 * m["act_bytes"] / base,
+                           fits=m["act_bytes"] <= target, recompute_pct=m["recompute_pct"], step_s=m["step_s"],
+                           vs_none=m["vs_reference"], mfu=m["mfu"], hfu=m["hfu"],
+                           act_bytes=m["act_bytes"], recompute_flops=m["recompute_flops"], steps_s=m["steps_s"],
+                           predicted_bytes=m.get("predicted_bytes"))
+            rows.append(row)
+    half = plans.get(0.5)
+    done = None
+    if half is not None:
+        auto_pct, full_pct = auto_runs[half.summary()]["recompute_pct"], full["recompute_pct"]
+        done = {"budget": 0.5, "auto_recompute_pct": auto_pct, "full_recompute_pct": full_pct,
+                "auto_over_full": auto_pct / full_pct if full_pct else None,
+                "met": auto_pct <= 0.5 * full_pct}
+    return {"profile": {"base_bytes": base, "min_bytes": profile.min_bytes, "method": profile.method,
+                        "model_flops": profile.model_flops, "blocks": [asdict(x) for x in profile.blocks]},
+            "rows": rows, "done_when": done}
+
+
+def batch_gain(b: Bench, memory_budget: int | None = None, max_batch: int | None = None, log=print) -> dict:
+    """Largest batch without and with AutoAC under one memory budget, then both timed."""
+    order = np.random.default_rng(b.train.seed).permutation(len(b.dataset))
+
+    def batch_of(n):
+        return b.dataset.__getitems__(order[:n].tolist()).to(b.device)
+
+    eager = strategy_model(b, "none", compiled=False)
+    if memory_budget is None:
+        memory_budget = step_bytes(eager, batch_of(b.train.batch_size), b.autocast)
+    log(f"searching batch sizes under {memory_budget / 2**20:.1f} MiB ...")
+    found = find_batch_size(eager, batch_of, memory_budget, autocast_dtype=b.autocast,
+                            max_batch=min(len(b.dataset), max_batch or 16 * b.train.batch_size),
+                            options=("full",) if b.train.compile else ("selective", "full"))
+    log(f"timing batch {found.no_ac_batch} without AC against batch {found.autoac_batch} with AutoAC ...")
+    cfg, count = b.preset.model, len(b.batches)
+    batches = {"none": timed_batches(b, found.no_ac_batch, count), "auto": timed_batches(b, found.autoac_batch, count)}
+    auto_s, none_s = paired_steps(b, Trainer(b, strategy_model(b, "auto", found.plan)), batches["auto"],
+                                  Trainer(b, strategy_model(b, "none")), batches["none"])
+    rows = []
+    for strategy, plan, used, seconds in (("none", None, found.no_ac_bytes, none_s),
+                                          ("auto", found.plan, found.autoac_bytes, auto_s)):
+        first, n = batches[strategy][0], batches[strategy][0].batch_size
+        mfu = _mfu(b, batches[strategy][b.warmup:], seconds)
+        recompute = recompute_flops(cfg, first.lengths, plan.choices if plan else {}, jagged=True,
+                                    kernel=b.train.kernel)
+        model_f = model_flops(cfg, first.lengths).total
+        executed = executed_flops(cfg, first.lengths, jagged=True, kernel=b.train.kernel).total + recompute
+        rows.append({"strategy": strategy, "batch_size": n, "memory_mb": used / 2**20,
+                     "recompute_pct": 100 * recompute / model_f, "step_s": statistics.median(seconds),
+                     "samples_per_s": statistics.median(n / s for s in seconds), "mfu": mfu,
+                     "hfu": mfu * executed / model_f if mfu is not None else None,
+                     "plan": plan.summary() if plan else ""})
+    none, auto = rows
+    return {"memory_budget_bytes": memory_budget, "measure": found.measure, "rows": rows,
+            "search_cap": found.max_batch, "capped": found.autoac_batch == found.max_batch,
+            "batch_ratio": auto["batch_size"] / max(none["batch_size"], 1),
+            "samples_per_s_ratio": statistics.median((auto["batch_size"] / a) / (none["batch_size"] / n)
+                                                     for a, n in zip(auto_s, none_s)),
+            "mfu_gain": (auto["mfu"] - none["mfu"]) if none["mfu"] is not None else None}
+
+
+# ----------------------------------------------------------------------------- command
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="small", help="model/data preset (tiny, small, base, large)")
+    p.add_argument("--batch-size", type=int, help="samples per step (default: the preset's)")
+    p.add_argument("--budgets", default=",".join(str(x) for x in DEFAULT_BUDGETS),
+                   help="activation budgets, fractions of the no-AC bytes (comma separated)")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per strategy (median reported)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps before them")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--compile", action="store_true", help="compile none/full/auto too (AutoAC: none|full)")
+    p.add_argument("--no-pt2", action="store_true", help="skip the PyTorch 2 memory-budget strategy")
+    p.add_argument("--find-batch", action="store_true", help="also: largest batch per strategy under a budget")
+    p.add_argument("--memory-budget-mb", type=float, help="--find-batch budget (default: the no-AC step's)")
+    p.add_argument("--max-batch", type=int, help="--find-batch search cap (default: 16 x the batch size)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--json", help="write the record here")
+
+
+def run(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        budgets = tuple(float(x) for x in args.budgets.split(","))
+    except ValueError:
+        raise ValueError(f"--budgets takes comma-separated fractions, got {args.budgets!r}") from None
+    if not all(0.0 < f <= 1.0 for f in budgets):
+        raise ValueError(f"--budgets are fractions in (0, 1], got {args.budgets}")
+    b = make_bench(args.preset, batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
+                   device=args.device, compile=args.compile)
+    log = lambda s: print(s, flush=True)   # noqa: E731
+    sweep = budget_sweep(b, budgets, pt2=not args.no_pt2, log=log)
+    title = (f"AutoAC bench: {b.preset.name}, batch {b.train.batch_size}, kernel {b.train.kernel}, "
+             f"compile={b.train.compile}, {b.device.type} ({torch.get_num_threads()} threads), "
+             f"no-AC activations {sweep['profile']['base_bytes'] / 2**20:.1f} MiB ({sweep['profile']['method']})")
+    print(format_table(sweep["rows"], SWEEP_COLUMNS, title=title))
+    if sweep["done_when"]:
+        d = sweep["done_when"]
+        print(f"at a 50% budget AutoAC recomputes {d['auto_recompute_pct']:.2f}% of model FLOPs, full AC "
+              f"{d['full_recompute_pct']:.2f}% (ratio {d['auto_over_full']:.3f}; target <= 0.5: "
+              f"{'met' if d['met'] else 'NOT met'})")
+    record = {"kind": "bench_autoac", "preset": b.preset.name, "batch_size": b.train.batch_size,
+              "kernel": b.train.kernel, "compile": b.train.compile, "steps": args.steps, "warmup": args.warmup,
+              "device": {"type": b.device.type, "threads": torch.get_num_threads(), "machine": platform.machine()},
+              "versions": {"torch": torch.__version__, "gemref": __version__, "git_sha": git_sha()},
+              "peak_flops": b.peak, **sweep}
+    if args.find_batch:
+        budget = int(args.memory_budget_mb * 2**20) if args.memory_budget_mb else None
+        gain = batch_gain(b, budget, args.max_batch, log=log)
+        print(format_table(gain["rows"], GAIN_COLUMNS,
+                           title=f"largest batch under {gain['memory_budget_bytes'] / 2**20:.1f} MiB "
+                                 f"({gain['measure']})"))
+        print(f"AutoAC fits {gain['batch_ratio']:.2f}x the batch"
+              + (f" (the search cap, {gain['search_cap']}: more may fit)" if gain["capped"] else "")
+              + f": {gain['samples_per_s_ratio']:.2f}x samples/s"
+              + (f", MFU {100 * gain['mfu_gain']:+.2f} points" if gain["mfu_gain"] is not None else ""))
+        record["find_batch"] = gain
+    if args.json:
+        write_json(args.json, record)
+        print(f"wrote {args.json}")
+    return 0

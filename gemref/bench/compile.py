@@ -1,0 +1,129 @@
+"""Eager vs torch.compile (regional) side by side: step time, compile time, recompiles, MFU.
+
+Two models with the same weights train on the same jagged batches, alternating step by step
+and swapping who goes first, so drift in a shared machine's load hits both alike. The
+compiled model compiles during its first step: that time is reported as compile time, never
+as step time. After --warmup steps each, --steps timed steps: median step time (p10..p90),
+vs_eager (the median over batches of compiled/eager step time on the same batch: batches
+differ in rows and longest history, so their times spread more than the variants differ),
+MFU of each, graphs compiled, and recompiles after warm-up.
+
+Then the dense regions alone (attention runs the same kernel in both, so this is what
+compile changes): forward+backward time of each region kind of layer 0, eager vs compiled,
+medians of --region-reps calls on the first batch's shapes.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+
+from .. import __version__
+from ..ac_profile import forward_loss
+from ..compile import REGION_KINDS, compile_stats, region_inputs, run_region
+from ..mfu.meter import stopwatch
+from ..report import format_table, write_json
+from ..train import git_sha
+from .autoac import Bench, _mfu, make_bench, strategy_model
+
+STEP_COLUMNS = ("variant", "median_step_s", "p10_step_s", "p90_step_s", "vs_eager", "mfu", "compile_s", "graphs",
+                "recompiles_after_warmup")
+
+
+def _percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def compare_steps(b: Bench) -> dict:
+    """Interleaved training steps of an eager and a compiled model on the same batches."""
+    models = {"eager": strategy_model(b, "none", compiled=False), "compiled": strategy_model(b, "none", compiled=True)}
+    optimizers = {k: torch.optim.AdamW(m.parameters(), lr=b.train.lr) for k, m in models.items()}
+    stats = compile_stats(models["compiled"])
+    seconds: dict[str, list[float]] = {"eager": [], "compiled": []}
+    after_warmup = None
+    for i, batch in enumerate(b.batches):
+        if i == b.warmup:
+            after_warmup = (stats.graphs, stats.recompiles)
+        for name in (("eager", "compiled") if i % 2 == 0 else ("compiled", "eager")):
+            with stopwatch(b.device) as elapsed:
+                optimizers[name].zero_grad(set_to_none=True)
+                forward_loss(models[name], batch, b.autocast).backward()
+                optimizers[name].step()
+            if i >= b.warmup:
+                seconds[name].append(elapsed[0])
+    rows = []
+    for name, s in seconds.items():
+        rows.append({"variant": name, "median_step_s": statistics.median(s), "p10_step_s": _percentile(s, 0.1),
+                     "p90_step_s": _percentile(s, 0.9), "mfu": _mfu(b, b.batches[b.warmup:], s), "steps_s": s})
+    paired = statistics.median(c / e for c, e in zip(seconds["compiled"], seconds["eager"]))
+    rows[0]["vs_eager"], rows[1]["vs_eager"] = 1.0, paired
+    rows[1].update(compile_s=stats.compile_seconds, graphs=stats.graphs,
+                   recompiles_after_warmup=stats.recompiles - after_warmup[1],
+                   graphs_after_warmup=stats.graphs - after_warmup[0])
+    return {"rows": rows, "ratio": paired,
+            "compile": stats.as_record(), "models": models}
+
+
+def compare_regions(b: Bench, models: dict, reps: int = 5) -> list[dict]:
+    """Forward+backward seconds of each region kind (layer 0), eager vs compiled."""
+    eager, compiled = models["eager"], models["compiled"]
+    inputs = region_inputs(eager, lambda: forward_loss(eager, b.batches[0], b.autocast))
+    sync = (lambda: torch.cuda.synchronize(b.device)) if b.device.type == "cuda" else (lambda: None)
+    rows = []
+    for name, (block_name, method) in REGION_KINDS.items():
+        timing = {}
+        for variant, model in (("eager", eager), ("compiled", compiled)):
+            fn = getattr(getattr(model.layers[0], block_name), method)
+            run_region(fn, inputs[name])        # warm-up (and, for an eval-free region, no compile)
+            samples = []
+            for _ in range(reps):
+                sync()
+                start = time.perf_counter()
+                run_region(fn, inputs[name])
+                sync()
+                samples.append(time.perf_counter() - start)
+            timing[variant] = statistics.median(samples)
+        rows.append({"region": name, "eager_ms": 1e3 * timing["eager"], "compiled_ms": 1e3 * timing["compiled"],
+                     "speedup": timing["eager"] / timing["compiled"]})
+    return rows
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="small", help="model/data preset (tiny, small, base, large)")
+    p.add_argument("--batch-size", type=int, help="samples per step (default: the preset's)")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per variant (median reported)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (the compile happens here)")
+    p.add_argument("--region-reps", type=int, default=5, help="calls per region timing")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--json", help="write the record here")
+
+
+def run(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.warmup < 1:
+        raise ValueError("--warmup must be >= 1: the first compiled step compiles")
+    b = make_bench(args.preset, batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
+                   device=args.device)
+    steps = compare_steps(b)
+    regions = compare_regions(b, steps.pop("models"), args.region_reps)
+    where = f"{b.preset.name}, jagged, kernel {b.train.kernel}, batch {b.train.batch_size}, {b.device.type} " \
+            f"({torch.get_num_threads()} threads)"
+    print(format_table(steps["rows"], STEP_COLUMNS, title=f"eager vs compiled training steps: {where}"))
+    print(format_table(regions, title="dense regions alone (forward + backward, layer 0)"))
+    print(f"compiled/eager step time {steps['ratio']:.3f}; compile {steps['compile']['compile_s']:.1f} s once; "
+          f"recompiles after warm-up: {steps['rows'][1]['recompiles_after_warmup']}")
+    if args.json:
+        write_json(args.json, {"kind": "bench_compile", "preset": b.preset.name, "batch_size": b.train.batch_size,
+                               "kernel": b.train.kernel, "steps": args.steps, "warmup": args.warmup,
+                               "device": {"type": b.device.type, "threads": torch.get_num_threads(),
+                                          "machine": platform.machine()},
+                               "versions": {"torch": torch.__version__, "gemref": __version__, "git_sha": git_sha()},
+                               **steps, "regions": regions})
+        print(f"wrote {args.json}")
+    return 0
