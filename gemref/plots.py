@@ -82,6 +82,10 @@ def mx_blocks_figure(exponent, sqnr_db, title: str = "MXFP8: one scale per 32 va
     for col in (1, 2):
         fig.update_xaxes(title_text="block", row=1, col=col)
         fig.update_yaxes(title_text="row", row=1, col=col)
+    fig.update_layout(title=title, template=TEMPLATE)
+    return fig
+
+
 def compile_steps_figure(steps: dict, title: str = "eager vs compiled: step time and compile time") -> go.Figure:
     """Per-step times of both variants (left) and compile time against the median step (right);
     `steps` from gemref.bench.compile.compare_steps."""
@@ -180,6 +184,8 @@ def lines_figure(x: list, series: dict[str, list], title: str, xaxis: str, yaxis
     if log_x:
         fig.update_xaxes(type="log")
     return fig
+
+
 def activation_profile_figure(blocks: list[dict], title: str = "what checkpointing each block frees") -> go.Figure:
     """Per block: bytes saved for backward and freed by each checkpoint option (left), FLOPs
     a full checkpoint recomputes (right); `blocks` from an ActivationProfile (as dicts)."""
