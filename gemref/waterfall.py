@@ -8,7 +8,9 @@ and the next rung builds on the last rung that ran.
 
 Rungs change how the model runs, never what it computes, so model FLOPs per sample are the
 same on every rung (the run records let a test check it); a rung that raises the batch size
-(AutoAC spends the memory it frees on a larger batch) changes FLOPs per *step* only.
+(AutoAC spends the memory it frees on a larger batch) changes FLOPs per *step* only. The
+AutoAC rung's memory budget is the activation memory (CPU; peak step memory on CUDA) the
+previous rung's step used at its batch size.
 """
 from __future__ import annotations
 
@@ -19,13 +21,14 @@ from typing import Callable
 
 import torch
 
+from .ac_profile import find_batch_size, representative_batch, step_bytes
 from .config import Preset, TrainConfig, override
 from .distributed import launch_runs
 from .mfu.meter import Meter, StepRecord
 from .mfu.peak import Peak
 from .precision import native_support
 from .report import write_json
-from .train import run
+from .train import build_model, run
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,22 @@ def _low_precision(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     return f"n/a here: {why} (emulation reproduces the numerics, not the speed)"
 
 
+def _autoac(train: TrainConfig, ctx: Context) -> TrainConfig | str:
+    """Rung 4: keep the activation memory the previous rung's step used, let AutoAC checkpoint
+    just enough that a larger batch fits in it (ac_profile.find_batch_size), train that batch."""
+    device, per_rank = ctx.device, train.batch_size // ctx.ranks
+    model = build_model(ctx.preset, override(train, compile=False, ac="none"), device)[0]   # eager twin
+    batch_of = lambda n: representative_batch(ctx.preset, n, device, seed=train.seed)  # noqa: E731
+    budget = step_bytes(model, batch_of(per_rank))
+    options = ("full",) if train.compile else ("selective", "full")
+    found = find_batch_size(model, batch_of, budget, max_batch=4 * per_rank, options=options)
+    if found.autoac_batch <= per_rank:
+        return "n/a here: checkpointing frees no room for a larger batch in this memory budget"
+    no_ac_bytes = step_bytes(model, batch_of(found.autoac_batch))
+    return override(train, ac="auto", ac_budget=min(1.0, budget / no_ac_bytes),
+                    batch_size=found.autoac_batch * ctx.ranks)
+
+
 def _needs_ranks(configure):
     """A data-parallel rung: n/a on one rank."""
     def rung(train: TrainConfig, ctx: Context) -> TrainConfig | str:
@@ -68,6 +87,8 @@ LADDER: list[Rung] = [
                                                          mesh=f"{c.ranks}x1", balance="none")),
     Rung("jagged", "1 + jagged", lambda t, c: override(t, jagged=True)),
     Rung("fused_attention", "2 + flash/GDPA", lambda t, c: override(t, kernel="auto")),
+    Rung("compile", "3 + compile", lambda t, c: override(t, compile=True)),
+    Rung("autoac", "4 + AutoAC, larger batch", _autoac),
     Rung("load_balance", "5 + load balance", _needs_ranks(lambda t, c: override(t, balance="kk"))),
     Rung("fsdp_2d", "6 + FSDP/2D sparse",
          _needs_ranks(lambda t, c: override(t, mesh=f"1x{c.ranks}", sparse_sharding="row"))),

@@ -9,9 +9,10 @@ TINY = get_preset("tiny")
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory, data_root):
-    ladder = [LADDER[0], LADDER[1],
+    by_key = {rung.key: rung for rung in LADDER}
+    ladder = [by_key["baseline"], by_key["jagged"],
               Rung("never", "x + nothing", lambda t, c: "n/a here: a test rung that never applies"),
-              LADDER[2]]
+              by_key["fused_attention"], by_key["autoac"]]
     out = tmp_path_factory.mktemp("wf")
     return run_waterfall(TINY, device="cpu", repeats=3, steps=2, warmup=1, ladder=ladder, out_dir=out,
                          log=lambda s: None), out
@@ -19,9 +20,12 @@ def rows(tmp_path_factory, data_root):
 
 def test_rungs_do_the_same_model_work(rows):
     ran = [r for r in rows[0] if r["status"] == "ran"]
-    assert [r["key"] for r in ran] == ["baseline", "jagged", "fused_attention"]
-    flops = {r["model_flops_per_sample"] for r in ran}
+    assert [r["key"] for r in ran] == ["baseline", "jagged", "fused_attention", "autoac"]
+    flops = {round(r["model_flops_per_sample"]) for r in ran[:3]}
     assert len(flops) == 1, flops
+    # AutoAC spends the freed memory on a larger batch: more FLOPs per step, not per sample.
+    assert ran[3]["batch_size"] > ran[2]["batch_size"]
+    assert ran[3]["model_flops_per_sample"] == pytest.approx(ran[2]["model_flops_per_sample"], rel=0.2)
 
 
 def test_mfu_is_flops_over_time_over_peak(rows):
