@@ -22,10 +22,12 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	touch $(STAMP)
 
 demo: venv
-	$(BIN)/gemref train --preset small --steps 30 --out artifacts/demo
+	$(BIN)/gemref waterfall --preset small --out artifacts/waterfall
 
+# Two pytest workers with one thread each: more threads than cores makes OpenMP threads wait
+# on descheduled peers, which slows the many-op CPU kernels several times over.
 test: venv
-	$(BIN)/python -m pytest -n 2 --nbmake tests notebooks
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --nbmake tests notebooks
 
 clean:
 	rm -rf artifacts .pytest_cache
