@@ -66,9 +66,11 @@ def block_kind(name: str) -> str:
 def saves_output(op) -> bool:
     """Selective policy: keep the output of ops that cost FLOPs or whose cost is unknown.
 
-    Ops that write into a tensor they are given (`out=` variants, in-place ops) are never
-    saved: what they write is a caller's workspace (e.g. gemref.attention.cpu_jagged reuses
-    score tiles), not an activation, and the caller may overwrite it later in the forward.
+    Non-aten ops (custom kernels such as gemref::cpu_jagged_fwd and gemref::gdpa_triton_fwd)
+    are saved: the policy sees them as one op, so their FLOPs are never recomputed. Aten ops
+    that write into a tensor they are given (`out=` variants, in-place ops) are never saved:
+    what they write may be a caller's reused workspace, not an activation, and the caller
+    may overwrite it later in the forward.
     """
     if op.namespace == "aten" and op._schema.is_mutable:
         return False

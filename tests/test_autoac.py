@@ -25,9 +25,9 @@ CFG = TINY.model
 LENGTHS = [5, 9, 2, 30, 64, 17, 3, 40, 1, 12]
 
 
-def tiny_model(jagged=True, cfg=CFG):
+def tiny_model(jagged=True, cfg=CFG, kernel="reference"):
     torch.manual_seed(0)
-    return GEMRef(cfg, jagged=jagged)
+    return GEMRef(cfg, jagged=jagged, kernel=kernel)
 
 
 def loss_and_grads(model, batch):
@@ -51,15 +51,17 @@ skewed = st.lists(st.one_of(st.integers(1, 4), st.integers(1, CFG.max_len), st.j
 names = list(ac_blocks(tiny_model()))
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(skewed, st.lists(st.sampled_from(OPTIONS), min_size=len(names), max_size=len(names)),
-       st.sampled_from(["silu", "softmax"]), st.booleans())
-def test_any_plan_gives_the_no_ac_gradients_exactly(lengths, options, activation, jagged):
+       st.sampled_from(["silu", "softmax"]),
+       st.sampled_from([(False, "reference"), (True, "reference"), (True, "cpu_jagged")]))
+def test_any_plan_gives_the_no_ac_gradients_exactly(lengths, options, activation, layout):
     """Bitwise equal: recomputation replays the same CPU kernels on the same inputs (and the
     selective policy saves the original outputs), so nothing may differ, not even rounding."""
+    jagged, kernel = layout
     cfg = dataclasses.replace(CFG, activation=activation)
     batch = batch_with_lengths(cfg, lengths, seed=len(lengths))
-    model = tiny_model(jagged, cfg)
+    model = tiny_model(jagged, cfg, kernel)
     loss0, grads0 = loss_and_grads(model, batch)
     apply_plan(model, dict(zip(names, options)))
     loss1, grads1 = loss_and_grads(model, batch)
@@ -164,17 +166,21 @@ def test_the_unmeasured_no_ac_bytes_are_predicted_and_both_cpu_instruments_agree
     assert abs(hooks - live) <= 0.01 * live
 
 
-@pytest.mark.parametrize("jagged", [True, False])
-def test_analytic_recompute_flops_match_flop_counter(jagged):
-    model = tiny_model(jagged)
-    batch = batch_with_lengths(CFG, LENGTHS[:6], seed=2)
+@pytest.mark.parametrize("jagged,kernel,activation", [(True, "reference", "silu"), (False, "reference", "silu"),
+                                                       (True, "cpu_jagged", "silu"), (True, "cpu_jagged", "softmax")])
+def test_analytic_recompute_flops_match_flop_counter(jagged, kernel, activation):
+    """Full blocks rerun their forward; selective ones rerun no FLOPs (cpu_jagged included:
+    its forward is one custom op whose output the selective policy saves)."""
+    cfg = dataclasses.replace(CFG, activation=activation)
+    model = tiny_model(jagged, cfg, kernel)
+    batch = batch_with_lengths(cfg, LENGTHS[:6], seed=2)
     choices = {"layers.0.sequence": "full", "layers.0.interaction": "full", "layers.1.cross": "full",
-               "layers.1.sequence": "selective"}
+               "layers.1.sequence": "selective", "layers.0.cross": "selective"}
     apply_plan(model, choices)
     with FlopCounterMode(display=False) as counter:
         forward_loss(model, batch).backward()
-    expected = (executed_flops(CFG, batch.lengths, jagged=jagged).total
-                + recompute_flops(CFG, batch.lengths, choices, jagged=jagged))
+    expected = (executed_flops(cfg, batch.lengths, jagged=jagged, kernel=kernel).total
+                + recompute_flops(cfg, batch.lengths, choices, jagged=jagged, kernel=kernel))
     assert abs(counter.get_total_flops() - expected) <= 0.02 * expected
 
 
@@ -183,6 +189,18 @@ def test_profile_recompute_matches_the_analytic_count(profiled):
     for block in profile.blocks:
         assert block.recompute_flops["full"] == recompute_flops(CFG, batch.lengths, {block.name: "full"},
                                                                  jagged=True), block.name
+
+
+def test_profile_of_a_cpu_jagged_model_recomputes_no_flops_selectively():
+    """The measured recompute FLOPs of every block under the cpu_jagged kernel: zero when
+    selective (attention's output is saved, not recomputed), the analytic count when full."""
+    model = tiny_model(kernel="cpu_jagged")
+    batch = batch_with_lengths(CFG, LENGTHS, seed=1)
+    profile = profile_blocks(model, batch)
+    for block in profile.blocks:
+        assert block.recompute_flops["selective"] == 0, block.name
+        assert block.recompute_flops["full"] == recompute_flops(CFG, batch.lengths, {block.name: "full"},
+                                                                 jagged=True, kernel="cpu_jagged"), block.name
 
 
 # ----------------------------------------------------------------------------- batch search

@@ -8,15 +8,23 @@ skewed batch that is mostly padding, and at L = 4096 it is gigabytes. This kerne
   2. walks each bucket in chunks of query rows, visiting only the keys those rows may attend
      (causal: up to the chunk's last row; window: within W), so the live score tile is
      bounded (CHUNK_ENTRIES per chunk) instead of O(L^2);
-  3. recomputes the scores of each chunk in backward (an autograd.Function that saves only
-     q, k, v and, for softmax, the output) instead of storing them.
+  3. recomputes the scores of each chunk in backward (saving only q, k, v, the offsets and,
+     for softmax, the output) instead of storing them.
 
 Softmax needs no online rescaling here: a chunk holds *all* keys of its rows, so each row is
 normalised exactly once. Half-precision inputs are computed in float32 (CPUs without AMX
 run bf16 matmuls slowly, and accumulating dK, dV across chunks in bf16 loses precision).
-Chunk tiles live in a small workspace reused by every chunk (matmuls write into it with
-out=, activations run in place): allocating a fresh multi-MiB tile per chunk costs page
-faults that on CPU take as long as the matmul itself.
+Chunk tiles live in a small workspace reused by every chunk (cpu_jagged_tiles.py).
+
+One opaque op. Forward and backward are torch.library custom ops (gemref::cpu_jagged_fwd,
+gemref::cpu_jagged_bwd) with fake implementations and FlopCounterMode formulas, like the
+Triton kernel: dispatch-level tools see one op, not the few hundred aten ops inside. So
+torch.compile traces around it, FlopCounterMode counts its executed FLOPs (the formula
+replays the plan), and selective activation checkpointing (gemref/autoac.py) saves its
+output instead of recomputing the forward (the workspace tiles it reuses are no activations).
+The plan (buckets, chunks, row indices) depends only on the offsets and is rebuilt in each
+op from them, in a few vectorised ops. gemref.mfu.memory's CPU tracker is let into the op
+(register_torch_dispatch), so peak-memory figures still count the workspace.
 
 Threads: the kernel issues a few hundred mid-sized ops per call, each an OpenMP parallel
 region. On an oversubscribed CPU (more busy threads than cores, e.g. other jobs on a shared
@@ -32,132 +40,68 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
 
+from ..mfu.memory import _LiveTensorBytes
 from .api import register_kernel
-from .bucketing import Bucket, Chunk, bucket_rows, chunk_mask, lengths_list, make_buckets, query_chunks
+from .bucketing import Bucket, Chunk, chunk_mask, make_buckets, query_chunks
+from .cpu_jagged_tiles import (Workspace, activation_, activation_backward_, compute_dtype, masked_fill_,
+                               pad, softmax_, unpad_into)
 from .reference import ACTIVATIONS, default_qk_scale
 
 CHUNK_ENTRIES = 1 << 20  # score entries (n * H * rows * keys) per chunk: 4 MiB in float32
-_aten = torch.ops.aten
 
 
-def _activation_(name: str, s: Tensor) -> Tensor:
-    """act(s), in place."""
-    if name == "silu":
-        return F.silu(s, inplace=True)
-    if name == "gelu":
-        return _aten.gelu_(s)
-    if name == "gelu_tanh":
-        return _aten.gelu_(s, approximate="tanh")
-    if name == "relu":
-        return s.relu_()
-    if name == "relu2":
-        return s.relu_().square_()
-    if name == "leaky_relu":
-        return _aten.leaky_relu_(s, 0.01)
-    assert name == "identity", name
-    return s
-
-
-def _activation_backward_(name: str, grad: Tensor, s: Tensor) -> Tensor:
-    """grad * act'(s), in place in grad, with the fused kernels autograd itself uses."""
-    if name == "silu":
-        return _aten.silu_backward.grad_input(grad, s, grad_input=grad)
-    if name in ("gelu", "gelu_tanh"):
-        approximate = "tanh" if name == "gelu_tanh" else "none"
-        return _aten.gelu_backward.grad_input(grad, s, approximate=approximate, grad_input=grad)
-    if name == "relu":
-        return _aten.threshold_backward.grad_input(grad, s, 0, grad_input=grad)
-    if name == "relu2":
-        return grad.mul_(s.clamp(min=0)).mul_(2)
-    if name == "leaky_relu":
-        return _aten.leaky_relu_backward.grad_input(grad, s, 0.01, False, grad_input=grad)
-    assert name == "identity", name
-    return grad
-
-
-def _softmax_(s: Tensor) -> Tensor:
-    """Row softmax in place (blocked entries hold the dtype's min, so they become 0)."""
-    s.sub_(s.amax(-1, keepdim=True)).exp_()
-    return s.div_(s.sum(-1, keepdim=True))
-
-
-class _Workspace:
-    """Named flat buffers reused across chunks; `take` returns a contiguous view of a prefix.
-
-    Each buffer is allocated once, at the largest size the plan needs (a buffer regrown
-    chunk after chunk would briefly hold old and new tiles at once)."""
-
-    def __init__(self, like: Tensor, dtype: torch.dtype, plans: list) -> None:
-        self.like, self.dtype, self.buffers = like, dtype, {}
-        heads, head_dim = like.shape[1:]
-        self.sizes = {"s": 0, "ds": 0, "kv": 0, "o": 0}
-        for p in plans:
-            for c in p.chunks:
-                rows = p.bucket.size * heads
-                self.sizes["s"] = max(self.sizes["s"], rows * (c.q1 - c.q0) * (c.k1 - c.k0))
-                self.sizes["kv"] = max(self.sizes["kv"], rows * (c.k1 - c.k0) * head_dim)
-                self.sizes["o"] = max(self.sizes["o"], rows * (c.q1 - c.q0) * head_dim)
-        self.sizes["ds"] = self.sizes["s"]
-
-    def take(self, name: str, *shape: int) -> Tensor:
-        numel = 1
-        for n in shape:
-            numel *= n
-        if name not in self.buffers:
-            self.buffers[name] = self.like.new_empty(self.sizes[name], dtype=self.dtype)
-        assert numel <= self.buffers[name].numel(), (name, shape)
-        return self.buffers[name][:numel].view(shape)
-
-
+# ------------------------------------------------------------------------------------ plan
 @dataclass
 class _BucketPlan:
     bucket: Bucket
     chunks: list[Chunk]
-    q_src: Tensor
-    q_dest: Tensor
+    q_src: Tensor    # rows of the bucket's queries in the jagged q (T, H, D) ...
+    q_dest: Tensor   # ... and in its zero-padded flat (n * q_len) block
     kv_src: Tensor
     kv_dest: Tensor
 
 
+def _rows(offsets: list[int], buckets: list[Bucket], side: str, device) -> list[tuple[Tensor, Tensor]]:
+    """(src, dest) row indices of every bucket, as in `pad`, for its queries (side "q") or
+    keys ("kv"): one vectorised pass over all buckets (row r of sequence s in bucket slot i
+    has src = offsets[s] + r, dest = i * padded length + r)."""
+    src_shift, dest_shift, lengths, sizes, row = [], [], [], [], 0
+    for b in buckets:
+        lens, padded = (b.q_lens, b.q_len) if side == "q" else (b.kv_lens, b.kv_len)
+        for i, (seq, length) in enumerate(zip(b.seqs, lens)):
+            src_shift.append(offsets[seq] - row)
+            dest_shift.append(i * padded - row)
+            lengths.append(length)
+            row += length
+        sizes.append(sum(lens))
+    lengths_t = torch.tensor(lengths, dtype=torch.int64, device=device)
+    rows = torch.arange(row, device=device)
+
+    def shifted(shift: list[int]) -> Tensor:
+        per_row = torch.repeat_interleave(torch.tensor(shift, dtype=torch.int64, device=device), lengths_t,
+                                          output_size=row)
+        return rows + per_row
+    return list(zip(shifted(src_shift).split(sizes), shifted(dest_shift).split(sizes)))
+
+
 def _plan(q_offsets: Tensor, kv_offsets: Tensor, heads: int, causal: bool,
           window: int | None) -> list[_BucketPlan]:
-    q_lens, kv_lens = lengths_list(q_offsets), lengths_list(kv_offsets)
-    plans = []
-    for bucket in make_buckets(q_lens, kv_lens):
-        chunks = query_chunks(bucket, heads, causal, window, CHUNK_ENTRIES)
-        q_src, q_dest = bucket_rows(q_offsets, bucket, bucket.q_lens, bucket.q_len)
-        kv_src, kv_dest = bucket_rows(kv_offsets, bucket, bucket.kv_lens, bucket.kv_len)
-        plans.append(_BucketPlan(bucket, chunks, q_src, q_dest, kv_src, kv_dest))
-    return plans
+    q_offs, kv_offs = q_offsets.tolist(), kv_offsets.tolist()
+    q_lens = [b - a for a, b in zip(q_offs, q_offs[1:])]
+    kv_lens = [b - a for a, b in zip(kv_offs, kv_offs[1:])]
+    buckets = make_buckets(q_lens, kv_lens)
+    q_rows = _rows(q_offs, buckets, "q", q_offsets.device)
+    kv_rows = q_rows if q_offs == kv_offs else _rows(kv_offs, buckets, "kv", kv_offsets.device)
+    return [_BucketPlan(b, query_chunks(b, heads, causal, window, CHUNK_ENTRIES), *q_r, *kv_r)
+            for b, q_r, kv_r in zip(buckets, q_rows, kv_rows)]
 
 
-def _pad(x: Tensor, src: Tensor, dest: Tensor, n: int, length: int, dtype: torch.dtype) -> Tensor:
-    """Rows `src` of jagged x (T, H, D) -> zero-padded (n*H, length, D) in `dtype`."""
-    H, D = x.shape[1:]
-    flat = x.new_zeros((n * length, H, D), dtype=dtype)
-    flat[dest] = x[src].to(dtype)
-    return flat.view(n, length, H, D).transpose(1, 2).reshape(n * H, length, D)
-
-
-def _unpad_into(target: Tensor, padded: Tensor, src: Tensor, dest: Tensor, n: int) -> None:
-    """Inverse of `_pad`: write padded (n*H, L, D) rows `dest` into target rows `src`."""
-    H, D = target.shape[1:]
-    length = padded.shape[1]
-    rows = padded.view(n, H, length, D).transpose(1, 2).reshape(n * length, H, D)
-    target[src] = rows[dest].to(target.dtype)
-
-
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-
-
-def _masked_fill_(x: Tensor, blocked: Tensor | None, n: int, value: float) -> None:
-    """Fill the blocked entries of a (n*H, rows, keys) tile; `blocked` broadcasts as (n|1, 1, rows|1, keys)."""
-    if blocked is not None:
-        x.view(n, -1, *x.shape[1:]).masked_fill_(blocked, value)
+def _tiles(plans: list[_BucketPlan], heads: int) -> list[tuple[int, int, int]]:
+    """Every chunk's score tile as (n*H, query rows, keys), to size the workspace."""
+    return [(p.bucket.size * heads, c.q1 - c.q0, c.k1 - c.k0) for p in plans for c in p.chunks]
 
 
 def _blocked(chunk: Chunk, bucket: Bucket, causal: bool, window: int | None, device) -> Tensor | None:
@@ -165,48 +109,49 @@ def _blocked(chunk: Chunk, bucket: Bucket, causal: bool, window: int | None, dev
     return None if mask is None else ~mask
 
 
+# ----------------------------------------------------------------------------- the loops
 def _forward(q, k, v, plans, activation, causal, window, qk_scale, out_scale) -> Tensor:
-    dtype = _compute_dtype(q)
+    dtype = compute_dtype(q)
     out = torch.zeros_like(q)
-    ws = _Workspace(q, dtype, plans)
+    ws = Workspace(q, dtype, _tiles(plans, q.shape[1]))
     for p in plans:
         b, n = p.bucket, p.bucket.size
-        qb = _pad(q, p.q_src, p.q_dest, n, b.q_len, dtype).mul_(qk_scale)  # scale once per bucket
-        kb = _pad(k, p.kv_src, p.kv_dest, n, b.kv_len, dtype)
-        vb = _pad(v, p.kv_src, p.kv_dest, n, b.kv_len, dtype)
+        qb = pad(q, p.q_src, p.q_dest, n, b.q_len, dtype).mul_(qk_scale)  # scale once per bucket
+        kb = pad(k, p.kv_src, p.kv_dest, n, b.kv_len, dtype)
+        vb = pad(v, p.kv_src, p.kv_dest, n, b.kv_len, dtype)
         ob = torch.zeros_like(qb)
         for c in p.chunks:
             s = torch.bmm(qb[:, c.q0:c.q1], kb[:, c.k0:c.k1].transpose(1, 2),
                           out=ws.take("s", qb.shape[0], c.q1 - c.q0, c.k1 - c.k0))
             blocked = _blocked(c, b, causal, window, q.device)
             if activation == "softmax":
-                _masked_fill_(s, blocked, n, torch.finfo(dtype).min)
-                _softmax_(s)
+                masked_fill_(s, blocked, n, torch.finfo(dtype).min)
+                softmax_(s)
             else:
-                _activation_(activation, s)
-            _masked_fill_(s, blocked, n, 0.0)  # also zeroes softmax rows with no allowed key
+                activation_(activation, s)
+            masked_fill_(s, blocked, n, 0.0)  # also zeroes softmax rows with no allowed key
             # Chunks partition the rows of ob. (Out-of-place bmm + copy rather than baddbmm_:
             # FlopCounterMode does not count in-place matmuls.)
             ob[:, c.q0:c.q1] = torch.bmm(s, vb[:, c.k0:c.k1], out=ws.take("o", qb.shape[0], c.q1 - c.q0, qb.shape[2]))
-        _unpad_into(out, ob.mul_(out_scale), p.q_src, p.q_dest, n)
+        unpad_into(out, ob.mul_(out_scale), p.q_src, p.q_dest, n)
     return out
 
 
 def _backward(grad_out, q, k, v, out, plans, activation, causal, window, qk_scale, out_scale):
     """dQ, dK, dV chunk by chunk. Q is pre-scaled by qk_scale and dO by out_scale, so
     S = Q'K^T, dK = dS^T Q' and dV = W^T dO' need no further scaling; dQ = qk_scale dS K."""
-    dtype = _compute_dtype(q)
+    dtype = compute_dtype(q)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     softmax = activation == "softmax"
-    ws = _Workspace(q, dtype, plans)
+    ws = Workspace(q, dtype, _tiles(plans, q.shape[1]))
     for p in plans:
         b, n = p.bucket, p.bucket.size
-        qb = _pad(q, p.q_src, p.q_dest, n, b.q_len, dtype).mul_(qk_scale)
-        kb = _pad(k, p.kv_src, p.kv_dest, n, b.kv_len, dtype)
-        vb = _pad(v, p.kv_src, p.kv_dest, n, b.kv_len, dtype)
-        dob = _pad(grad_out, p.q_src, p.q_dest, n, b.q_len, dtype)
+        qb = pad(q, p.q_src, p.q_dest, n, b.q_len, dtype).mul_(qk_scale)
+        kb = pad(k, p.kv_src, p.kv_dest, n, b.kv_len, dtype)
+        vb = pad(v, p.kv_src, p.kv_dest, n, b.kv_len, dtype)
+        dob = pad(grad_out, p.q_src, p.q_dest, n, b.q_len, dtype)
         if softmax:  # delta_i = dO_i . O_i = sum_j P_ij dP_ij
-            delta = (dob * _pad(out, p.q_src, p.q_dest, n, b.q_len, dtype)).sum(-1, keepdim=True)
+            delta = (dob * pad(out, p.q_src, p.q_dest, n, b.q_len, dtype)).sum(-1, keepdim=True)
         dob.mul_(out_scale)
         dqb, dkb, dvb = torch.zeros_like(qb), torch.zeros_like(kb), torch.zeros_like(vb)
         for c in p.chunks:
@@ -216,40 +161,105 @@ def _backward(grad_out, q, k, v, out, plans, activation, causal, window, qk_scal
             ds = torch.bmm(doc, vc.transpose(1, 2), out=ws.take("ds", *shape))  # dA or dP
             blocked = _blocked(c, b, causal, window, q.device)
             if softmax:
-                _masked_fill_(s, blocked, n, torch.finfo(dtype).min)
-                w = _softmax_(s)
-                _masked_fill_(w, blocked, n, 0.0)
+                masked_fill_(s, blocked, n, torch.finfo(dtype).min)
+                w = softmax_(s)
+                masked_fill_(w, blocked, n, 0.0)
                 ds.sub_(delta[:, c.q0:c.q1]).mul_(w)  # dS = P (dP - delta)
             else:
-                _activation_backward_(activation, ds, s)
-                w = _activation_(activation, s)  # s is not needed any more
-                _masked_fill_(w, blocked, n, 0.0)
-                _masked_fill_(ds, blocked, n, 0.0)
+                activation_backward_(activation, ds, s)
+                w = activation_(activation, s)  # s is not needed any more
+                masked_fill_(w, blocked, n, 0.0)
+                masked_fill_(ds, blocked, n, 0.0)
             kv_shape = (qb.shape[0], c.k1 - c.k0, qb.shape[2])
             dvb[:, c.k0:c.k1].add_(torch.bmm(w.transpose(1, 2), doc, out=ws.take("kv", *kv_shape)))
             dkb[:, c.k0:c.k1].add_(torch.bmm(ds.transpose(1, 2), qc, out=ws.take("kv", *kv_shape)))
             dqb[:, c.q0:c.q1] = torch.bmm(ds, kc, out=ws.take("o", qb.shape[0], c.q1 - c.q0, qb.shape[2]))
-        _unpad_into(dq, dqb.mul_(qk_scale), p.q_src, p.q_dest, n)
-        _unpad_into(dk, dkb, p.kv_src, p.kv_dest, n)
-        _unpad_into(dv, dvb, p.kv_src, p.kv_dest, n)
+        unpad_into(dq, dqb.mul_(qk_scale), p.q_src, p.q_dest, n)
+        unpad_into(dk, dkb, p.kv_src, p.kv_dest, n)
+        unpad_into(dv, dvb, p.kv_src, p.kv_dest, n)
     return dq, dk, dv
 
 
-class _JaggedGDPA(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, plans, activation, causal, window, qk_scale, out_scale):
-        out = _forward(q, k, v, plans, activation, causal, window, qk_scale, out_scale)
-        ctx.save_for_backward(q, k, v, out if activation == "softmax" else None)
-        ctx.args = (plans, activation, causal, window, qk_scale, out_scale)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out = ctx.saved_tensors
-        dq, dk, dv = _backward(grad_out.contiguous(), q, k, v, out, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None, None
+# ------------------------------------------------------------------ custom ops and autograd
+def _fwd_body(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor,
+              activation: str, causal: bool, window: int, qk_scale: float, out_scale: float) -> Tensor:
+    """out (Tq, H, D) in q's dtype. window 0: none."""
+    window = window or None
+    plans = _plan(q_offsets, kv_offsets, q.shape[1], causal, window)
+    return _forward(q, k, v, plans, activation, causal, window, qk_scale, out_scale)
 
 
+cpu_jagged_fwd = torch.library.custom_op("gemref::cpu_jagged_fwd", _fwd_body, mutates_args=())
+
+
+@cpu_jagged_fwd.register_fake
+def _(q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale):
+    return torch.empty_like(q)
+
+
+def _bwd_body(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor | None, q_offsets: Tensor,
+              kv_offsets: Tensor, activation: str, causal: bool, window: int, qk_scale: float,
+              out_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv); `out` (the forward's output) is read for softmax only, else None."""
+    window = window or None
+    plans = _plan(q_offsets, kv_offsets, q.shape[1], causal, window)
+    return _backward(grad_out, q, k, v, out, plans, activation, causal, window, qk_scale, out_scale)
+
+
+cpu_jagged_bwd = torch.library.custom_op("gemref::cpu_jagged_bwd", _bwd_body, mutates_args=())
+
+
+@cpu_jagged_bwd.register_fake
+def _(grad_out, q, k, v, out, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale = inputs
+    ctx.save_for_backward(q, k, v, output if activation == "softmax" else None, q_offsets, kv_offsets)
+    ctx.args = (activation, causal, window, qk_scale, out_scale)
+
+
+def _backward_op(ctx, grad_out):
+    q, k, v, out, q_offsets, kv_offsets = ctx.saved_tensors
+    dq, dk, dv = torch.ops.gemref.cpu_jagged_bwd(grad_out.contiguous(), q, k, v, out, q_offsets, kv_offsets,
+                                                 *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+cpu_jagged_fwd.register_autograd(_backward_op, setup_context=_setup_context)
+
+
+def _lengths(offsets: Tensor) -> Tensor:
+    return offsets[1:] - offsets[:-1]
+
+
+@register_flop_formula(torch.ops.gemref.cpu_jagged_fwd, get_raw=True)
+def _fwd_flop(q, k, v, q_offsets, kv_offsets, activation, causal, window, *args, out_val=None, **kwargs) -> int:
+    return cpu_jagged_executed_flops(_lengths(q_offsets), _lengths(kv_offsets), q.shape[1], q.shape[2],
+                                     causal, window or None)[0]
+
+
+@register_flop_formula(torch.ops.gemref.cpu_jagged_bwd, get_raw=True)
+def _bwd_flop(grad_out, q, k, v, out, q_offsets, kv_offsets, activation, causal, window,
+              *args, out_val=None, **kwargs) -> int:
+    return cpu_jagged_executed_flops(_lengths(q_offsets), _lengths(kv_offsets), q.shape[1], q.shape[2],
+                                     causal, window or None)[1]
+
+
+def _memory_traced(mode, func, types, args, kwargs):
+    """Under gemref.mfu.memory's CPU tracker, run the op's body with the tracker on, so the
+    tiles and padded blocks it allocates count towards the peak."""
+    body = _fwd_body if func is torch.ops.gemref.cpu_jagged_fwd.default else _bwd_body
+    with mode:
+        return body(*args, **(kwargs or {}))
+
+
+for _op in (cpu_jagged_fwd, cpu_jagged_bwd):
+    torch.library.register_torch_dispatch(_op, _LiveTensorBytes, _memory_traced)
+
+
+# -------------------------------------------------------------------------- entry points
 def gdpa_cpu_jagged(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *,
                     activation: str, causal: bool = False, window: int | None = None,
                     qk_scale: float | None = None, out_scale: float = 1.0,
@@ -257,8 +267,8 @@ def gdpa_cpu_jagged(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offse
     """Jagged GDPA, q (Tq, H, D), k/v (Tk, H, D) -> (Tq, H, D); see the module docstring."""
     if qk_scale is None:
         qk_scale = default_qk_scale(q.shape[-1])
-    plans = _plan(q_offsets, kv_offsets, q.shape[1], causal, window)
-    return _JaggedGDPA.apply(q, k, v, plans, activation, causal, window, qk_scale, out_scale)
+    return torch.ops.gemref.cpu_jagged_fwd(q, k, v, q_offsets, kv_offsets, activation, causal, window or 0,
+                                           float(qk_scale), float(out_scale))
 
 
 def cpu_jagged_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: int, head_dim: int,
