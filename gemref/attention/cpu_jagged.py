@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ..mfu.memory import _LiveTensorBytes
+from ..mfu.memory import LiveTensorBytes
 from .api import register_kernel
 from .bucketing import Bucket, Chunk, chunk_mask, make_buckets, query_chunks
 from .cpu_jagged_tiles import (Workspace, activation_, activation_backward_, compute_dtype, masked_fill_,
@@ -256,7 +256,7 @@ def _memory_traced(mode, func, types, args, kwargs):
 
 
 for _op in (cpu_jagged_fwd, cpu_jagged_bwd):
-    torch.library.register_torch_dispatch(_op, _LiveTensorBytes, _memory_traced)
+    torch.library.register_torch_dispatch(_op, LiveTensorBytes, _memory_traced)
 
 
 # -------------------------------------------------------------------------- entry points

@@ -28,7 +28,11 @@ class PeakMemory:
     method: str = ""        # "cuda_allocator" or "cpu_tensor_tracking"
 
 
-class _LiveTensorBytes(TorchDispatchMode):
+class LiveTensorBytes(TorchDispatchMode):
+    """The CPU tracker's dispatch mode. A custom op that allocates inside itself (e.g. the
+    cpu_jagged attention) registers `torch.library.register_torch_dispatch(op, LiveTensorBytes,
+    rule)` so the tracker sees its internal tensors too."""
+
     def __init__(self) -> None:
         super().__init__()
         self.live: dict[int, tuple[StorageWeakRef, int]] = {}
@@ -74,7 +78,7 @@ def track_peak_memory(device: torch.device | str) -> Iterator[PeakMemory]:
             torch.cuda.synchronize(device)
             result.bytes = int(torch.cuda.max_memory_allocated(device))
         return
-    mode = _LiveTensorBytes()
+    mode = LiveTensorBytes()
     result.method = "cpu_tensor_tracking"
     with mode:
         try:
