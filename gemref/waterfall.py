@@ -31,6 +31,9 @@ from .report import write_json
 from .train import build_model, run
 
 
+RUNG_TIMEOUT_S = 900   # a multi-rank launch fails (instead of hanging) past this per rung
+
+
 @dataclass(frozen=True)
 class Context:
     preset: Preset
@@ -133,7 +136,8 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, repeat
     if ranks == 1:
         records = iter([run(preset, c, device=device, progress=False) for c in configs])
     else:   # one launch of `ranks` gloo/NCCL processes runs every rung in turn
-        records = iter(launch_runs(preset, configs, ranks=ranks, device=device, progress=False))
+        records = iter(launch_runs(preset, configs, ranks=ranks, device=device, progress=False,
+                                   timeout_s=RUNG_TIMEOUT_S * len(configs)))
     rows, base, prev = [], None, None
     for i, (rung, c) in enumerate(plan):
         if isinstance(c, str):
