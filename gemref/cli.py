@@ -312,8 +312,8 @@ def _cmd_simulate(args) -> int:
     from dataclasses import asdict
 
     from .simulate import GPU_COUNTS, Options, project
-    from .simulate_summary import (at, findings, gem_band, load_waterfall, measured_mfu, parse_mfu_assumption,
-                                   rung_deltas, table_rows)
+    from .simulate_summary import (at, findings, gem_band, load_waterfall, measured_mfu, mfu_pivot,
+                                   parse_mfu_assumption, rung_deltas, table_rows)
 
     if args.validate:
         from .simulate_validate import validate
@@ -321,10 +321,10 @@ def _cmd_simulate(args) -> int:
         rows = validate(args.validate_preset, args.ranks, steps=args.steps, batch_size=args.batch_size,
                         calibration_ranks=args.calibration_ranks)
         print(format_table(rows, columns=["ranks", "cores", "measured_s", "predicted_s", "error", "compute_1proc_s",
-                                          "time_sharing", "time_sharing_formula", "imbalance", "comm_s",
-                                          "rank_compute_cpu_s"],
-                           title=f"scale projection vs measured gloo runs ({args.validate_preset} preset, "
-                                 "median step seconds)"))
+                                          "host_work_s", "time_sharing", "time_sharing_formula", "imbalance",
+                                          "comm_s", "without_host_work_error"],
+                           title=f"scale projection vs measured gloo runs ({args.validate_preset} preset, jagged + "
+                                 "fast kernel + kk + FSDP 1xR with row-sharded tables; median step seconds)"))
         if args.json:
             write_json(args.json, {"kind": "simulate_validate", "rows": rows})
         return 0
@@ -337,8 +337,7 @@ def _cmd_simulate(args) -> int:
     gpus = args.gpus or list(GPU_COUNTS)
     rows = project(preset, gpus, options=options, mfu=mfu)
     top = max(gpus)
-    pivot = [{"gpus": g, **{r["rung"]: r["mfu"] for r in at(rows, g)}} for g in gpus]
-    print(format_table(pivot, title=f"projected MFU: {preset.name} preset on {args.hardware} (weak scaling)"))
+    print(format_table(mfu_pivot(rows), title=f"projected MFU: {preset.name} preset on {args.hardware} (weak scaling)"))
     print(format_table(table_rows(at(rows, top)), title=f"one step at {top} GPUs (seconds per rank)"))
     for line in findings(rows):
         print(line)

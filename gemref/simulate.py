@@ -330,6 +330,7 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
                          "mfu_1gpu": m, "mfu_1gpu_source": source, "imbalance": st["imbalance"], **step,
                          "mfu": st["rank_flops"] / (step["step_s"] * peak.flops), "rank_flops": st["rank_flops"],
                          "peak_flops": peak.flops, "sm_share": options.sm_share,
+                         "table_sync_every": options.table_sync_every,
                          "state_gb": state / 1e9, "fits": None if memory is None else state < memory,
                          "collectives": coll})
     return rows

@@ -22,6 +22,11 @@ def table_rows(rows: list[dict]) -> list[dict]:
     return [{k: r[k] for k in TABLE_COLUMNS} for r in rows]
 
 
+def mfu_pivot(rows: list[dict]) -> list[dict]:
+    """One row per GPU count, one column per rung: the projected MFU."""
+    return [{"gpus": g, **{r["rung"]: r["mfu"] for r in at(rows, g)}} for g in sorted({r["gpus"] for r in rows})]
+
+
 def rung_deltas(rows: list[dict], gpus: int) -> list[dict]:
     """MFU each rung adds over the previous one at `gpus`, and at the smallest GPU count projected."""
     here, low = at(rows, gpus), at(rows, min(r["gpus"] for r in rows))
@@ -138,7 +143,9 @@ def findings(rows: list[dict], band=GEM_MFU_BAND) -> list[str]:
         f"{min(r['gpus'] for r in rows)} GPUs, +{m['grows_most']['delta']:.1%} at {gpus}).",
         f"Full ladder at {gpus} GPUs: compute {top['compute_s']:.3g} s, imbalance bubble {top['bubble_s']:.3g} s, "
         f"exposed comm {top['exposed_s']:.3g} s (largest: {by_kind[0][0]} {by_kind[0][1]:.3g} s).",
-        "Dominant inputs: the single-GPU MFU per rung (assumed unless measured), the inter-node bandwidth, "
-        "the table replicas' all-reduce (every step here: table_sync_every), and the overlap of FSDP's collectives.",
+        "Dominant inputs: the single-GPU MFU per rung (assumed unless measured), the batch per GPU (it amortises "
+        "the per-step communication), the inter-node bandwidth, "
+        f"the table replicas' all-reduce (every {top['table_sync_every']} step(s) here), and the overlap of FSDP's "
+        "collectives.",
     ]
     return lines

@@ -2,29 +2,32 @@
 
 The projection's formula (gemref/simulate.py), fed with inputs measured on this machine:
 
-    predicted step = compute x time-sharing x imbalance + comm (alpha-beta, nothing hidden)
+    predicted step = (compute + host work) x time-sharing x imbalance + comm (alpha-beta, none hidden)
 
-* compute: the run's per-rank batches (the same global batches, split by the same
-  sampler), each timed in ONE process with one thread: a 1-rank process group with the
-  run's switches (thread CPU seconds, median of `compute_reps`); per step the mean over ranks.
-* time-sharing: R one-thread ranks on C cores run at most C at a time: compute stretches
-  by max(1, R / C) on an otherwise idle machine. The machine is shared (CI runs tests side
-  by side), so the factor is measured: wall seconds per CPU second of a compute probe that
-  all R ranks run at once, before, during and after the run (median).
-* imbalance: max/mean model FLOPs of the step's partition (the projection's cost model).
+* compute: the run's per-rank batches (the same global batches, split by the same sampler),
+  each timed in ONE process with one thread: a 1-rank process group with the run's switches;
+  thread CPU seconds, median of `compute_reps` passes over all batches.
+* host work: what a rank's thread does per step beyond that one-process step (FSDP2 skips
+  its all-gather machinery on one rank; the sharded tables' bookkeeping and the collective
+  calls run on the ranks' threads): the ranks' thread CPU seconds minus the one-process
+  seconds of the same batches, over the late warm-up steps (never the timed ones).
+* CPU speed: compute and host work are kept in units of a fixed probe computation, timed
+  next to them, and converted back with the probe timed next to each step of the run, so a
+  busy neighbour (CI runs tests side by side) slows prediction and measurement alike.
+* time-sharing: R one-thread ranks on C cores run at most C at a time: max(1, R / C) on an
+  otherwise idle machine. It is measured: wall per CPU second of the probe that all ranks
+  run at once before and after each step (`time_sharing_formula` shows R / C beside it).
+* imbalance: max/mean of the one-process seconds of the step's parts (the ranks wait for
+  the slowest); the model-FLOP imbalance the projection uses is reported beside it.
 * comm: every collective of the step (volume.py) priced with a gloo "link" per collective
-  kind (gloo's algorithms differ by kind): alpha and beta fitted to a few payload sizes
-  measured on loopback in the step's rhythm (a compute burst of the step's compute per
-  collective, then the collective), before and after the run, on the run's R ranks. With
-  more ranks than cores a message step waits for the scheduler, so the link's latency
-  depends on R and on the load, as an nccl-tests calibration depends on the job's scale.
-  `calibration_ranks=2` calibrates once on 2 processes instead (the plain loopback link).
-  On CPUs nothing is assumed hidden: gloo's threads need the cores the compute uses.
-* measured: the median step time (rank 0, after warm-up) of the run on R gloo ranks.
-
-Not in the formula, shown next to it: the ranks' own thread CPU time per step exceeds the
-one-process compute (FSDP2 skips its all-gather machinery on one rank; the sharded
-tables' bookkeeping and the collective calls run on the ranks' threads).
+  kind (gloo's algorithms differ by kind): alpha and beta fitted to four payload sizes,
+  each collective timed once after every step of the run on its R ranks (medians), so the
+  link is sampled under the load the steps see: with more ranks than cores each message
+  step waits for the scheduler, so the latency depends on R and on the load, as an
+  nccl-tests calibration depends on the job's scale. `calibration_ranks=2` calibrates once
+  on 2 idle processes instead (the plain loopback link; it underestimates 4 ranks on 2
+  cores). Nothing is assumed hidden: on CPUs gloo's threads need the cores of the compute.
+* measured: the median wall time of train_step (as train.run times it) over the timed steps.
 """
 from __future__ import annotations
 
@@ -46,6 +49,10 @@ from .simulate import comm_rows, predict_step, step_collectives
 
 KINDS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
 SIZES = (4 << 10, 32 << 10, 256 << 10, 1 << 20)   # payload bytes (volume.py's convention)
+# CPU seconds of compute before each calibration collective: long enough for gloo's threads to
+# fall asleep (a collective that follows compute costs ~3x one that follows another collective:
+# its threads must wake up), short enough not to add time-sharing skew a chain of lookups lacks.
+GAP_S = 1e-4
 
 
 def _run_collective(kind: str, nbytes: int, world: int) -> None:
@@ -60,23 +67,21 @@ def _run_collective(kind: str, nbytes: int, world: int) -> None:
         dist.all_reduce(torch.ones(n))
 
 
-def _burst(cpu_s: float, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Compute for `cpu_s` seconds of this thread's CPU time (small matmuls)."""
+def _busy(seconds: float) -> None:
+    """Compute on this thread for `seconds` of its CPU time."""
+    a = torch.full((32, 32), 0.1)
     t0 = time.thread_time()
-    while time.thread_time() - t0 < cpu_s:
-        a = torch.tanh(a @ b)
-    return a
+    while time.thread_time() - t0 < seconds:
+        a = torch.tanh(a @ a)
 
 
-def _time_collectives(world: int, sizes, reps: int, burst_s: float = 0.002, kinds=KINDS) -> dict:
-    """{kind: [(payload bytes, median seconds)]}: each collective timed in a step's rhythm.
+def _payload(nbytes: int, world: int) -> int:
+    """Payload bytes of the fp32 tensor _run_collective uses for a nominal size."""
+    return 4 * max(world, nbytes // 4 // world * world)
 
-    Every rank computes a `burst_s` CPU burst, then joins the collective (timed alone),
-    `reps` times. The collective's time then includes what it includes inside a step: the
-    wait for peers still computing, and on a host with more ranks than cores the wait for
-    the scheduler at each message step (a barrier before each call would hide both).
-    """
-    a, b = torch.randn(64, 64), torch.randn(64, 64)
+
+def _time_collectives(world: int, sizes, reps: int, kinds=KINDS) -> dict:
+    """{kind: [(payload bytes, median seconds)]}: each collective run `reps` times, after GAP_S of compute."""
     out = {}
     for kind in kinds:
         out[kind] = []
@@ -84,40 +89,40 @@ def _time_collectives(world: int, sizes, reps: int, burst_s: float = 0.002, kind
             dist.barrier()
             times = []
             for _ in range(reps + 2):
-                a = _burst(burst_s, a, b)
+                _busy(GAP_S)
                 t0 = time.perf_counter()
                 _run_collective(kind, nbytes, world)
                 times.append(time.perf_counter() - t0)
-            n = max(world, nbytes // 4 // world * world)
-            out[kind].append((4 * n, statistics.median(times[2:])))
+            out[kind].append((_payload(nbytes, world), statistics.median(times[2:])))
     return out
 
 
-def _calibration_rank(rank: int, world: int, sizes, reps: int, burst_s: float):
-    timings = _time_collectives(world, sizes, reps, burst_s)
+def _calibration_rank(rank: int, world: int, sizes, reps: int):
+    timings = _time_collectives(world, sizes, reps)
     return timings if rank == 0 else None
 
 
 def fit_tier(kind: str, samples: list[tuple[float, float]], world: int) -> LinkTier:
-    """alpha, beta of `kind` on `world` ranks from (payload bytes, seconds), least relative error, both >= 0."""
-    unit_a = collective_time(kind, 0.0, world, LinkTier("unit", 1.0, 1.0, ""), "ring")     # hops
-    unit_b = collective_time(kind, 1.0, world, LinkTier("unit", 0.0, 1.0, ""), "ring")     # bytes factor
+    """alpha, beta of `kind` on `world` ranks from (payload bytes, seconds): least relative error, both >= 0."""
+    hops = collective_time(kind, 0.0, world, LinkTier("unit", 1.0, 1.0, ""), "ring")      # seconds per alpha
+    share = collective_time(kind, 1.0, world, LinkTier("unit", 0.0, 1.0, ""), "ring")     # bytes on the wire per byte
     t = np.array([s for _, s in samples])
-    A = np.array([[unit_a, unit_b * b] for b, _ in samples]) / t[:, None]    # rows scaled: relative error
-    alpha, inv_bw = np.linalg.lstsq(A, np.ones(len(t)), rcond=None)[0]
-    if alpha < 0 or inv_bw < 0:       # the non-negative optimum then sits on one column alone
-        fits = [(c, np.linalg.lstsq(A[:, [c]], np.ones(len(t)), rcond=None)[0][0]) for c in (0, 1)]
-        c, x = min(fits, key=lambda f: float(np.sum((A[:, [f[0]]] @ [max(f[1], 0.0)] - 1) ** 2)))
-        alpha, inv_bw = (max(x, 0.0), 0.0) if c == 0 else (0.0, max(x, 0.0))
+    A = np.array([[hops, share * b] for b, _ in samples]) / t[:, None]      # rows scaled: relative error
+    ones = np.ones(len(t))
+    x = np.linalg.lstsq(A, ones, rcond=None)[0]
+    if (x < 0).any():                 # the non-negative optimum then uses one column only
+        singles = [np.where(np.arange(2) == c, max(0.0, A[:, c] @ ones / (A[:, c] @ A[:, c])), 0.0) for c in (0, 1)]
+        x = min(singles, key=lambda v: float(np.sum((A @ v - ones) ** 2)))
+    alpha, inv_bw = x
     return LinkTier(f"gloo_{kind}", float(alpha), float(1 / inv_bw) if inv_bw > 0 else float("inf"),
                     f"calibrated: {kind} on {world} gloo processes over loopback, sizes {[int(b) for b, _ in samples]}")
 
 
-def calibrate_gloo(ranks: int = 2, sizes=SIZES, reps: int = 10, burst_s: float = 0.002) -> dict[str, LinkTier]:
+def calibrate_gloo(ranks: int = 2, sizes=SIZES, reps: int = 10) -> dict[str, LinkTier]:
     """{kind: LinkTier} fitted to collectives measured on `ranks` local gloo processes (one thread each)."""
     if ranks < 2:
         raise ValueError(f"calibration needs >= 2 ranks, got {ranks}")
-    timings = spawn(_calibration_rank, ranks, (tuple(sizes), reps, burst_s), backend="gloo", timeout_s=120)[0]
+    timings = spawn(_calibration_rank, ranks, (tuple(sizes), reps), backend="gloo", timeout_s=120)[0]
     return {kind: fit_tier(kind, timings[kind], ranks) for kind in KINDS}
 
 
@@ -156,113 +161,146 @@ def _plans(preset: Preset, train: TrainConfig, ranks: int, steps: int):
     raise ValueError(f"the dataset holds fewer than {steps} global batches of {train.batch_size}")
 
 
+def _probe(iters: int = 1200) -> tuple[float, float]:
+    """A fixed amount of compute on this thread (small matmuls): (wall seconds, CPU seconds).
+
+    CPU seconds per probe say how fast this core runs right now (a busy neighbour slows it);
+    wall / CPU says how much of a core this thread gets (time-sharing)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(96, 96, generator=g) / 10, torch.randn(96, 96, generator=g) / 10
+    w0, c0 = time.perf_counter(), time.thread_time()
+    for _ in range(iters):             # ~20 ms of one core; values stay O(0.1) (no denormals)
+        a = torch.tanh(a @ b)
+    return time.perf_counter() - w0, time.thread_time() - c0
+
+
 def _compute_rank(rank: int, world: int, preset: Preset, train: TrainConfig, parts: list[list[int]], reps: int):
-    """Seconds of one training step on each index list, in a 1-rank process group (median of reps)."""
+    """Thread CPU seconds of one training step on each index list in a 1-rank process group, in units
+    of the CPU seconds of a _probe run just before (median of `reps` passes over all lists)."""
     from .train import setup, train_step
 
     s = setup(preset, train, device="cpu")
     batches = [s.train_set.__getitems__(p) for p in parts]
     for batch in batches[:3]:
         train_step(s, batch, train.batch_size)
-    out = []
-    for batch in batches:
-        times = []
-        for _ in range(reps):
+    units, probes = [[] for _ in batches], []
+    for _ in range(reps):                 # whole passes: a burst of load hits one pass, not every rep of a list
+        for i, batch in enumerate(batches):
+            if i % 8 == 0:
+                probes.append(_probe()[1])
             t0 = time.thread_time()
             train_step(s, batch, train.batch_size)
-            times.append(time.thread_time() - t0)
-        out.append(statistics.median(times))
-    return out
+            units[i].append((time.thread_time() - t0) / probes[-1])
+    return {"units": [statistics.median(u) for u in units], "probe_cpu_s": statistics.median(probes)}
 
 
-def _stretch(seconds: float = 0.15) -> float:
-    """Wall time per CPU second of this rank's one thread while every rank computes (1 = a core of its own)."""
-    a, b = torch.randn(96, 96), torch.randn(96, 96)
+def _stretch() -> tuple[float, float]:
+    """(time-sharing: wall per CPU second, probe CPU seconds) of a _probe all ranks run at once (medians)."""
     dist.barrier()
-    w0, c0 = time.perf_counter(), time.thread_time()
-    while time.thread_time() - c0 < seconds:
-        for _ in range(20):
-            a = torch.tanh(a @ b)
-    ratio = (time.perf_counter() - w0) / (time.thread_time() - c0)
+    wall, cpu = _probe()
     out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, ratio)
-    return statistics.median(out)
+    dist.all_gather_object(out, (wall / cpu, cpu))
+    return statistics.median(o[0] for o in out), statistics.median(o[1] for o in out)
 
 
-def _measured_rank(rank: int, world: int, preset: Preset, train: TrainConfig, kinds: tuple, sizes, reps: int,
-                   burst_s: float):
-    """Stretch probe, link calibration, the run, and both again; rank 0 returns them."""
-    from .train import run
+def _measured_rank(rank: int, world: int, preset: Preset, train: TrainConfig, kinds: tuple, sizes):
+    """The run on R ranks, each step timed as train.run times it (train_step alone), framed by
+    time-sharing probes and followed by one timing of each calibration collective, so the link
+    is sampled under the same load as the steps. Rank 0 returns it all."""
+    from .data.loader import make_loader
+    from .distributed import StepBatches
+    from .train import setup, train_step
 
-    stretch = [_stretch()]
-    before = _time_collectives(world, sizes, reps, burst_s, kinds) if kinds else None
-    stretch.append(_stretch())
-    record = run(preset, train, device="cpu", progress=False, measure_memory=False)
-    stretch.append(_stretch())
-    after = _time_collectives(world, sizes, reps, burst_s, kinds) if kinds else None
-    stretch.append(_stretch())
-    timings = None if before is None else {      # the link before and after the run, averaged
-        kind: [(b, (s0 + s1) / 2) for (b, s0), (_, s1) in zip(before[kind], after[kind])] for kind in before}
-    if rank:
-        return None
-    timed = record["step_log"][record["warmup_steps"]:]
-    return {"step_s": [s["seconds"] for s in timed], "calibration": timings, "stretch": stretch,
-            "rank_cpu_s": [r["compute_cpu_s"] for r in record["ranks"]]}
+    s = setup(preset, train, device="cpu")
+    batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, 0)))
+    steps, link = [], {(kind, nbytes): [] for kind in kinds for nbytes in sizes}
+    for _ in range(train.steps):
+        batch = next(batches)
+        before = _stretch()
+        w0, c0 = time.perf_counter(), time.thread_time()
+        train_step(s, batch, train.batch_size)
+        wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+        after = _stretch()
+        steps.append({"step_s": wall, "cpu_s": cpu, "stretch": (before[0] + after[0]) / 2,
+                      "probe_cpu_s": (before[1] + after[1]) / 2})
+        for (kind, nbytes), times in link.items():
+            _busy(GAP_S)                       # gloo's threads fall asleep, as between a step's ops
+            t0 = time.perf_counter()
+            _run_collective(kind, nbytes, world)
+            times.append(time.perf_counter() - t0)
+    skip = min(2, train.steps - 1)
+    timings = {kind: [(_payload(nbytes, world), statistics.median(link[(kind, nbytes)][skip:])) for nbytes in sizes]
+               for kind in kinds}
+    cpu = [None] * world
+    dist.all_gather_object(cpu, [step["cpu_s"] for step in steps])
+    return {"steps": steps, "calibration": timings, "rank_cpu_s": cpu} if rank == 0 else None
 
 
 def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def validate(preset: str | Preset = "tiny", ranks=(2, 4), *, steps: int = 10, warmup: int = 4, batch_size: int = 64,
-             calibration_ranks: int | None = None, compute_reps: int = 3, sizes=SIZES, calibration_reps: int = 10,
-             layout: str = "fsdp_2d", cores: int | None = None, log=print) -> list[dict]:
+def validate(preset: str | Preset = "tiny", ranks=(2, 4), *, steps: int = 10, warmup: int = 8, batch_size: int = 64,
+             calibration_ranks: int | None = None, compute_reps: int = 3, sizes=SIZES, layout: str = "fsdp_2d",
+             cores: int | None = None, log=print) -> list[dict]:
     """Predicted vs measured median step time for each rank count (one row per R).
 
-    calibration_ranks: None calibrates gloo inside each run's launch with its R ranks; an int
-    calibrates once with that many processes (2 = the plain loopback link, see module doc).
+    calibration_ranks: None samples the gloo link inside each run, on its R ranks; an int
+    calibrates it once, before, on that many otherwise idle processes.
     """
     preset = get_preset(preset) if isinstance(preset, str) else preset
     ranks = list(ranks)
-    if any(r < 2 for r in ranks) or steps < 3 or warmup < 1:
-        raise ValueError(f"need ranks >= 2, steps >= 3, warmup >= 1; got {ranks}, {steps}, {warmup}")
+    if any(r < 2 for r in ranks) or steps < 3 or warmup < 3:
+        raise ValueError(f"need ranks >= 2, steps >= 3, warmup >= 3; got {ranks}, {steps}, {warmup}")
     cores = cores or available_cores()
-    cost = SampleCost(*sample_cost_coefficients(preset.model))
     trains = {R: validation_config(preset, R, steps=steps, warmup=warmup, batch_size=batch_size, layout=layout)
               for R in ranks}
     plans = {}
     for R in ranks:
         plans[R], lengths = _plans(preset, trains[R], R, warmup + steps)
-        plans[R] = plans[R][warmup:]
-    parts = [p for R in ranks for step in plans[R] for p in step]
+    late = range(2, warmup)           # warm-up steps that measure the host work
+    parts = [p for R in ranks for step in plans[R][late.start:] for p in step]
     log(f"timing {len(parts)} per-rank batches in one process, one thread ...")
-    single = override(trains[ranks[0]], mesh="1x1")
-    seconds = iter(spawn(_compute_rank, 1, (preset, single, parts, compute_reps), timeout_s=600)[0])
-    times = {R: [[next(seconds) for _ in step] for step in plans[R]] for R in ranks}
-    rhythm = {R: _rhythm(preset, trains[R], times[R], lengths, plans[R]) for R in ranks}
-    shared = calibrate_gloo(calibration_ranks, sizes, calibration_reps, rhythm[ranks[0]]) if calibration_ranks else None
+    single = spawn(_compute_rank, 1, (preset, override(trains[ranks[0]], mesh="1x1"), parts, compute_reps),
+                   timeout_s=600)[0]
+    units = iter(single["units"])
+    shared = calibrate_gloo(calibration_ranks, sizes) if calibration_ranks else None
     rows = []
     for R in ranks:
+        per_part = [[next(units) for _ in step] for step in plans[R][late.start:]]   # late warm-up, then timed
         log(f"running {R} gloo ranks: {warmup} warm-up + {steps} timed steps ...")
         kinds = () if shared else _kinds(preset, trains[R])
-        out = spawn(_measured_rank, R, (preset, trains[R], kinds, tuple(sizes), calibration_reps, rhythm[R]),
-                    timeout_s=600)[0]
+        out = spawn(_measured_rank, R, (preset, trains[R], kinds, tuple(sizes)), timeout_s=600)[0]
         tiers = shared or {kind: fit_tier(kind, out["calibration"][kind], R) for kind in kinds}
-        share = statistics.median(out["stretch"])
-
-        per_step = [_predict_step(preset, trains[R], tiers, cost, lengths, parts, t, batch_size, share)
-                    for parts, t in zip(plans[R], times[R])]
-        real = {k: statistics.median(s[k] for s in per_step) for k in per_step[0]}
-        meas = statistics.median(out["step_s"])
-        rows.append({"ranks": R, "cores": cores, "measured_s": meas, "predicted_s": real["step_s"],
-                     "error": real["step_s"] / meas - 1, "compute_1proc_s": real["compute_s"], "time_sharing": share,
-                     "time_sharing_formula": max(1.0, R / cores), "imbalance": real["imbalance"],
-                     "comm_s": real["comm_s"], "imbalance_time": real["imbalance_time"],
-                     "calibration_ranks": calibration_ranks or R, "calibration_burst_s": rhythm[R],
-                     "rank_compute_cpu_s": statistics.median(out["rank_cpu_s"]),
-                     "tiers": {k: {"alpha_us": v.alpha_s * 1e6, "bandwidth_gb_s": v.bandwidth_bytes_per_s / 1e9}
-                               for k, v in tiers.items()}})
+        rows.append(_compare(preset, trains[R], plans[R], lengths, per_part, out, tiers, late, single, cores))
+        rows[-1]["calibration_ranks"] = calibration_ranks or R
     return rows
+
+
+def _compare(preset: Preset, train: TrainConfig, plan, lengths, per_part, out: dict, tiers: dict, late: range,
+             single: dict, cores: int) -> dict:
+    """Predict every timed step of a run from its inputs; medians of prediction and measurement."""
+    R, warmup, steps = len(plan[0]), train.warmup_steps, out["steps"]
+    # host work, in probe units: the ranks' thread CPU minus the one-process CPU of the same parts
+    host = max(0.0, statistics.median(out["rank_cpu_s"][r][i] / steps[i]["probe_cpu_s"] - per_part[i - late.start][r]
+                                      for i in late for r in range(R)))
+    cost = SampleCost(*sample_cost_coefficients(preset.model))
+    timed = steps[warmup:]
+    predicted = [_predict_step(preset, train, tiers, cost, lengths, parts, [u * m["probe_cpu_s"] for u in units],
+                               m["stretch"], host * m["probe_cpu_s"])
+                 for parts, units, m in zip(plan[warmup:], per_part[warmup - late.start:], timed)]
+    pred = {k: statistics.median(p[k] for p in predicted) for k in predicted[0]}
+    meas = statistics.median(m["step_s"] for m in timed)
+    probe = statistics.median(m["probe_cpu_s"] for m in timed)
+    return {"ranks": R, "cores": cores, "measured_s": meas, "predicted_s": pred["step_s"],
+            "error": pred["step_s"] / meas - 1, "compute_1proc_s": pred["compute_s"], "host_work_s": host * probe,
+            "time_sharing": statistics.median(m["stretch"] for m in timed),
+            "time_sharing_formula": max(1.0, R / cores), "imbalance": pred["imbalance"],
+            "flop_imbalance": pred["flop_imbalance"], "comm_s": pred["comm_s"],
+            "without_host_work_error": pred["no_host_s"] / meas - 1,
+            "core_speed_run_vs_1proc": single["probe_cpu_s"] / probe,
+            "tiers": {k: {"alpha_us": v.alpha_s * 1e6, "bandwidth_gb_s": v.bandwidth_bytes_per_s / 1e9}
+                      for k, v in tiers.items()}}
 
 
 def _kinds(preset: Preset, train: TrainConfig) -> tuple[str, ...]:
@@ -272,28 +310,20 @@ def _kinds(preset: Preset, train: TrainConfig) -> tuple[str, ...]:
     return tuple(k for k in KINDS if any(r["kind"] == k for r in rows))
 
 
-def _rhythm(preset: Preset, train: TrainConfig, seconds: list[list[float]], lengths: np.ndarray,
-            plan: list[list[list[int]]]) -> float:
-    """CPU seconds of compute between two collectives of a step: its one-process compute / its collectives."""
-    ranks = len(plan[0])
-    mesh = parse_mesh(train.mesh)
-    tokens = statistics.median(sum(int(lengths[p].sum()) for p in parts) / ranks for parts in plan)
-    calls = sum(r["count"] for r in step_collectives(preset.model, mesh, max(1, train.batch_size // ranks),
-                                                      round(tokens), True, 4, train.sparse_sharding))
-    compute = statistics.median(statistics.mean(t) for t in seconds)
-    return min(0.005, max(0.0002, compute / max(calls, 1)))
-
-
 def _predict_step(preset: Preset, train: TrainConfig, tiers: dict, cost: SampleCost, lengths: np.ndarray,
-                  parts: list[list[int]], seconds: list[float], batch: int, share: float) -> dict:
-    """One step: mean single-process compute x time-sharing x FLOP imbalance + alpha-beta comm (none hidden)."""
+                  parts: list[list[int]], seconds: list[float], share: float, host: float) -> dict:
+    """One step: (mean one-process compute + host work) x time-sharing x imbalance + comm (none hidden).
+
+    The imbalance is that of the measured one-process seconds of the ranks' parts (the cost the
+    ranks really wait for); the model-FLOP imbalance the projection uses is returned next to it."""
     ranks = len(parts)
     mesh = parse_mesh(train.mesh)
-    loads = [float(cost.cost(lengths[p]).sum()) for p in parts]
     tokens = sum(int(lengths[p].sum()) for p in parts) / ranks
-    coll = comm_rows(step_collectives(preset.model, mesh, max(1, round(batch / ranks)), round(tokens), True, 4,
+    coll = comm_rows(step_collectives(preset.model, mesh, max(1, round(train.batch_size / ranks)), round(tokens), True, 4,
                                       train.sparse_sharding), mesh, None, kind_tiers=tiers, algorithm="ring")
-    result = predict_step(statistics.mean(seconds) * share, imbalance(loads),
-                          [{**c, "overlappable_s": 0.0} for c in coll])
-    return {"step_s": result["step_s"], "compute_s": statistics.mean(seconds), "imbalance": imbalance(loads),
-            "comm_s": result["comm_s"], "imbalance_time": max(seconds) / statistics.mean(seconds)}
+    coll = [{**c, "overlappable_s": 0.0} for c in coll]
+    compute, imb = statistics.mean(seconds), imbalance(seconds)
+    result = predict_step((compute + host) * share, imb, coll)
+    return {"step_s": result["step_s"], "compute_s": compute, "imbalance": imb, "comm_s": result["comm_s"],
+            "flop_imbalance": imbalance([float(cost.cost(lengths[p]).sum()) for p in parts]),
+            "no_host_s": predict_step(compute * share, imb, coll)["step_s"]}

@@ -32,6 +32,10 @@ EXPECT = {
                                    and 0 <= m["overlapped_share_rank0"] <= 1
                                    and m["hsdp_comm_share_at_max"] < m["fsdp_comm_share_at_max"]
                                    and m["ncclx_vs_nccl_step"] < 1),
+    "11_scale_projection": lambda m: (0 < m["baseline_mfu"] < m["full_ladder_mfu"] < 1 and m["bandwidth_monotonic"]
+                                      and m["imbalance_round_robin"] > m["imbalance_balanced"] >= 1
+                                      and m["table_sync_gain"] >= 1
+                                      and 0 < m["mfu_1gpu_needed_low"] < m["mfu_1gpu_needed_high"] <= 1),
 }
 
 
