@@ -3,38 +3,41 @@
 This is a model, not a measurement. Per rung and GPU count W, with b samples per GPU:
 
     step_s = compute_s x imbalance + exposed_comm_s
-    MFU    = model FLOPs of the global batch / (step_s x peak x W)
+    MFU    = model FLOPs of the global batch / (step_s x bf16 peak x W)
 
-* compute_s: one GPU's time for the mean per-GPU share of model FLOPs at the rung's
-  single-GPU MFU (model FLOPs / (bf16 peak x MFU_1gpu)). MFU_1gpu is an INPUT: measured
-  (`--from-waterfall`: a single-device waterfall's per-rung MFU, carried over to the
-  projected GPU as it is, labelled with the device it was measured on), given
-  (`--mfu-assumption`), or by default ASSUMED as efficiency x model/executed FLOPs, where
-  the efficiency (share of the bf16 peak the executed matmuls reach; RungModel below) is
-  the assumption and executed/model comes from gemref/mfu/flops.py on a sample of the
-  preset's lengths (padding, materialised attention tiles, recompute: computed, not assumed).
+* compute_s: the mean per-GPU model FLOPs at the rung's single-GPU MFU, an INPUT: measured
+  (a single-rank waterfall's MFU per rung, gemref/simulate_summary.py, carried to the
+  projected GPU as it is and labelled with where it was measured), given, or by default
+  ASSUMED = efficiency x speed-up x model/executed FLOPs. The efficiency and speed-up are
+  the assumptions (RungModel, _ladder); model/executed comes from gemref/mfu/flops.py on a
+  sample of the preset's lengths (padding, materialised attention, recompute: computed).
 * imbalance: max/mean per-rank model FLOPs of global batches of W x b lengths drawn from
   the preset's length profile, priced with `sample_cost_coefficients` and split with the
-  rung's policy (gemref/balance.py): round_robin (equal counts) before the load-balance
-  rung, kk after it (lpt when n x R > KK_WORK: kk's seconds buy < 1e-5 there). Padded rungs
-  cost the same per sample: imbalance 1. The median over `batches` draws is used.
-* comm: every collective of one rank's step (gemref/parallel/volume.py) priced by the
-  alpha-beta model of gemref/parallel/cost_model.py on the hardware profile (NVLink in a
-  node, the NIC between nodes). Layouts: "replicated" (W x 1: every unit incl. the tables
-  all-reduced, gemref's baseline) and "fsdp_2d" ((W/S) x S, S = GPUs per node: FSDP inside
-  a node, HSDP across, tables row-sharded inside the node and replicated across nodes).
-* exposed comm (ASSUMPTION, per collective): a layer unit's collectives overlap the
-  neighbouring layer's compute (FSDP prefetches the next gather, reduces asynchronously);
-  the root unit's and the tables' collectives sit at the start or end of the step with
-  nothing to hide under, and the sparse all-to-alls are on the forward's critical path:
-  both are exposed. Overlap can hide at most the step's compute time; `sm_share` slows the
-  overlapped compute (NCCL's kernels take SMs; NCCLX's CTran ~0).
+  rung's policy (gemref/balance.py): round robin (equal counts) before the load-balance
+  rung, kk after it (lpt when n x R > KK_WORK: kk's extra seconds buy < 1e-5 there). A
+  padded sample costs the same whatever its length: only counts can differ.
+* comm: every collective of one rank's step (gemref/parallel/volume.py, history events per
+  rank at the profile's mean, routing balanced) priced by the alpha-beta model of
+  gemref/parallel/cost_model.py (NVLink in a node, the NIC between nodes). Layouts:
+  "replicated" (W x 1: every unit, tables included, all-reduced: gemref's baseline) and
+  "fsdp_2d" ((W/S) x S, S = GPUs per node: FSDP in a node, HSDP across, tables row-sharded
+  in the node and replicated across nodes).
+* exposed comm (ASSUMPTION): a layer unit's collectives overlap the neighbouring layer's
+  compute (FSDP prefetches the next gather and reduces asynchronously); the root unit's
+  and the table replicas' collectives sit at the start or the end of the step with nothing
+  to hide under, and the embedding all-to-alls are on the forward's critical path: exposed.
+  Overlap hides at most the step's compute; `sm_share` slows the compute it overlaps
+  (NCCL's kernels take SMs; NCCLX's host-driven transport ~0).
 * table replicas: gemref all-reduces the held table rows every step; `table_sync_every` K
-  amortises that all-reduce over K steps (periodic replica sync, as TorchRec's 2D does).
+  is a what-if that synchronises the replicas every K steps instead (1/K per step).
+* fits: parameters + gradients + AdamW state per rank (parallel/memory.py) below the GPU's
+  memory; activations are not counted.
 
-Not modelled: activation memory, congestion and hierarchical collectives, stragglers other
-than load imbalance, data loading, pipelining of the embedding lookups. What dominates the
-result: MFU_1gpu (an input), the inter-node bandwidth, the table replica sync, and overlap.
+Not modelled: activation memory, congestion, hierarchical collectives, stragglers other than
+load imbalance, data loading, pipelined embedding lookups. What dominates the result: the
+single-GPU MFU (an input), the batch per GPU, the inter-node bandwidth, the table replicas'
+synchronisation and the overlap. gemref/simulate_validate.py checks the formula against
+measured multi-rank CPU runs.
 """
 from __future__ import annotations
 
