@@ -320,6 +320,75 @@ def _add_notebooks(sub) -> None:
     r.set_defaults(func=_cmd_notebooks, parser=r)
 
 
+def _cmd_simulate(args) -> int:
+    from dataclasses import asdict
+
+    from .simulate import GPU_COUNTS, Options, project
+    from .simulate_summary import (at, findings, gem_band, load_waterfall, measured_mfu, mfu_pivot,
+                                   parse_mfu_assumption, rung_deltas, table_rows)
+
+    if args.validate:
+        from .simulate_validate import validate
+
+        rows = validate(args.validate_preset, args.ranks, steps=args.steps, batch_size=args.batch_size,
+                        calibration_ranks=args.calibration_ranks)
+        print(format_table(rows, columns=["ranks", "cores", "measured_s", "predicted_s", "error", "compute_1proc_s",
+                                          "host_work_s", "time_sharing", "time_sharing_formula", "imbalance",
+                                          "comm_s", "without_host_work_error"],
+                           title=f"scale projection vs measured gloo runs ({args.validate_preset} preset, jagged + "
+                                 "fast kernel + kk + FSDP 1xR with row-sharded tables; median step seconds)"))
+        if args.json:
+            write_json(args.json, {"kind": "simulate_validate", "rows": rows})
+        return 0
+    preset = get_preset(args.preset)
+    mfu = measured_mfu(load_waterfall(args.from_waterfall)) if args.from_waterfall else {}
+    mfu.update(parse_mfu_assumption(args.mfu_assumption))
+    options = Options(hardware=args.hardware, batch_per_gpu=args.batch_per_gpu, batches=args.batches,
+                      table_sync_every=args.table_sync_every, sm_share=args.sm_share,
+                      bandwidth_scale=args.bandwidth_scale)
+    gpus = args.gpus or list(GPU_COUNTS)
+    rows = project(preset, gpus, options=options, mfu=mfu)
+    top = max(gpus)
+    print(format_table(mfu_pivot(rows), title=f"projected MFU: {preset.name} preset on {args.hardware} (weak scaling)"))
+    print(format_table(table_rows(at(rows, top)), title=f"one step at {top} GPUs (seconds per rank)"))
+    for line in findings(rows):
+        print(line)
+    if args.json:
+        write_json(args.json, {"kind": "simulate", "preset": preset.name, "options": asdict(options),
+                               "rows": rows, "gem_band": gem_band(rows, top), "deltas": rung_deltas(rows, top),
+                               "findings": findings(rows)})
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _add_simulate(sub) -> None:
+    from .parallel.cost_model import HARDWARE
+
+    p = sub.add_parser("simulate", help="project step time and MFU of every rung to thousands of GPUs")
+    _preset_arg(p, default="large")
+    p.add_argument("--hardware", default="h100_ib_ndr", choices=list(HARDWARE), help="cluster profile (cost_model.py)")
+    p.add_argument("--gpus", type=int, nargs="+", help="GPU counts (default 8 16 ... 4096)")
+    p.add_argument("--from-waterfall", metavar="PATH", help="single-rank waterfall.json (or its folder): measured "
+                                                             "per-rung MFU instead of the assumed values")
+    p.add_argument("--mfu-assumption", nargs="+", metavar="[RUNG=]MFU",
+                   help="single-GPU MFU in (0, 1]: one value for every rung, or RUNG=VALUE (wins over the waterfall)")
+    p.add_argument("--batch-per-gpu", type=int, help="samples per GPU and step (default: the preset's batch size)")
+    p.add_argument("--batches", type=int, default=3, help="global batches drawn per GPU count for the imbalance")
+    p.add_argument("--table-sync-every", type=int, default=1, help="all-reduce the table replicas every K steps")
+    p.add_argument("--sm-share", type=float, default=0.0, help="SM share overlapped collectives take (NCCL ~0.1)")
+    p.add_argument("--bandwidth-scale", type=float, default=1.0, help="multiply every link's bandwidth")
+    p.add_argument("--json", help="write the projection here")
+    v = p.add_argument_group("validation on this machine (--validate)")
+    v.add_argument("--validate", action="store_true", help="predict measured gloo runs on this CPU instead")
+    v.add_argument("--validate-preset", default="tiny", choices=list(PRESETS))
+    v.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="gloo rank counts to validate")
+    v.add_argument("--steps", type=int, default=10, help="timed steps per run (after 4 warm-up)")
+    v.add_argument("--batch-size", type=int, default=64, help="global batch of the validation runs")
+    v.add_argument("--calibration-ranks", type=int, help="calibrate gloo once on this many processes "
+                                                         "(default: in each run's launch, on its ranks)")
+    p.set_defaults(func=_cmd_simulate, parser=p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gemref", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -329,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flops(sub)
     _add_bench(sub)
     _add_waterfall(sub)
+    _add_simulate(sub)
     _add_notebooks(sub)
     return parser
 

@@ -238,3 +238,34 @@ def batch_gain_figure(gain: dict, title: str = "what the freed memory buys") -> 
 
 
 DEFAULT_COLORS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3")
+
+
+def scale_mfu_figure(rows: list[dict], band: tuple[float, float] | None = None,
+                     title: str = "projected MFU vs GPUs (weak scaling)") -> go.Figure:
+    """MFU (%) against GPU count, one line per rung (rows from gemref.simulate.project); `band`
+    (fractions) is shaded, e.g. GEM's public 20-25%."""
+    gpus = sorted({r["gpus"] for r in rows})
+    fig = go.Figure()
+    for rung in dict.fromkeys(r["rung"] for r in rows):
+        mine = {r["gpus"]: r["mfu"] for r in rows if r["rung"] == rung}
+        fig.add_trace(go.Scatter(x=gpus, y=[100 * mine[g] for g in gpus], mode="lines+markers", name=rung))
+    if band:
+        fig.add_hrect(y0=100 * band[0], y1=100 * band[1], fillcolor="green", opacity=0.12, line_width=0,
+                      annotation_text=f"GEM: {band[0]:.0%}-{band[1]:.0%}", annotation_position="top left")
+    fig.update_xaxes(type="log", tickvals=gpus, ticktext=[str(g) for g in gpus], title_text="GPUs")
+    fig.update_layout(title=title, yaxis_title="MFU (%)", template=TEMPLATE)
+    return fig
+
+
+def step_breakdown_figure(rows: list[dict], title: str = "one step, per rank") -> go.Figure:
+    """Stacked bars per rung: compute, load-imbalance bubble, exposed comm by collective kind (seconds)."""
+    names = [r["rung"] for r in rows]
+    kinds = list(dict.fromkeys(k for r in rows for k in r["exposed_by_kind"]))
+    fig = go.Figure([go.Bar(name="compute", x=names, y=[r["compute_s"] for r in rows]),
+                     go.Bar(name="imbalance bubble", x=names, y=[r["bubble_s"] for r in rows])]
+                    + [go.Bar(name=f"exposed {k}", x=names, y=[r["exposed_by_kind"].get(k, 0.0) for r in rows])
+                       for k in kinds]
+                    + [go.Bar(name="SM slowdown of overlapped compute", x=names,
+                              y=[r.get("sm_slowdown_s", 0.0) for r in rows])])
+    fig.update_layout(barmode="stack", title=title, yaxis_title="seconds", template=TEMPLATE)
+    return fig

@@ -40,6 +40,10 @@ EXPECT = {
     "05_autoac": lambda m: (m["auto_fits_every_budget"] and m["auto_prediction_error"] < 0.05
                             and m["auto_over_full_recompute_at_half"] <= 0.5 and m["full_recompute_pct"] > 0
                             and m["autoac_batch"] > m["no_ac_batch"] >= 1),
+    "11_scale_projection": lambda m: (0 < m["baseline_mfu"] < m["full_ladder_mfu"] < 1 and m["bandwidth_monotonic"]
+                                      and m["imbalance_round_robin"] > m["imbalance_balanced"] >= 1
+                                      and m["table_sync_gain"] >= 1
+                                      and 0 < m["mfu_1gpu_needed_low"] < m["mfu_1gpu_needed_high"] <= 1),
 }
 
 

@@ -1,0 +1,339 @@
+"""Scale projection: step time and MFU of each ladder rung at 8 ... 4096 GPUs (weak scaling).
+
+This is a model, not a measurement. Per rung and GPU count W, with b samples per GPU:
+
+    step_s = compute_s x imbalance + exposed_comm_s
+    MFU    = model FLOPs of the global batch / (step_s x bf16 peak x W)
+
+* compute_s: the mean per-GPU model FLOPs at the rung's single-GPU MFU, an INPUT: measured
+  (a single-rank waterfall's MFU per rung, gemref/simulate_summary.py, carried to the
+  projected GPU as it is and labelled with where it was measured), given, or by default
+  ASSUMED = efficiency x speed-up x model/executed FLOPs. The efficiency and speed-up are
+  the assumptions (RungModel, _ladder); model/executed comes from gemref/mfu/flops.py on a
+  sample of the preset's lengths (padding, materialised attention, recompute: computed).
+* imbalance: max/mean per-rank model FLOPs of global batches of W x b lengths drawn from
+  the preset's length profile, priced with `sample_cost_coefficients` and split with the
+  rung's policy (gemref/balance.py): round robin (equal counts) before the load-balance
+  rung, kk after it (lpt when n x R > KK_WORK: kk's extra seconds buy < 1e-5 there). A
+  padded sample costs the same whatever its length: only counts can differ.
+* comm: every collective of one rank's step (gemref/parallel/volume.py, history events per
+  rank at the profile's mean, routing balanced) priced by the alpha-beta model of
+  gemref/parallel/cost_model.py (NVLink in a node, the NIC between nodes). Layouts:
+  "replicated" (W x 1: every unit, tables included, all-reduced: gemref's baseline) and
+  "fsdp_2d" ((W/S) x S, S = GPUs per node: FSDP in a node, HSDP across, tables row-sharded
+  in the node and replicated across nodes).
+* exposed comm (ASSUMPTION): a layer unit's collectives overlap the neighbouring layer's
+  compute (FSDP prefetches the next gather and reduces asynchronously); the root unit's
+  and the table replicas' collectives sit at the start or the end of the step with nothing
+  to hide under, and the embedding all-to-alls are on the forward's critical path: exposed.
+  Overlap hides at most the step's compute; `sm_share` slows the compute it overlaps
+  (NCCL's kernels take SMs; NCCLX's host-driven transport ~0).
+* table replicas: gemref all-reduces the held table rows every step; `table_sync_every` K
+  is a what-if that synchronises the replicas every K steps instead (1/K per step).
+* fits: parameters + gradients + AdamW state per rank (parallel/memory.py) below the GPU's
+  memory; activations are not counted.
+
+Not modelled: activation memory, congestion, hierarchical collectives, stragglers other than
+load imbalance, data loading, pipelined embedding lookups. What dominates the result: the
+single-GPU MFU (an input), the batch per GPU, the inter-node bandwidth, the table replicas'
+synchronisation and the overlap. gemref/simulate_validate.py checks the formula against
+measured multi-rank CPU runs.
+"""
+from __future__ import annotations
+
+import functools
+import statistics
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .balance import SampleCost, imbalance, partition, rank_loads
+from .config import Preset
+from .data.synthetic import draw_lengths
+from .mfu.flops import executed_flops, model_flops, sample_cost_coefficients
+from .mfu.peak import gpu_peak
+from .parallel.cost_model import HardwareProfile, collective_time, get_profile, group_tier
+from .parallel.fsdp import padded_numel
+from .parallel.memory import projected_rank_bytes
+from .parallel.mesh import MeshShape
+from .parallel.sparse import plan_tables
+from .parallel.volume import model_units, step_volume, table_shapes
+
+GPU_COUNTS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+GEM_MFU_BAND = (0.20, 0.25)   # Meta, GEM announcement (2025): end-to-end training MFU, thousands of GPUs
+KK_WORK = 200_000             # n x R above which the projection partitions with lpt instead of kk
+DRAW_SAMPLES = 1 << 18        # a global batch this large is drawn once per GPU count
+# GPU memory (bytes) for the "fits" column; datasheets.
+GPU_MEMORY = {"H100": 80e9, "H200": 141e9, "B200": 180e9}
+
+
+@dataclass(frozen=True)
+class RungModel:
+    """What a rung changes in the projection. Fields marked ASSUMED are inputs, not measurements."""
+
+    key: str
+    title: str
+    padded: bool = True             # histories padded to max_len
+    attention: str = "reference"    # reference (materialised) | fused (flash / Triton GDPA)
+    efficiency: float = 0.35        # ASSUMED: share of the bf16 peak the executed FLOPs reach on one GPU (eager)
+    recompute: float = 0.0          # ASSUMED: recomputed FLOPs / model FLOPs (activation checkpointing)
+    batch_scale: float = 1.0        # ASSUMED: per-GPU batch multiple (AutoAC spends freed memory on it)
+    compute_speedup: float = 1.0    # ASSUMED: float8 GEMMs' speed-up of the whole step's compute
+    policy: str = "round_robin"     # how a global batch is split across ranks
+    layout: str = "replicated"      # replicated | fsdp_2d
+    gather_bytes: int = 2           # bytes per parameter in FSDP all-gathers (bf16; 1 with float8 all-gather)
+
+
+def _ladder() -> list[RungModel]:
+    rung = RungModel("baseline", "0 baseline")
+    out = [rung]
+    for key, title, change in [
+            ("jagged", "1 + jagged", dict(padded=False)),
+            ("fused_attention", "2 + flash/GDPA", dict(attention="fused")),
+            # torch.compile fuses element-wise ops and launches: typically +15-25% on GPUs.
+            ("compile", "3 + torch.compile", dict(efficiency=0.42)),
+            # AutoAC recomputes ~1/3 of the forward of the checkpointed blocks and doubles the batch.
+            ("autoac", "4 + AutoAC", dict(recompute=0.12, batch_scale=2.0)),
+            ("load_balance", "5 + load balance", dict(policy="kk")),
+            ("fsdp_2d", "6 + FSDP/2D sparse", dict(layout="fsdp_2d")),
+            # float8 Linear GEMMs run ~1.6x faster; with casts and the non-GEMM time ~1.25x per step;
+            # torchao's float8 all-gather halves FSDP's gather bytes.
+            ("low_precision", "7 + float8/MXFP8", dict(compute_speedup=1.25, gather_bytes=1))]:
+        rung = replace(rung, key=key, title=title, **change)
+        out.append(rung)
+    return out
+
+
+LADDER: list[RungModel] = _ladder()
+
+
+@dataclass(frozen=True)
+class Options:
+    hardware: str | HardwareProfile = "h100_ib_ndr"
+    batch_per_gpu: int | None = None     # None: the preset's batch size
+    batches: int = 3                     # global batches drawn per GPU count (median imbalance); one
+                                         # when a global batch holds > DRAW_SAMPLES samples
+    shard_group: int | None = None       # fsdp_2d shard group S (None: GPUs per node)
+    table_sync_every: int = 1            # table replica all-reduce every K steps
+    sm_share: float = 0.0                # SMs a collective takes from overlapped compute
+    bandwidth_scale: float = 1.0         # multiplies every link's bandwidth (sensitivity)
+    seed: int = 0
+
+
+def hardware_of(options: Options) -> HardwareProfile:
+    hw = get_profile(options.hardware) if isinstance(options.hardware, str) else options.hardware
+    if not options.bandwidth_scale > 0:
+        raise ValueError(f"bandwidth_scale must be > 0, got {options.bandwidth_scale}")
+    if options.bandwidth_scale != 1.0:
+        scale = lambda t: replace(t, bandwidth_bytes_per_s=t.bandwidth_bytes_per_s * options.bandwidth_scale)  # noqa: E731
+        hw = replace(hw, intra=scale(hw.intra), inter=scale(hw.inter))
+    return hw
+
+
+def check_mfu(value: float, what: str) -> float:
+    if not (isinstance(value, (int, float)) and 0 < value <= 1):
+        raise ValueError(f"{what}: MFU must be in (0, 1], got {value!r}")
+    return float(value)
+
+
+def single_gpu_mfu(preset: Preset, ladder: list[RungModel], given: dict[str, tuple[float, str]] | None = None,
+                   sample: int = 2048, seed: int = 0) -> dict[str, tuple[float, str]]:
+    """{rung key: (MFU on one GPU, its source)}: `given` entries win, else efficiency x model/executed."""
+    given = given or {}
+    cfg, data = preset.model, preset.data
+    lengths = draw_lengths(data.length_profile, sample, cfg.max_len, min(data.median_len, cfg.max_len),
+                           data.len_sigma, seed)
+    model = model_flops(cfg, lengths).total
+    fused = "sdpa" if cfg.activation == "softmax" else "triton"
+    out = {}
+    for r in ladder:
+        if r.key in given:
+            out[r.key] = (check_mfu(given[r.key][0], r.key), given[r.key][1])
+            continue
+        kernel = fused if r.attention == "fused" else "reference"
+        executed = executed_flops(cfg, lengths, jagged=not r.padded, kernel=kernel).total + r.recompute * model
+        mfu = min(1.0, r.efficiency * r.compute_speedup * model / executed)
+        out[r.key] = (mfu, f"assumed: efficiency {r.efficiency:g} x speed-up {r.compute_speedup:g} "
+                           f"x model/executed {model / executed:.3f}")
+    return out
+
+
+def draw_batches(preset: Preset, n: int, batches: int, seed: int) -> list[np.ndarray]:
+    """`batches` global batches of n history lengths from the preset's length profile."""
+    data, cfg = preset.data, preset.model
+    rng = np.random.default_rng(seed)
+    return [draw_lengths(data.length_profile, n, cfg.max_len, min(data.median_len, cfg.max_len), data.len_sigma, rng)
+            for _ in range(batches)]
+
+
+def split_loads(costs: np.ndarray, ranks: int, policy: str) -> np.ndarray:
+    """(R,) per-rank cost of one global batch under a policy (round_robin: sample i -> rank i % R)."""
+    if policy == "round_robin":
+        pad = -len(costs) % ranks
+        return np.concatenate([costs, np.zeros(pad)]).reshape(-1, ranks).sum(0)
+    if policy == "kk" and len(costs) * ranks > KK_WORK:
+        policy = "lpt"
+    return rank_loads(costs, partition(costs, ranks, policy, min_per_rank=1))
+
+
+@functools.lru_cache(maxsize=256)
+def load_stats(preset: Preset, gpus: int, batch: int, policy: str, padded: bool, batches: int, seed: int) -> dict:
+    """Median imbalance (max/mean rank cost) over drawn global batches of gpus x batch samples, and
+    the mean per-rank model FLOPs. A padded sample costs the same whatever its length."""
+    cost = SampleCost(*sample_cost_coefficients(preset.model))
+    n_draws = batches if gpus * batch <= DRAW_SAMPLES else 1
+    imb, flops = [], []
+    for lengths in draw_batches(preset, gpus * batch, n_draws, seed + gpus):
+        costs = cost.cost(lengths)
+        imb.append(imbalance(split_loads(np.ones(len(costs)) if padded else costs, gpus, policy)))
+        flops.append(costs.sum() / gpus)
+    return {"imbalance": statistics.median(imb), "rank_flops": float(np.mean(flops))}
+
+
+def mesh_for(rung: RungModel, gpus: int, hw: HardwareProfile, shard_group: int | None) -> MeshShape:
+    if rung.layout == "replicated":
+        return MeshShape(gpus, 1)
+    S = min(gpus, shard_group or hw.gpus_per_node)
+    if gpus % S:
+        raise ValueError(f"gpus={gpus} is not a multiple of the shard group {S} (GPUs per node)")
+    return MeshShape(gpus // S, S)
+
+
+@functools.lru_cache(maxsize=256)
+def _volume(cfg, shard: int, replicated: bool, batch: int, tokens: int, jagged: bool, gather_bytes: int,
+            sparse: str) -> tuple[tuple[dict, ...], int, int]:
+    """volume.py rows on a (2 if replicated else 1) x S mesh, the layer units' numel, the held table bytes.
+
+    volume.py's bytes depend on R only through R > 1, so one call serves every R."""
+    mesh = MeshShape(2 if replicated else 1, shard)
+    rows = step_volume(cfg, mesh, batch=batch, tokens=tokens, jagged=jagged, param_bytes=gather_bytes,
+                       reduce_bytes=4, sparse_sharding=sparse)
+    numel = sum(padded_numel(s, shard) for unit, shapes in model_units(cfg, sparse).items() if unit != "root"
+                for s in shapes)
+    held = 0
+    if sparse != "none" and replicated:
+        held = sum(p.local_bytes(0, shard) for p in plan_tables(table_shapes(cfg), shard, sparse).values())
+    return tuple(rows), numel, held
+
+
+def step_collectives(cfg, mesh: MeshShape, batch: int, tokens: int, jagged: bool, gather_bytes: int,
+                     sparse: str) -> list[dict]:
+    """One rank's collectives (volume.py rows), the table replicas' all-reduce split out as
+    dim "tables", each row with `overlappable_bytes`: the layer units' share."""
+    rows, numel, held = _volume(cfg, mesh.shard, mesh.replicate > 1, batch, tokens, jagged, gather_bytes, sparse)
+    S = mesh.shard
+    layers = {("all_gather", "shard"): 2 * numel * gather_bytes, ("reduce_scatter", "shard"): numel * 4,
+              ("all_reduce", "replicate"): numel // S * 4}
+    out = []
+    for r in rows:
+        if r["dim"] == "replicate":
+            r = {**r, "group_size": mesh.replicate}
+        if (r["kind"], r["dim"]) == ("all_reduce", "replicate") and held:
+            out.append({**r, "dim": "tables", "count": 1, "bytes": held, "overlappable_bytes": 0})
+            r = {**r, "count": r["count"] - 1, "bytes": r["bytes"] - held}
+        out.append({**r, "overlappable_bytes": min(r["bytes"], layers.get((r["kind"], r["dim"]), 0))})
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def state_bytes(cfg, shard: int, sparse: str) -> int:
+    """Parameters + gradients + AdamW state on the fullest rank (parallel/memory.py; depends on S only)."""
+    return projected_rank_bytes(cfg, MeshShape(1, shard), sparse)["total"]
+
+
+def comm_rows(rows, mesh: MeshShape, hw: HardwareProfile | None, *, kind_tiers: dict | None = None,
+              table_sync_every: int = 1, algorithm: str = "auto") -> list[dict]:
+    """Collective rows -> the same with `tier`, `seconds` (alpha-beta) and `overlappable_s`.
+
+    `kind_tiers` {kind: LinkTier} replaces the mesh-dim tier (a calibrated gloo profile).
+    The table replicas' all-reduce runs every `table_sync_every` steps: 1/K of it per step.
+    """
+    if table_sync_every < 1:
+        raise ValueError(f"table_sync_every must be >= 1, got {table_sync_every}")
+    out = []
+    for r in rows:
+        dim = "replicate" if r["dim"] == "tables" else r["dim"]
+        tier = (kind_tiers or {}).get(r["kind"]) or group_tier(dim, mesh, hw)
+        per_call = r["bytes"] / r["count"] if r["count"] else 0.0
+        seconds = r["count"] * collective_time(r["kind"], per_call, r["group_size"], tier, algorithm)
+        if r["dim"] == "tables":
+            seconds /= table_sync_every
+        share = r.get("overlappable_bytes", 0) / r["bytes"] if r["bytes"] else 0.0
+        out.append({**r, "tier": tier.name, "seconds": seconds, "overlappable_s": seconds * share})
+    return out
+
+
+def predict_step(compute_s: float, imbalance_factor: float, rows: list[dict], sm_share: float = 0.0) -> dict:
+    """step = compute x imbalance + exposed comm; overlap hides at most the step's compute."""
+    if compute_s < 0 or imbalance_factor < 1 - 1e-12:
+        raise ValueError(f"need compute_s >= 0 and imbalance >= 1, got {compute_s}, {imbalance_factor}")
+    if not 0 <= sm_share <= 1:
+        raise ValueError(f"sm_share must be in [0, 1], got {sm_share}")
+    busy = compute_s * imbalance_factor
+    comm = sum(r["seconds"] for r in rows)
+    want = sum(r["overlappable_s"] for r in rows)
+    hidden = min(want, busy)
+    scale = hidden / want if want else 0.0
+    exposed = {}
+    for r in rows:
+        name = f"{r['kind']} ({r['dim']})"
+        exposed[name] = exposed.get(name, 0.0) + r["seconds"] - r["overlappable_s"] * scale
+    step = busy + (comm - hidden) + hidden * sm_share
+    return {"compute_s": compute_s, "bubble_s": busy - compute_s, "comm_s": comm, "exposed_s": comm - hidden,
+            "sm_slowdown_s": hidden * sm_share, "exposed_by_kind": exposed, "step_s": step}
+
+
+def check_gpus(gpus) -> list[int]:
+    out = []
+    for i, w in enumerate(gpus):
+        if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1:
+            raise ValueError(f"gpus[{i}]={w!r}: GPU counts must be integers >= 1")
+        out.append(int(w))
+    if not out:
+        raise ValueError("gpus is empty: give at least one GPU count")
+    return out
+
+
+def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), ladder: list[RungModel] | None = None,
+            mfu: dict[str, tuple[float, str]] | None = None) -> list[dict]:
+    """One row per (GPU count, rung): compute, exposed comm per kind, imbalance, step time, MFU.
+
+    `mfu` {rung key: (single-GPU MFU, source)} overrides the assumed values (see module doc).
+    """
+    gpus = check_gpus(gpus)
+    ladder = ladder or LADDER
+    hw = hardware_of(options)
+    peak = gpu_peak(hw.gpu, "bf16")
+    if peak.flops is None:
+        raise ValueError(f"hardware {hw.name!r}: no bf16 peak for GPU {hw.gpu!r} in gemref/mfu/peak.py")
+    if options.batches < 1:
+        raise ValueError(f"batches must be >= 1, got {options.batches}")
+    base_batch = options.batch_per_gpu or preset.train.batch_size
+    if base_batch < 1:
+        raise ValueError(f"batch_per_gpu must be >= 1, got {base_batch}")
+    mfu1 = single_gpu_mfu(preset, ladder, mfu, seed=options.seed)
+    mean_len = float(np.mean(draw_batches(preset, 4096, 1, options.seed)[0]))   # history events per sample
+    memory = next((v for k, v in GPU_MEMORY.items() if k in hw.gpu), None)
+    rows = []
+    for W in gpus:
+        for r in ladder:
+            b = max(1, round(base_batch * r.batch_scale))
+            st = load_stats(preset, W, b, r.policy, r.padded, options.batches, options.seed)
+            mesh = mesh_for(r, W, hw, options.shard_group)
+            sparse = "row" if r.layout == "fsdp_2d" else "none"
+            tokens = round(b * mean_len)     # balanced routing: every rank at the mean
+            coll = comm_rows(step_collectives(preset.model, mesh, b, tokens, not r.padded,
+                                              r.gather_bytes, sparse), mesh, hw,
+                             table_sync_every=options.table_sync_every)
+            m, source = mfu1[r.key]
+            compute_s = st["rank_flops"] / (peak.flops * m)
+            step = predict_step(compute_s, st["imbalance"], coll, options.sm_share)
+            state = state_bytes(preset.model, mesh.shard, sparse)
+            rows.append({"gpus": W, "rung": r.title, "key": r.key, "mesh": str(mesh), "batch_per_gpu": b,
+                         "mfu_1gpu": m, "mfu_1gpu_source": source, "imbalance": st["imbalance"], **step,
+                         "mfu": st["rank_flops"] / (step["step_s"] * peak.flops), "rank_flops": st["rank_flops"],
+                         "peak_flops": peak.flops, "sm_share": options.sm_share,
+                         "table_sync_every": options.table_sync_every,
+                         "state_gb": state / 1e9, "fits": None if memory is None else state < memory,
+                         "collectives": coll})
+    return rows

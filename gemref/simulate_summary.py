@@ -1,0 +1,151 @@
+"""What the scale projection says: measured inputs from a waterfall, rung deltas, where GEM's band lands.
+
+`gemref simulate` and notebook 11 print these; the projection itself is gemref/simulate.py.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .simulate import GEM_MFU_BAND, LADDER, RungModel, check_mfu, predict_step
+
+TABLE_COLUMNS = ("gpus", "rung", "mesh", "batch_per_gpu", "mfu_1gpu", "compute_s", "exposed_s", "imbalance",
+                 "bubble_s", "step_s", "mfu", "state_gb", "fits")
+
+
+def at(rows: list[dict], gpus: int) -> list[dict]:
+    """The rows of one GPU count, in ladder order."""
+    return [r for r in rows if r["gpus"] == gpus]
+
+
+def table_rows(rows: list[dict]) -> list[dict]:
+    return [{k: r[k] for k in TABLE_COLUMNS} for r in rows]
+
+
+def mfu_pivot(rows: list[dict]) -> list[dict]:
+    """One row per GPU count, one column per rung: the projected MFU."""
+    return [{"gpus": g, **{r["rung"]: r["mfu"] for r in at(rows, g)}} for g in sorted({r["gpus"] for r in rows})]
+
+
+def rung_deltas(rows: list[dict], gpus: int) -> list[dict]:
+    """MFU each rung adds over the previous one at `gpus`, and at the smallest GPU count projected."""
+    here, low = at(rows, gpus), at(rows, min(r["gpus"] for r in rows))
+    return [{"rung": h["rung"], "key": h["key"], "mfu": h["mfu"],
+             "delta": h["mfu"] - here[i - 1]["mfu"] if i else 0.0,
+             "delta_at_min": l["mfu"] - low[i - 1]["mfu"] if i else 0.0}
+            for i, (h, l) in enumerate(zip(here, low))]
+
+
+def rung_that_matters(rows: list[dict], gpus: int) -> dict:
+    """The rung with the largest MFU gain at `gpus`, and the one whose gain grows most with scale."""
+    deltas = rung_deltas(rows, gpus)[1:]
+    top = max(deltas, key=lambda d: d["delta"])
+    scale = max(deltas, key=lambda d: d["delta"] - d["delta_at_min"])
+    return {"largest": top, "grows_most": scale}
+
+
+def gem_band(rows: list[dict], gpus: int, band=GEM_MFU_BAND) -> dict:
+    """Where GEM's public MFU band lands at `gpus`: the rungs inside it and the first reaching it."""
+    here = at(rows, gpus)
+    return {"gpus": gpus, "band": tuple(band), "inside": [r["rung"] for r in here if band[0] <= r["mfu"] <= band[1]],
+            "first_reaching": next((r["rung"] for r in here if r["mfu"] >= band[0]), None),
+            "baseline_mfu": here[0]["mfu"], "full_ladder_mfu": here[-1]["mfu"]}
+
+
+def mfu_at(row: dict, mfu_1gpu: float) -> float:
+    """The row's projected MFU had its single-GPU MFU been `mfu_1gpu` (same collectives, same imbalance)."""
+    compute = row["rank_flops"] / (row["peak_flops"] * mfu_1gpu)
+    step = predict_step(compute, row["imbalance"], row["collectives"], row["sm_share"])["step_s"]
+    return row["rank_flops"] / (step * row["peak_flops"])
+
+
+def required_mfu_1gpu(row: dict, target: float) -> float | None:
+    """Single-GPU MFU the row's rung needs to reach `target` MFU at its GPU count (bisection: the
+    projected MFU rises with it); None when even 1.0 falls short."""
+    if mfu_at(row, 1.0) < target:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mfu_at(row, mid) < target else (lo, mid)
+    return hi
+
+
+def parse_mfu_assumption(values: list[str] | None, ladder: list[RungModel] = LADDER) -> dict[str, tuple[float, str]]:
+    """["0.4"] -> every rung at 0.4; ["jagged=0.1", "compile=0.45"] -> those rungs. ValueError otherwise."""
+    keys = [r.key for r in ladder]
+    out: dict[str, tuple[float, str]] = {}
+    for item in values or []:
+        key, _, raw = item.rpartition("=")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"--mfu-assumption {item!r}: expected VALUE or RUNG=VALUE with VALUE in (0, 1]") from None
+        if key and key not in keys:
+            raise ValueError(f"--mfu-assumption {item!r}: unknown rung {key!r}; valid: {', '.join(keys)}")
+        for k in ([key] if key else keys):
+            out[k] = (check_mfu(value, f"--mfu-assumption {item}"), "given (--mfu-assumption)")
+    return out
+
+
+def load_waterfall(path: str | Path) -> dict:
+    """waterfall.json written by `gemref waterfall --out DIR` (the file or its folder)."""
+    path = Path(path)
+    path = path / "waterfall.json" if path.is_dir() else path
+    if not path.exists():
+        raise ValueError(f"--from-waterfall {path}: no such file (run gemref waterfall --out DIR first)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--from-waterfall {path}: not JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("rungs"), list):
+        raise ValueError(f"--from-waterfall {path}: expected a waterfall record with a 'rungs' list")
+    return data
+
+
+def measured_mfu(waterfall: dict, ladder: list[RungModel] = LADDER) -> dict[str, tuple[float, str]]:
+    """{rung key: (MFU, source)} from a single-rank waterfall; a rung that did not run there takes
+    the MFU of the last rung that did (it is assumed to change nothing on one device)."""
+    if waterfall.get("ranks", 1) != 1:
+        raise ValueError(f"the waterfall ran on {waterfall['ranks']} ranks, so its MFU includes their communication: "
+                         "use a single-rank waterfall (gemref waterfall --ranks 1) as the compute input")
+    where = f"{waterfall.get('device', '?')}, {waterfall.get('preset', '?')} preset"
+    ran = {r["key"]: r["mfu"] for r in waterfall["rungs"] if r.get("status") == "ran" and r.get("mfu")}
+    if not ran:
+        raise ValueError("the waterfall has no rung with a measured MFU")
+    out, last = {}, None
+    for r in ladder:
+        if r.key in ran:
+            last = (check_mfu(ran[r.key], f"waterfall rung {r.key}"), f"measured ({where})")
+            out[r.key] = last
+        elif last is not None:
+            out[r.key] = (last[0], last[1] + f", carried to {r.key}")
+    return out
+
+
+def findings(rows: list[dict], band=GEM_MFU_BAND) -> list[str]:
+    """Plain sentences: where GEM's band lands at the largest GPU count, which rung matters, what dominates."""
+    gpus = max(r["gpus"] for r in rows)
+    g, m = gem_band(rows, gpus, band), rung_that_matters(rows, gpus)
+    top = at(rows, gpus)[-1]
+    lo, hi = (required_mfu_1gpu(top, b) for b in band)
+    need = ("no single-GPU MFU <= 100% gets it there" if lo is None else
+            f"it needs a single-GPU MFU of {lo:.0%}-{hi:.0%}" if hi is not None else f"it needs >= {lo:.0%}")
+    by_kind = sorted(top["exposed_by_kind"].items(), key=lambda kv: -kv[1])
+    lines = [
+        f"At {gpus} GPUs: baseline {g['baseline_mfu']:.1%} MFU, full ladder {g['full_ladder_mfu']:.1%}. "
+        f"GEM's {band[0]:.0%}-{band[1]:.0%} band: " + (
+            f"rungs inside it: {', '.join(g['inside'])}" if g["inside"] else "no rung lands inside it")
+        + (f"; first rung at or above {band[0]:.0%}: {g['first_reaching']}" if g["first_reaching"] else "") + ".",
+        f"For the full ladder to land in the band {need} (here: {top['mfu_1gpu']:.0%}, {top['mfu_1gpu_source']}).",
+        f"Largest MFU gain at {gpus} GPUs: {m['largest']['rung']} ({m['largest']['delta']:+.1%}); the gain that "
+        f"grows most with scale: {m['grows_most']['rung']} ({m['grows_most']['delta_at_min']:+.1%} at "
+        f"{min(r['gpus'] for r in rows)} GPUs, {m['grows_most']['delta']:+.1%} at {gpus}).",
+        f"Full ladder at {gpus} GPUs: compute {top['compute_s']:.3g} s, imbalance bubble {top['bubble_s']:.3g} s, "
+        f"exposed comm {top['exposed_s']:.3g} s (largest: {by_kind[0][0]} {by_kind[0][1]:.3g} s).",
+        "Dominant inputs: the single-GPU MFU per rung (assumed unless measured), the batch per GPU (it amortises "
+        "the per-step communication), the inter-node bandwidth, "
+        f"the table replicas' all-reduce (every {top['table_sync_every']} step(s) here), and the overlap of FSDP's "
+        "collectives.",
+    ]
+    return lines
