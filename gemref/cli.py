@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import json
 import logging
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from .bench import bench_names
 from .config import (AC_MODES, BACKENDS, BALANCE_POLICIES, PRESETS, SPARSE_SHARDINGS, TrainConfig, get_preset,
                      override)
 from .precision import PRECISIONS
-from .report import format_table, fmt, write_json
+from .report import atomic_write_text, fmt, format_table, markdown_table, write_json
 
 
 def parse_pairs(pairs: list[str] | None, flag: str) -> dict:
@@ -260,17 +261,22 @@ def _cmd_waterfall(args) -> int:
     out = Path(args.out)
     rows = run_waterfall(preset, device=args.device, ranks=args.ranks, repeats=args.repeats,
                          steps=args.steps, warmup=args.warmup, out_dir=out)
+    on = json.loads((out / "waterfall.json").read_text())["measured_on"]
+    title = (f"MFU waterfall: {preset.name} preset on {args.device}, {args.ranks} rank(s); "
+             f"median of {args.repeats} windows x {args.steps} steps after {args.warmup} warm-up")
+    notes = [f"{r['rung']}: {r['status']}" for r in rows if r["status"] != "ran"]
     ran = [r for r in rows if r["status"] == "ran"]
-    print(format_table(waterfall_table_rows(rows), WATERFALL_COLUMNS,
-                       title=f"MFU waterfall: {preset.name} preset on {args.device}, {args.ranks} rank(s); "
-                             f"median of {args.repeats} windows x {args.steps} steps after {args.warmup} warm-up"))
-    for r in rows:
-        if r["status"] != "ran":
-            print(f"{r['rung']}: {r['status']}")
-    if ran:
-        print(f"peak: {ran[0]['peak_source']}")
+    notes += [f"peak: {ran[0]['peak_source']}"] if ran else []
+    notes.append(f"measured {on['date_utc']} UTC on {on['device']} ({on['cpu_count']} CPUs, "
+                 f"{on['threads_per_rank']} thread(s) per rank), torch {on['torch']}, gemref {on['gemref']} "
+                 f"({(on['git_sha'] or 'no git')[:10]})")
+    table = waterfall_table_rows(rows)
+    print(format_table(table, WATERFALL_COLUMNS, title=title))
+    print("\n".join(notes))
+    atomic_write_text(out / "waterfall.md", f"{title}\n\n{markdown_table(table, WATERFALL_COLUMNS)}\n\n"
+                      + "".join(f"- {n}\n" for n in notes))
     written = save_figure(waterfall_figure(rows), out / "waterfall")
-    print("wrote " + ", ".join(map(str, [out / "waterfall.json", *written])))
+    print("wrote " + ", ".join(map(str, [out / "waterfall.json", out / "waterfall.md", *written])))
     return 0
 
 

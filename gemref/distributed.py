@@ -141,13 +141,13 @@ def measure_comm(state: ParallelState, preset: Preset, model: nn.Module, batch, 
     Returns (on every rank) world totals per (kind, dim), the ratio recorded / analytic, and
     each rank's overlap figures.
     """
-    from torch.profiler import ProfilerActivity, profile
+    from .mfu.profile import quiet_profile
 
     cuda = state.mesh.device_type == "cuda"
     reshard_all(model)      # start from the sharded state a training step starts from
     recorder = comm.CollectiveRecorder(group_dims(state.mesh))
     dist.barrier()
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+    with quiet_profile(state.mesh.device_type) as prof:
         with recorder:
             fwd_bwd()
         if cuda:

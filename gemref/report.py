@@ -45,6 +45,14 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     return "\n".join(out)
 
 
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """The same cells as `format_table`, as a GitHub-flavoured Markdown table."""
+    columns = list(columns or (rows[0].keys() if rows else ()))
+    out = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(columns))) + "|"]
+    out += ["| " + " | ".join(fmt(r.get(c)).replace("|", "\\|") for c in columns) + " |" for r in rows]
+    return "\n".join(out)
+
+
 def to_jsonable(obj: Any) -> Any:
     """Tuples, dataclasses' asdict output, tensors' python numbers: into plain JSON values."""
     if isinstance(obj, Mapping):

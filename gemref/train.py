@@ -83,13 +83,15 @@ def dataset_dir(preset: Preset, data_root: str | Path | None = None) -> Path:
     return root / f"{preset.name}-{fingerprint_hash(preset.model, preset.data)}"
 
 
-def git_sha() -> str | None:
+def versions() -> dict:
+    """torch and gemref versions and the git sha of the checkout (None outside a git clone)."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True,
                              text=True, timeout=5)
-        return out.stdout.strip() or None
+        sha = out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
-        return None
+        sha = None
+    return {"torch": torch.__version__, "gemref": __version__, "git_sha": sha}
 
 
 @dataclass
@@ -345,7 +347,7 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
                    "threads": torch.get_num_threads(), "ranks": world},
         "dtype": precision_label(s.precision),
         "precision": s.precision.as_record(),
-        "versions": {"torch": torch.__version__, "gemref": __version__, "git_sha": git_sha()},
+        "versions": versions(),
         "parameters": global_parameters(s.model),
         "start_step": start,
         **meter.summary(),

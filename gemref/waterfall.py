@@ -14,6 +14,8 @@ previous rung's step used at its batch size.
 """
 from __future__ import annotations
 
+import datetime
+import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +27,10 @@ from .ac_profile import find_batch_size, representative_batch, step_bytes
 from .config import Preset, TrainConfig, override
 from .distributed import launch_runs
 from .mfu.meter import Meter, StepRecord
-from .mfu.peak import Peak
+from .mfu.peak import Peak, device_name
 from .precision import native_support
 from .report import write_json
-from .train import build_model, run
+from .train import build_model, run, versions
 
 
 RUNG_TIMEOUT_S = 900   # a multi-rank launch fails (instead of hanging) past this per rung
@@ -114,6 +116,14 @@ def _window_stats(record: dict, repeats: int) -> dict:
             "mfu": med("mfu"), "hfu": med("hfu"), "median_step_s": med("median_step_s")}
 
 
+def provenance(device: str, ranks: int) -> dict:
+    """Where and when a waterfall was measured: UTC date, device name, CPU count, threads per
+    rank, ranks, and the torch/gemref versions and git sha."""
+    return {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+            "device": device_name(device), "cpu_count": os.cpu_count(),
+            "threads_per_rank": torch.get_num_threads(), "ranks": ranks, **versions()}
+
+
 def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, repeats: int = 3,
                   steps: int = 4, warmup: int = 2, ladder: list[Rung] | None = None,
                   out_dir: str | Path | None = None, log=print) -> list[dict]:
@@ -159,5 +169,5 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, repeat
     if out_dir:
         write_json(Path(out_dir) / "waterfall.json", {"preset": preset.name, "device": device, "ranks": ranks,
                                                       "repeats": repeats, "steps": steps, "warmup": warmup,
-                                                      "rungs": rows})
+                                                      "measured_on": provenance(device, ranks), "rungs": rows})
     return rows

@@ -151,16 +151,17 @@ def test_cli_user_mistakes_exit_2(capsys, args, message):
 
 @pytest.mark.multiproc
 @pytest.mark.slow
-def test_prediction_of_measured_gloo_runs_within_35_percent(data_root):
+@pytest.mark.solo
+def test_prediction_of_measured_gloo_runs_within_20_percent(data_root):
     """tiny preset, jagged + fast kernel + kk balance + FSDP 1xR with row-sharded tables, 2 and 4 ranks.
 
-    The machine is shared (other tests run beside this one), so a rank count that misses is
-    measured once more, prediction and measurement both anew."""
+    Marked solo: `make test` runs it alone. A rank count that misses anyway (a noisy
+    neighbour on a shared machine) is measured once more, prediction and measurement anew."""
     from gemref.simulate_validate import validate
 
     rows = validate("tiny", (2, 4), log=lambda s: None)
-    missed = [r["ranks"] for r in rows if abs(r["error"]) > 0.35]
+    missed = [r["ranks"] for r in rows if abs(r["error"]) > 0.20]
     if missed:
         rows = [r for r in rows if r["ranks"] not in missed] + validate("tiny", missed, log=lambda s: None)
     for r in rows:
-        assert abs(r["error"]) <= 0.35, r
+        assert abs(r["error"]) <= 0.20, r

@@ -46,6 +46,19 @@ def test_na_rung_is_kept_with_its_reason_and_skipped(rows):
     assert (rows[1] / "waterfall.json").exists()
 
 
+def test_waterfall_json_says_where_and_when_it_was_measured(rows):
+    import json
+    on = json.loads((rows[1] / "waterfall.json").read_text())["measured_on"]
+    assert on["date_utc"][:2] == "20" and on["device"] and on["cpu_count"] >= 1 and on["ranks"] == 1
+    assert on["torch"].startswith("2.") and on["gemref"]
+
+
+def test_markdown_table_has_the_text_tables_cells():
+    from gemref.report import markdown_table
+    md = markdown_table([{"rung": "0 baseline", "mfu": 0.01234, "note": "a|b"}], ["rung", "mfu", "note"])
+    assert md.splitlines() == ["| rung | mfu | note |", "|---|---:|---:|", "| 0 baseline | 0.0123 | a\\|b |"]
+
+
 def test_low_precision_rung_is_na_on_cpu():
     import torch
     from gemref.waterfall import Context, _low_precision

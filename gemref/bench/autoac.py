@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .. import __version__
 from ..ac_profile import backward_flops, find_batch_size, forward_loss, forward_with_bytes, profile_blocks, step_bytes
 from ..autoac import Plan, ac_blocks, apply_plan, recompute_flops, solve
 from ..compile import compile_model
@@ -40,7 +39,7 @@ from ..mfu.flops import executed_flops, model_flops
 from ..mfu.meter import stopwatch
 from ..mfu.peak import peak_flops
 from ..report import format_table, write_json
-from ..train import build_model, dataset_dir, git_sha, resolve_device
+from ..train import build_model, dataset_dir, resolve_device, versions
 
 DEFAULT_BUDGETS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 SWEEP_COLUMNS = ("budget", "strategy", "act_mb", "act_pct", "fits", "recompute_pct", "step_s", "vs_none",
@@ -313,7 +312,7 @@ def run(args) -> int:
     record = {"kind": "bench_autoac", "preset": b.preset.name, "batch_size": b.train.batch_size,
               "kernel": b.train.kernel, "compile": b.train.compile, "steps": args.steps, "warmup": args.warmup,
               "device": {"type": b.device.type, "threads": torch.get_num_threads(), "machine": platform.machine()},
-              "versions": {"torch": torch.__version__, "gemref": __version__, "git_sha": git_sha()},
+              "versions": versions(),
               "peak_flops": b.peak, **sweep}
     if args.find_batch:
         budget = int(args.memory_budget_mb * 2**20) if args.memory_budget_mb else None

@@ -21,12 +21,11 @@ import time
 
 import torch
 
-from .. import __version__
 from ..ac_profile import forward_loss
 from ..compile import REGION_KINDS, compile_stats, region_inputs, run_region
 from ..mfu.meter import stopwatch
 from ..report import format_table, write_json
-from ..train import git_sha
+from ..train import versions
 from .autoac import Bench, _mfu, make_bench, strategy_model
 
 STEP_COLUMNS = ("variant", "median_step_s", "p10_step_s", "p90_step_s", "vs_eager", "mfu", "compile_s", "graphs",
@@ -123,7 +122,7 @@ def run(args) -> int:
                                "kernel": b.train.kernel, "steps": args.steps, "warmup": args.warmup,
                                "device": {"type": b.device.type, "threads": torch.get_num_threads(),
                                           "machine": platform.machine()},
-                               "versions": {"torch": torch.__version__, "gemref": __version__, "git_sha": git_sha()},
+                               "versions": versions(),
                                **steps, "regions": regions})
         print(f"wrote {args.json}")
     return 0

@@ -7,6 +7,8 @@ On CPU the time is wall time; on CUDA it is the device time of the kernels insid
 """
 from __future__ import annotations
 
+import os
+
 from torch.profiler import ProfilerActivity, profile
 
 from ..train import sample_batch, setup, train_step
@@ -15,11 +17,18 @@ REGIONS = ("embeddings", "sequence_block", "interaction_block", "cross_block", "
            "backward", "optimizer")
 
 
+def quiet_profile(device_type: str) -> profile:
+    """A torch.profiler over CPU (and CUDA on a GPU) that does not print kineto's per-trace
+    start/stop lines to stderr (KINETO_LOG_LEVEL, read when a trace starts; a user's own
+    setting wins)."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    return profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else []))
+
+
 def time_breakdown(step_fn, device_type: str, repeats: int = 3) -> list[dict]:
     """Seconds per step spent in each region, averaged over `repeats` calls of step_fn()."""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
     step_fn()  # warm-up outside the profile
-    with profile(activities=activities) as prof:
+    with quiet_profile(device_type) as prof:
         for _ in range(repeats):
             step_fn()
     totals = {}

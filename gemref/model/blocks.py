@@ -16,6 +16,8 @@ and the interaction block as regions (gemref/compile.py) while attention runs it
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -23,6 +25,12 @@ from torch.profiler import record_function
 
 from ..config import ModelConfig
 from .layout import SequenceLayout
+
+
+def region(name: str):
+    """`record_function(name)` for the profiler; nothing while torch.compile traces (dynamo
+    would drop it anyway, with a warning per compiled region)."""
+    return contextlib.nullcontext() if torch.compiler.is_compiling() else record_function(name)
 
 
 def attention_out_scale(cfg: ModelConfig) -> float:
@@ -56,7 +64,7 @@ class SequenceBlock(nn.Module):
         self.ffn = GatedFFN(d, cfg.ffn_mult * d)
 
     def forward(self, x: Tensor, layout: SequenceLayout) -> Tensor:
-        with record_function("sequence_block"):
+        with region("sequence_block"):
             q, k, v = self.project(x)
             a = layout.self_attention(q, k, v, activation=self.cfg.activation,
                                       out_scale=attention_out_scale(self.cfg))
@@ -84,7 +92,7 @@ class InteractionBlock(nn.Module):
         self.mlp_out = nn.Linear(cfg.ffn_mult * d, N * d)
 
     def forward(self, z: Tensor) -> Tensor:
-        with record_function("interaction_block"):
+        with region("interaction_block"):
             B, N, d = z.shape
             h = self.norm(z)
             mixtures = torch.einsum("bnd,nk->bkd", h, self.compress)        # (B, k, d)
@@ -108,7 +116,7 @@ class CrossBlock(nn.Module):
         self.summary = nn.Linear(cfg.n_ns_tokens * d, d)
 
     def forward(self, x: Tensor, z: Tensor, layout: SequenceLayout) -> tuple[Tensor, Tensor]:
-        with record_function("cross_block"):
+        with region("cross_block"):
             q, k, v = self.project(x, z)
             c = layout.cross_attention(q, k, v, activation=self.cfg.activation,
                                        out_scale=attention_out_scale(self.cfg))
