@@ -46,22 +46,32 @@ def flop_breakdown_figure(rows: list[dict], title: str = "FLOPs per training ste
     return fig
 
 
-def run_figure(record: dict) -> go.Figure:
-    """A run at a glance: training loss per step, and its throughput/MFU figures."""
+def run_figure(record: dict, window: int = 20) -> go.Figure:
+    """A run at a glance: training loss per step with its running mean over `window` steps
+    and the eval losses (left); the last eval's NE and AUC per task (right); throughput and
+    MFU in the title."""
     fig = make_subplots(rows=1, cols=2, column_widths=[0.65, 0.35],
-                        subplot_titles=("training loss", "throughput"))
+                        subplot_titles=("loss", "last eval (NE < 1 beats the base rate)"))
     losses = record["loss_curve"]
-    fig.add_trace(go.Scatter(x=list(range(1, len(losses) + 1)), y=losses, mode="lines", name="loss"),
-                  row=1, col=1)
-    mfu = record.get("mfu")
-    labels = ["model TFLOP/s", "MFU %" if mfu is not None else "MFU (N/A)"]
-    values = [record["model_tflops_per_s"], 100 * mfu if mfu is not None else 0.0]
-    fig.add_trace(go.Bar(x=labels, y=values, name="throughput", text=[f"{v:.3g}" for v in values]),
-                  row=1, col=2)
+    steps = list(range(1, len(losses) + 1))
+    running = [sum(losses[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(losses))]
+    fig.add_trace(go.Scatter(x=steps, y=losses, mode="lines", name="train loss", opacity=0.35), row=1, col=1)
+    fig.add_trace(go.Scatter(x=steps, y=running, mode="lines", name=f"train, mean of {window}"), row=1, col=1)
+    evals = record.get("eval_history") or []
+    fig.add_trace(go.Scatter(x=[e["step"] for e in evals], y=[e["eval_loss"] for e in evals], mode="markers",
+                             name="eval loss", marker=dict(size=10, symbol="diamond")), row=1, col=1)
+    last = record.get("eval") or {}
+    for metric in ("ne", "auc"):
+        tasks = [t for t in ("click", "conversion") if last.get(f"{metric}_{t}") is not None]
+        values = [last[f"{metric}_{t}"] for t in tasks]
+        fig.add_trace(go.Bar(x=tasks, y=values, name=metric.upper(), text=[f"{metric.upper()} {v:.3f}" for v in values]),
+                      row=1, col=2)
     fig.update_xaxes(title_text="step", row=1, col=1)
-    fig.update_layout(template=TEMPLATE, showlegend=False,
-                      title=f"{record['preset']} on {record['device']['name']}: "
-                            f"{record['tokens_per_s']:.3g} tokens/s, NE(click) {record['eval']['ne_click']:.3f}")
+    mfu = record.get("mfu")
+    fig.update_layout(template=TEMPLATE, barmode="group",
+                      title=f"{record['preset']} on {record['device']['name']}: {record['tokens_per_s']:.3g} tokens/s, "
+                            f"{record['model_tflops_per_s']:.3g} model TFLOP/s, "
+                            + (f"MFU {mfu:.1%}" if mfu is not None else "MFU N/A (no known peak)"))
     return fig
 
 

@@ -121,7 +121,8 @@ def provenance(device: str, ranks: int) -> dict:
     rank, ranks, and the torch/gemref versions and git sha."""
     return {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
             "device": device_name(device), "cpu_count": os.cpu_count(),
-            "threads_per_rank": torch.get_num_threads(), "ranks": ranks, **versions()}
+            "threads_per_rank": 1 if ranks > 1 else torch.get_num_threads(),   # launch.py: 1 per spawned rank
+            "ranks": ranks, **versions()}
 
 
 def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, repeats: int = 3,
