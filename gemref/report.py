@@ -67,11 +67,15 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write to a temp file in the same folder, then rename: a crash never leaves half a file."""
+    """Write to a temp file in the same folder, then rename: a crash never leaves half a file.
+    The file gets the permissions a plain open() would (mkstemp's are owner-only)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()

@@ -61,12 +61,17 @@ SIZES = (4 << 10, 32 << 10, 256 << 10, 1 << 20)   # payload bytes (volume.py's c
 GAP_S = 1e-4
 
 
+# torch 2.13 renamed the flat-tensor collectives (the old names warn); older torch has only those.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def _run_collective(kind: str, nbytes: int, world: int) -> None:
     n = max(world, nbytes // 4 // world * world)           # fp32 elements of the payload
     if kind == "all_gather":
-        dist.all_gather_into_tensor(torch.empty(n), torch.ones(n // world))
+        _ALL_GATHER(torch.empty(n), torch.ones(n // world))
     elif kind == "reduce_scatter":
-        dist.reduce_scatter_tensor(torch.empty(n // world), torch.ones(n))
+        _REDUCE_SCATTER(torch.empty(n // world), torch.ones(n))
     elif kind == "all_to_all":
         dist.all_to_all_single(torch.empty(n), torch.ones(n))
     else:

@@ -53,11 +53,6 @@ def test_waterfall_json_says_where_and_when_it_was_measured(rows):
     assert on["torch"].startswith("2.") and on["gemref"]
 
 
-def test_markdown_table_has_the_text_tables_cells():
-    from gemref.report import markdown_table
-    md = markdown_table([{"rung": "0 baseline", "mfu": 0.01234, "note": "a|b"}], ["rung", "mfu", "note"])
-    assert md.splitlines() == ["| rung | mfu | note |", "|---|---:|---:|", "| 0 baseline | 0.0123 | a\\|b |"]
-
 
 def test_low_precision_rung_is_na_on_cpu():
     import torch
