@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from gemref.config import get_preset
 from gemref.mfu.flops import count_with_flop_counter, executed_flops, model_flops, sample_cost_coefficients
 from gemref.model import GEMRef, ranking_loss
-from test_model import random_batch
+from gemref.ac_profile import batch_with_lengths
 
 TINY = get_preset("tiny").model
 
@@ -14,7 +14,7 @@ TINY = get_preset("tiny").model
 @settings(max_examples=8, deadline=None)
 @given(st.lists(st.integers(0, TINY.max_len), min_size=1, max_size=5), st.booleans())
 def test_executed_flops_match_flop_counter(lengths, jagged):
-    batch = random_batch(TINY, lengths)
+    batch = batch_with_lengths(TINY, lengths)
     model = GEMRef(TINY, jagged=jagged)
     counted = count_with_flop_counter(lambda: ranking_loss(model(batch), batch.labels).backward())
     assert counted == executed_flops(TINY, batch.lengths, jagged=jagged).total

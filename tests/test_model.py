@@ -5,23 +5,11 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from gemref.ac_profile import batch_with_lengths
 from gemref.config import get_preset
-from gemref.data.jagged import JaggedBatch, lengths_to_offsets
 from gemref.model import GEMRef, ranking_loss
 
 TINY = get_preset("tiny").model
-
-
-def random_batch(cfg, lengths, seed=0) -> JaggedBatch:
-    g = torch.Generator().manual_seed(seed)
-    offsets = lengths_to_offsets(torch.tensor(lengths, dtype=torch.int64))
-    T, B = int(offsets[-1]), len(lengths)
-    values = torch.stack([torch.randint(0, v, (T,), generator=g)
-                          for v in (cfg.item_vocab, cfg.action_vocab, cfg.time_buckets)], dim=1)
-    sparse = torch.stack([torch.randint(0, v, (B,), generator=g) for v in cfg.sparse_vocab], dim=1)
-    return JaggedBatch(values, offsets, sparse, torch.randn(B, cfg.n_dense, generator=g),
-                       torch.randint(0, cfg.item_vocab, (B,), generator=g),
-                       torch.randint(0, 2, (B, 2), generator=g).float())
 
 
 def loss_and_grads(cfg, batch, jagged, kernel="reference"):
@@ -44,7 +32,7 @@ def test_jagged_matches_padded(lengths, activation_kernel):
     """Rung 1 (jagged layout) and rung 2 (fast kernels) change how the model runs, not what it computes."""
     activation, kernel = activation_kernel
     cfg = dataclasses.replace(TINY, activation=activation)
-    batch = random_batch(cfg, lengths)
+    batch = batch_with_lengths(cfg, lengths)
     loss_p, grads_p = loss_and_grads(cfg, batch, jagged=False)
     loss_j, grads_j = loss_and_grads(cfg, batch, jagged=True, kernel=kernel)
     torch.testing.assert_close(loss_j, loss_p, rtol=1e-5, atol=1e-6)
@@ -55,7 +43,7 @@ def test_jagged_matches_padded(lengths, activation_kernel):
 
 def test_pad_rows_do_not_leak():
     """Changing what sits on pad rows cannot change the padded model's output."""
-    batch = random_batch(TINY, [3, 1, 7])
+    batch = batch_with_lengths(TINY, [3, 1, 7])
     model = GEMRef(TINY, jagged=False)
     layout = model.layout(batch)
     x, z = model.embed(batch, layout)
@@ -70,14 +58,14 @@ def test_pad_rows_do_not_leak():
 
 
 def test_history_longer_than_max_len_is_an_error():
-    batch = random_batch(TINY, [TINY.max_len + 1])
+    batch = batch_with_lengths(TINY, [TINY.max_len + 1])
     for jagged in (False, True):
         with pytest.raises(ValueError, match=f"> max_len={TINY.max_len}"):
             GEMRef(TINY, jagged=jagged)(batch)
 
 
 def test_model_learns_a_fixed_batch():
-    batch = random_batch(TINY, [5, 9, 2, 30, 1, 12, 7, 3])
+    batch = batch_with_lengths(TINY, [5, 9, 2, 30, 1, 12, 7, 3])
     model = GEMRef(TINY, jagged=True)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     first = None
