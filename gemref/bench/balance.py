@@ -40,14 +40,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import __version__
+from ..ac_profile import batch_with_lengths
 from ..balance import POLICIES, SampleCost, calibrate, compare_policies, partition
 from ..config import LENGTH_PROFILES, get_preset
-from ..data.jagged import JaggedBatch, lengths_to_offsets
 from ..data.synthetic import draw_lengths
 from ..mfu.flops import sample_cost_coefficients
 from ..parallel.launch import spawn_gloo
 from ..report import format_table, write_json
+from ..train import versions
 
 
 # ----------------------------------------------------------------------------- toy jagged model
@@ -102,20 +102,6 @@ def sample_losses(model, values, offsets, labels) -> torch.Tensor:
 # ----------------------------------------------------------------------------- the GEM step on gloo ranks
 
 
-def gem_batch(cfg, lengths, seed: int) -> JaggedBatch:
-    """A synthetic JaggedBatch with these history lengths: uniform ids within every vocab, random labels."""
-    g = torch.Generator().manual_seed(seed)
-    lengths_t = torch.as_tensor(np.asarray(lengths), dtype=torch.int64)
-    B, T = len(lengths_t), int(lengths_t.sum())
-
-    def ids(vocab: int, *shape: int) -> torch.Tensor:
-        return torch.randint(0, vocab, shape, generator=g)
-    values = torch.stack([ids(cfg.item_vocab, T), ids(cfg.action_vocab, T), ids(cfg.time_buckets, T)], dim=1)
-    sparse = torch.stack([ids(v, B) for v in cfg.sparse_vocab], dim=1)
-    return JaggedBatch(values, lengths_to_offsets(lengths_t), sparse, torch.randn(B, cfg.n_dense, generator=g),
-                       ids(cfg.item_vocab, B), torch.randint(0, 2, (B, 2), generator=g).float())
-
-
 def gem_model(preset: str, max_len: int):
     """The preset's GEMRef with max_len widened to the profile's, jagged, with the best attention kernel here."""
     from ..attention import resolve_kernel
@@ -135,7 +121,7 @@ def _measure_rank(rank, world, preset, max_len, lengths_per_step, cost_coeffs, p
     cost = SampleCost(*cost_coeffs)
     out = {p: [] for p in policies}
     for step, lengths in enumerate(lengths_per_step):
-        batch = gem_batch(model.cfg, lengths, seed=step)
+        batch = batch_with_lengths(model.cfg, lengths, seed=step)
         for policy in policies:
             mine = batch.select(partition(cost.cost(lengths), world, policy, min_per_rank=1)[rank])
             model.zero_grad(set_to_none=True)
@@ -166,7 +152,7 @@ def calibrate_gem(preset: str, max_len: int, pool: np.ndarray, n_batches: int = 
     lengths_list, times = [], []
     for k in range(n_batches):
         lengths = rng.choice(pool, size=int(rng.integers(2, 33)))
-        batch = gem_batch(model.cfg, lengths, seed=k)
+        batch = batch_with_lengths(model.cfg, lengths, seed=k)
         samples = []
         for _ in range(reps + 1):   # first run is warm-up
             model.zero_grad(set_to_none=True)
@@ -261,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
                                    f"lengths (median {args.median}, max {args.max_len}), {args.batches} batches"))
     record = {"bench": "balance", "config": {k: v for k, v in vars(args).items() if k != "func"},
               "cost_coefficients": list(coefficients), "projected": rows, "cpu_count": os.cpu_count(),
-              "platform": platform.platform(), "torch": torch.__version__, "gemref": __version__}
+              "platform": platform.platform(), "versions": versions()}
     if args.measure:
         load_1min = os.getloadavg()[0]
         fit, per_rank, summary = _measure(args, cost)
