@@ -12,7 +12,7 @@ other rank waits for at the gradient all-reduce. This module
 3. states the loss normalisation that keeps gradients exact when ranks hold different
    sample counts (`rank_loss_scale`).
 
-The samplers that use it are in gemref/sampler.py. Everything here is deterministic: ties
+The samplers that use it are in gemref/data/sampler.py. Everything here is deterministic: ties
 are broken by sample index, then rank index; no randomness is involved.
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ import yaml
 from .bench import bench_names
 from .config import (AC_MODES, BACKENDS, BALANCE_POLICIES, PRESETS, SPARSE_SHARDINGS, TrainConfig, get_preset,
                      override)
-from .precision import PRECISIONS
+from .config import PRECISIONS
 from .report import atomic_write_text, fmt, format_table, markdown_table, write_json
 
 
@@ -48,7 +48,7 @@ def _preset_arg(p: argparse.ArgumentParser, default: str = "tiny") -> None:
 
 def _cmd_data(args) -> int:
     from .data.shards import generate_dataset
-    from .train import dataset_dir
+    from .data.shards import dataset_dir
 
     preset = get_preset(args.preset)
     data = parse_set(args.set, preset.data)
@@ -156,9 +156,9 @@ def _print_parallel(record: dict) -> None:
 
 
 def _cmd_train(args) -> int:
-    from .distributed import launch_train
+    from .run_ranks import launch_train
     from .parallel.launch import torchrun_world
-    from .plots import run_figure, save_figure
+    from .report.figures import run_figure, save_figure
     from .train import run
 
     preset = get_preset(args.preset)
@@ -254,7 +254,7 @@ def waterfall_table_rows(rows: list[dict]) -> list[dict]:
 
 
 def _cmd_waterfall(args) -> int:
-    from .plots import save_figure, waterfall_figure
+    from .report.figures import save_figure, waterfall_figure
     from .waterfall import run_waterfall
 
     preset = get_preset(args.preset)
@@ -329,12 +329,12 @@ def _add_notebooks(sub) -> None:
 def _cmd_simulate(args) -> int:
     from dataclasses import asdict
 
-    from .simulate import GPU_COUNTS, Options, project
-    from .simulate_summary import (at, findings, gem_band, load_waterfall, measured_mfu, mfu_pivot,
+    from .simulate.projection import GPU_COUNTS, Options, project
+    from .simulate.summary import (at, findings, gem_band, load_waterfall, measured_mfu, mfu_pivot,
                                    parse_mfu_assumption, rung_deltas, table_rows)
 
     if args.validate:
-        from .simulate_validate import validate
+        from .simulate.validate import validate
 
         rows = validate(args.validate_preset, args.ranks, steps=args.steps, batch_size=args.batch_size,
                         calibration_ranks=args.calibration_ranks)
@@ -368,7 +368,7 @@ def _cmd_simulate(args) -> int:
 
 
 def _add_simulate(sub) -> None:
-    from .parallel.cost_model import HARDWARE
+    from .simulate.cost_model import HARDWARE
 
     p = sub.add_parser("simulate", help="project step time and MFU of every rung to thousands of GPUs")
     _preset_arg(p, default="large")

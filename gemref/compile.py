@@ -129,7 +129,7 @@ class CompiledRegion:
 def compile_model(model: nn.Module, *, activation_memory_budget: float | None = None) -> CompileStats:
     """Compile GEMRef's blocks in place, region by region; returns (and registers) the stats.
 
-    Apply after activation checkpointing (gemref/autoac.py) and before FSDP: a checkpointed
+    Apply after activation checkpointing (gemref/autoac/solver.py) and before FSDP: a checkpointed
     interaction block is then compiled with its checkpoint inside the graph, while the
     checkpoint of a sequence or cross block wraps its compiled regions and eager attention.
     """
@@ -146,7 +146,7 @@ def compile_model(model: nn.Module, *, activation_memory_budget: float | None = 
                                         stats, block)
                 setattr(block, method, region)
         region = CompiledRegion(f"layers.{i}.interaction", layer.interaction.forward, stats, layer.interaction)
-        if hasattr(region.fn, "gemref_ac"):       # checkpointed (gemref/autoac.py): keep it visible
+        if hasattr(region.fn, "gemref_ac"):       # checkpointed (gemref/autoac/solver.py): keep it visible
             region.gemref_ac = region.fn.gemref_ac
         layer.interaction.forward = region
     stats.loss = CompiledRegion("loss", ranking_loss, stats, model)

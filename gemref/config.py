@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .precision import KERNELS as PRECISION_KERNELS
-from .precision import PRECISIONS
+import re
 
 ATTENTION_ACTIVATIONS = (
     "softmax", "silu", "gelu", "gelu_tanh", "relu", "relu2", "leaky_relu", "identity",
@@ -19,6 +18,35 @@ BALANCE_POLICIES = ("none", "round_robin", "lpt", "kk")   # gemref/balance.py (n
 SPARSE_SHARDINGS = ("none", "row", "table")               # gemref/parallel/sparse.py
 BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/comm.py
 AC_MODES = ("none", "full", "auto", "pt2")
+PRECISIONS = ("fp32", "bf16", "float8_rowwise", "float8_tensorwise", "mxfp8")   # gemref/precision/apply.py
+PRECISION_KERNELS = ("auto", "native", "emulated")                            # float8/MXFP8 GEMM paths
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """A 2D device mesh RxS (gemref/parallel/mesh.py builds it): R replica groups of S shards."""
+
+    replicate: int   # R: groups holding a full copy of the (sharded) parameters
+    shard: int       # S: ranks a parameter is split across
+
+    @property
+    def world(self) -> int:
+        return self.replicate * self.shard
+
+    def coordinates(self, rank: int) -> tuple[int, int]:
+        """(replicate index, shard index) of a global rank."""
+        return divmod(rank, self.shard)
+
+    def __str__(self) -> str:
+        return f"{self.replicate}x{self.shard}"
+
+
+def parse_mesh(spec: str) -> MeshShape:
+    """"RxS" -> MeshShape; anything else is a ValueError naming the field."""
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(spec))
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise ValueError(f"mesh={spec!r} must look like RxS with R, S >= 1 (e.g. 1x4, 2x2, 4x1)")
+    return MeshShape(int(m.group(1)), int(m.group(2)))
 
 
 @dataclass(frozen=True)
@@ -100,7 +128,7 @@ class TrainConfig:
     eval_batches: int = 8
     seed: int = 0
     num_workers: int = 0        # DataLoader workers
-    # --- switches (the ladder of DESIGN.md) ---
+    # --- switches (the ladder of docs/design.md) ---
     jagged: bool = False        # rung 1: keep histories jagged instead of padding to max_len
     kernel: str = "reference"   # rung 2: gdpa kernel (reference = naive materialised)
     compile: bool = False       # rung 3: torch.compile, block by block (gemref/compile.py)
@@ -139,7 +167,6 @@ class TrainConfig:
                             ("backend", BACKENDS)):
             if getattr(self, name) not in valid:
                 raise ValueError(f"{name}={getattr(self, name)!r}; valid: {', '.join(valid)}")
-        from .parallel.mesh import parse_mesh
         parse_mesh(self.mesh)
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")

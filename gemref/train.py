@@ -2,16 +2,16 @@
 
 `run()` generates (or reuses) the synthetic data, builds the model with the switches of a
 TrainConfig, trains with AdamW, times every step (gemref/mfu/meter.py), evaluates NE and AUC
-on held-out shards, and returns the run record of DESIGN.md (also written as JSON).
+on held-out shards, and returns the run record of docs/design.md (also written as JSON).
 
 Device and precision: by default CPU runs fp32 and CUDA runs bf16 autocast with fp32 master
-weights; `precision` switches the Linear GEMMs to float8 / MXFP8 (gemref/precision.py).
+weights; `precision` switches the Linear GEMMs to float8 / MXFP8 (gemref/precision/apply.py).
 
 Composition order in `build_model` (torchtitan's): precision conversion, then activation
 checkpointing, then torch.compile, then sharding (tables, then FSDP); each wraps the model
 from outside.
 
-Several ranks (gemref/distributed.py): inside a process group `setup` builds the 2D mesh
+Several ranks (gemref/parallel/parallelize.py): inside a process group `setup` builds the 2D mesh
 and applies sparse sharding and FSDP LAST (after the model-level switches); batch_size is
 the global batch, each rank takes its part (balanced by cost with `balance`), losses are
 divided by the global batch size and gradients summed, so a step equals the single-process
@@ -20,8 +20,6 @@ step on the global batch. Rank 0 prints, evaluates for the record and writes it.
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,67 +29,33 @@ from torch import nn
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from . import __version__
-from .ac_profile import auto_checkpoint, representative_batch
+from .autoac.profile import auto_checkpoint
 from .attention import resolve_kernel
-from .autoac import ac_blocks, applied_plan, apply_plan, plan_record, recompute_flops
+from .autoac.solver import ac_blocks, applied_plan, apply_plan, plan_record, recompute_flops
 from .compile import compile_model, compile_stats, loss_function
 from .config import Preset, TrainConfig, get_preset
+from .data.batches import representative_batch
 from .data.jagged import JaggedBatch
 from .data.loader import EventDataset, make_loader
-from .data.shards import ensure_dataset, fingerprint_hash, shard_paths
-from .distributed import (ParallelState, StepBatches, batch_sampler, measure_comm, parallel_state, parallelize,
-                          rank_times)
-from .metrics import normalized_entropy, roc_auc
-from .mfu.flops import executed_flops, model_flops
+from .data.sampler import BalancedDistributedBatchSampler, StepBatches
+from .env import resolve_device, versions
+from .data.shards import dataset_dir, ensure_dataset, shard_paths
+from .balance import SampleCost
+from .parallel.parallelize import ParallelState, measure_comm, parallel_state, parallelize, rank_times
+from .report.metrics import normalized_entropy, roc_auc
+from .mfu.flops import executed_flops, model_flops, sample_cost_coefficients
 from .mfu.memory import track_peak_memory
 from .mfu.meter import Meter, StepRecord, stopwatch
+from .mfu.profile import time_breakdown
 from .mfu.peak import Peak, device_name, peak_flops
 from .model import TASKS, GEMRef, ranking_loss
 from .parallel.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .parallel.fsdp import reshard_all
 from .parallel.memory import global_parameters, rank_bytes
-from .precision import PrecisionReport, apply_precision
+from .precision.apply import PrecisionReport, apply_precision
 from .report import write_json
-from .sampler import BalancedDistributedBatchSampler
 
 log = logging.getLogger(__name__)
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {name!r}; valid: auto, cpu, cuda")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' asked for, but torch.cuda.is_available() is False")
-    return torch.device(name)
-
-
-def default_data_root() -> Path:
-    """$GEMREF_DATA_DIR, else data/generated in a source checkout, else ~/.cache/gemref/data."""
-    if os.environ.get("GEMREF_DATA_DIR"):
-        return Path(os.environ["GEMREF_DATA_DIR"])
-    if (PROJECT_ROOT / "pyproject.toml").exists():
-        return PROJECT_ROOT / "data" / "generated"
-    return Path.home() / ".cache" / "gemref" / "data"
-
-
-def dataset_dir(preset: Preset, data_root: str | Path | None = None) -> Path:
-    root = Path(data_root) if data_root else default_data_root()
-    return root / f"{preset.name}-{fingerprint_hash(preset.model, preset.data)}"
-
-
-def versions() -> dict:
-    """torch and gemref versions and the git sha of the checkout (None outside a git clone)."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True,
-                             text=True, timeout=5)
-        sha = out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        sha = None
-    return {"torch": torch.__version__, "gemref": __version__, "git_sha": sha}
 
 
 @dataclass
@@ -158,6 +122,14 @@ def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimize
                               {"params": tables, "weight_decay": 0.0}], lr=train.lr)
 
 
+def batch_sampler(lengths, preset: Preset, train: TrainConfig, rank: int, world: int) -> BalancedDistributedBatchSampler:
+    """This rank's part of every global batch (drop_last: every step has the full global batch)."""
+    policy = "round_robin" if train.balance == "none" else train.balance
+    cost = SampleCost(*sample_cost_coefficients(preset.model))
+    return BalancedDistributedBatchSampler(lengths, train.batch_size, cost, rank=rank, world_size=world,
+                                           seed=train.seed, policy=policy, drop_last=True)
+
+
 def setup(preset: Preset | str, train: TrainConfig | None = None, *, device: str = "auto",
           data_root: str | Path | None = None, progress: bool = False) -> Setup:
     preset = get_preset(preset) if isinstance(preset, str) else preset
@@ -176,6 +148,14 @@ def setup(preset: Preset | str, train: TrainConfig | None = None, *, device: str
 def sample_batch(s: Setup) -> JaggedBatch:
     """The first training batch of the run's seed, on the run's device (for one-off measurements)."""
     return next(iter(make_loader(s.train_set, s.train.batch_size, seed=s.train.seed))).to(s.device)
+
+
+def training_step_breakdown(preset: Preset | str, train: TrainConfig | None = None, *, device: str = "auto",
+                            repeats: int = 3) -> list[dict]:
+    """Seconds per step in each named region (gemref/mfu/profile.py) of one real training step."""
+    s = setup(preset, train, device=device)
+    batch = sample_batch(s)
+    return time_breakdown(lambda: train_step(s, batch), s.device.type, repeats)
 
 
 def forward_loss(s: Setup, batch: JaggedBatch, normalizer: int | None = None) -> torch.Tensor:
@@ -296,7 +276,7 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
     cfg, tc, par = s.preset.model, s.train, s.parallel
     world = par.world if par else 1
     normalizer = tc.batch_size if par else None        # the global batch (drop_last: always full)
-    # float8/MXFP8 MFU is measured against the bf16 dense peak ("bf16-equivalent", DESIGN.md).
+    # float8/MXFP8 MFU is measured against the bf16 dense peak ("bf16-equivalent", docs/design.md).
     dtype_name = "fp32" if s.precision.precision == "fp32" else "bf16"
     peak = peak_flops(s.device, dtype_name) if s.rank == 0 else Peak(None, "reported by rank 0", dtype_name)
     if world > 1:

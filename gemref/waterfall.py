@@ -1,4 +1,4 @@
-"""The MFU waterfall: DESIGN.md's ladder, one rung at a time, each rung = the previous + one switch.
+"""The MFU waterfall: docs/design.md's ladder, one rung at a time, each rung = the previous + one switch.
 
 Every rung trains the same preset from the same seed for `warmup + repeats * steps` steps;
 the timed steps are cut into `repeats` consecutive windows (repeated measurements), and
@@ -22,14 +22,16 @@ from typing import Callable
 
 import torch
 
-from .ac_profile import find_batch_size, representative_batch, step_bytes
+from .autoac.profile import find_batch_size, step_bytes
+from .data.batches import representative_batch
 from .config import Preset, TrainConfig, override
-from .distributed import launch_runs
+from .run_ranks import launch_runs
 from .mfu.meter import Meter, StepRecord
 from .mfu.peak import Peak, device_name
-from .precision import native_support
+from .precision.apply import native_support
 from .report import write_json
-from .train import build_model, run, versions
+from .env import versions
+from .train import build_model, run
 
 
 RUNG_TIMEOUT_S = 900   # a multi-rank launch fails (instead of hanging) past this per rung

@@ -21,7 +21,7 @@ def data_root(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_dataset(data_root):
-    from gemref.train import dataset_dir
+    from gemref.data.shards import dataset_dir
 
     preset = get_preset("tiny")
     folder = dataset_dir(preset, data_root)

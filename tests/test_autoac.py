@@ -12,10 +12,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from gemref.ac_profile import (SavedTensors, activation_bytes, batch_with_lengths, existing_storages,
-                               find_batch_size, forward_loss, profile_blocks)
-from gemref.autoac import (BLOCK_KINDS, OPTIONS, ActivationProfile, BlockProfile, ac_blocks, applied_plan,
-                           apply_plan, full_plan, plan_of, recompute_flops, remove_plan, solve)
+from gemref.autoac.profile import (SavedTensors, activation_bytes, existing_storages, find_batch_size, forward_loss,
+                                   profile_blocks)
+from gemref.data.batches import batch_with_lengths
+from gemref.autoac.solver import (BLOCK_KINDS, OPTIONS, ActivationProfile, BlockProfile, ac_blocks, applied_plan,
+                                  apply_plan, full_plan, plan_of, recompute_flops, remove_plan, solve)
 from gemref.config import get_preset, override
 from gemref.mfu.flops import executed_flops
 from gemref.model import GEMRef

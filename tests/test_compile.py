@@ -3,8 +3,9 @@ compile composes with activation checkpointing and PyTorch 2's memory budget."""
 import pytest
 import torch
 
-from gemref.ac_profile import batch_with_lengths, forward_loss, forward_with_bytes
-from gemref.autoac import ac_blocks, apply_plan
+from gemref.autoac.profile import forward_loss, forward_with_bytes
+from gemref.data.batches import batch_with_lengths
+from gemref.autoac.solver import ac_blocks, apply_plan
 from gemref.compile import compile_model, compile_stats
 from gemref.config import get_preset, override
 from gemref.model import GEMRef

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from gemref.config import get_preset
 from gemref.mfu.flops import count_with_flop_counter, executed_flops, model_flops, sample_cost_coefficients
 from gemref.model import GEMRef, ranking_loss
-from gemref.ac_profile import batch_with_lengths
+from gemref.data.batches import batch_with_lengths
 
 TINY = get_preset("tiny").model
 

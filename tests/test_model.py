@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from gemref.ac_profile import batch_with_lengths
+from gemref.data.batches import batch_with_lengths
 from gemref.config import get_preset
 from gemref.model import GEMRef, ranking_loss
 

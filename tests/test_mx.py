@@ -1,4 +1,4 @@
-"""gemref.mx (our MX reference) against torchao's to_mx, bit for bit, and against the format's math."""
+"""gemref.precision.mx_reference (our MX reference) against torchao's to_mx, bit for bit, and against the format's math."""
 import math
 
 import numpy as np
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gemref.mx import (ELEMENT_FORMATS, SCALE_MODES, block_stats, from_mx, mx_fake_quant,
+from gemref.precision.mx_reference import (ELEMENT_FORMATS, SCALE_MODES, block_stats, from_mx, mx_fake_quant,
                        scale_exponents, to_mx)
 
 pytest.importorskip("torchao")

@@ -36,7 +36,8 @@ def _dense_tables():
 def _rank(rank, world, modes):
     import torch.distributed as dist
 
-    from gemref.parallel.mesh import MeshShape, build_mesh
+    from gemref.config import MeshShape
+    from gemref.parallel.mesh import build_mesh
     from gemref.parallel.sparse import ShardedEmbedding, shard_tables, sync_replica_grads
 
     mesh = build_mesh(MeshShape(2, 2), "cpu")

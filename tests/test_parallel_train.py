@@ -58,7 +58,7 @@ def test_loss_trajectory_matches_one_process(four_ranks, one_process, config):
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_bytes_per_rank_are_one_over_s(four_ranks, config):
     from gemref.parallel.memory import projected_rank_bytes
-    from gemref.parallel.mesh import parse_mesh
+    from gemref.config import parse_mesh
 
     S = SHARDS[config]
     projected = projected_rank_bytes(TINY.model, parse_mesh(CONFIGS[config]["mesh"]),
@@ -101,7 +101,7 @@ BALANCED = override(TINY.train, batch_size=40, mesh="1x2", balance="kk")   # kk 
 
 
 def _balanced_grads(rank, world):
-    from gemref.distributed import StepBatches
+    from gemref.data.sampler import StepBatches
     from gemref.train import backward, forward_loss, setup
 
     s = setup(TINY, BALANCED, device="cpu")

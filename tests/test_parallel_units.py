@@ -8,13 +8,15 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from gemref.config import get_preset, override
-from gemref.distributed import StepBatches, batch_sampler
+from gemref.data.sampler import StepBatches
+from gemref.train import batch_sampler
 from gemref.model import GEMRef
 from gemref.parallel import comm
-from gemref.parallel.cost_model import (HARDWARE, LinkTier, collective_time, comm_share, get_profile, group_tier,
+from gemref.simulate.cost_model import (HARDWARE, LinkTier, collective_time, comm_share, get_profile, group_tier,
                                         step_comm_time)
 from gemref.parallel.fsdp import padded_numel
-from gemref.parallel.mesh import MeshShape, check_world, parse_mesh
+from gemref.config import MeshShape, parse_mesh
+from gemref.parallel.mesh import check_world
 from gemref.parallel.sparse import plan_tables
 from gemref.parallel.volume import lookups, model_units, step_volume, table_shapes
 

@@ -14,9 +14,10 @@ from hypothesis import given, settings, strategies as st
 from torch import nn
 
 from gemref.cli import main
-from gemref.mx import mx_linear_reference
-from gemref.numerics import compare_linear, model_sqnr, sqnr
-from gemref.precision import PRECISIONS, MXFP8Linear, apply_precision, native_support
+from gemref.precision.mx_reference import mx_linear_reference
+from gemref.precision.sqnr import compare_linear, model_sqnr, sqnr
+from gemref.config import PRECISIONS
+from gemref.precision.apply import MXFP8Linear, apply_precision, native_support
 
 pytest.importorskip("torchao")
 from torchao.float8.float8_linear import Float8Linear  # noqa: E402
@@ -47,7 +48,7 @@ THRESHOLDS = {
 
 @pytest.fixture(autouse=True)
 def quiet_fallback_warnings(caplog):
-    caplog.set_level(logging.ERROR, logger="gemref.precision")
+    caplog.set_level(logging.ERROR, logger="gemref.precision.apply")
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +106,7 @@ def test_cuda_path_keeps_the_thresholds(precision):
        seed=st.integers(0, 2**31 - 1))
 def test_mxfp8_linear_equals_reference_forward_and_backward(tokens, k, n, bias, dtype, seed):
     """torchao's emulated MXFP8 GEMMs behind our MXFP8Linear (bias, token padding) against
-    gemref.mx.mx_linear_reference, for any (skewed) token count and batch shape. Output and
+    gemref.precision.mx_reference.mx_linear_reference, for any (skewed) token count and batch shape. Output and
     input grad are bit-equal. The weight grad reduces over tokens, which MXFP8Linear pads to
     a multiple of 32 and the reference does not: same products, another summation order,
     so it is compared to within a few ulps of the dtype."""
@@ -168,7 +169,7 @@ def test_conversion_filter_and_report(precision, converted, cls):
 
 
 def test_exclude_by_name_and_fallback_is_logged(caplog):
-    caplog.set_level(logging.WARNING, logger="gemref.precision")
+    caplog.set_level(logging.WARNING, logger="gemref.precision.apply")
     report = apply_precision(Toy(), "mxfp8", device="cpu", exclude=("block.2",))
     assert ("block.2", "excluded by name (kept in high precision)") in [(s.fqn, s.reason) for s in report.skipped]
     assert "mxfp8 falls back to emulated GEMMs" in caplog.text and "SM100" in caplog.text

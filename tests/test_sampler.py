@@ -1,4 +1,4 @@
-"""gemref.sampler: length profiles, token-budget batches, balanced distributed batches (all ranks simulated)."""
+"""gemref.data.sampler: length profiles, token-budget batches, balanced distributed batches (all ranks simulated)."""
 import numpy as np
 import pytest
 import torch
@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from gemref.balance import POLICIES, SampleCost, imbalance, rank_loads
 from gemref.data.synthetic import draw_lengths
-from gemref.sampler import BalancedDistributedBatchSampler, TokenBudgetBatcher
+from gemref.data.sampler import BalancedDistributedBatchSampler, TokenBudgetBatcher
 
 SETTINGS = settings(max_examples=30, deadline=None)
 COST = SampleCost(1e6, 2e5, 5e2)

@@ -10,12 +10,12 @@ from gemref.cli import main
 from gemref.config import get_preset
 from gemref.mfu.flops import sample_cost_coefficients
 from gemref.mfu.peak import gpu_peak
-from gemref.parallel.cost_model import HardwareProfile, LinkTier, collective_time
-from gemref.parallel.mesh import MeshShape
-from gemref.simulate import LADDER, Options, comm_rows, draw_batches, predict_step, project, split_loads
-from gemref.simulate_summary import (findings, load_waterfall, measured_mfu, mfu_at, parse_mfu_assumption,
+from gemref.simulate.cost_model import HardwareProfile, LinkTier, collective_time
+from gemref.config import MeshShape
+from gemref.simulate.projection import LADDER, Options, comm_rows, draw_batches, predict_step, project, split_loads
+from gemref.simulate.summary import (findings, load_waterfall, measured_mfu, mfu_at, parse_mfu_assumption,
                                      required_mfu_1gpu, rung_deltas)
-from gemref.simulate_validate import fit_tier
+from gemref.simulate.validate import fit_tier
 
 FREE = LinkTier("free", 0.0, math.inf, "no cost")
 FREE_HW = HardwareProfile("free", 8, FREE, FREE, "H100")
@@ -157,7 +157,7 @@ def test_prediction_of_measured_gloo_runs_within_20_percent(data_root):
 
     Marked solo: `make test` runs it alone. A rank count that misses anyway (a noisy
     neighbour on a shared machine) is measured once more, prediction and measurement anew."""
-    from gemref.simulate_validate import validate
+    from gemref.simulate.validate import validate
 
     rows = validate("tiny", (2, 4), log=lambda s: None)
     missed = [r["ranks"] for r in rows if abs(r["error"]) > 0.20]

@@ -1,10 +1,11 @@
-"""The training loop: it learns, it measures, it records what DESIGN.md's run record lists."""
+"""The training loop: it learns, it measures, it records what docs/design.md's run record lists."""
 import json
 
 import pytest
 
 from gemref.config import get_preset, override
-from gemref.train import resolve_device, run
+from gemref.env import resolve_device
+from gemref.train import run
 
 TINY = get_preset("tiny")
 RECORD_FIELDS = ("config", "switches", "device", "dtype", "versions", "steps_timed", "median_step_s",

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gemref.notebooks import NOTEBOOK_DIR, execute, profile_params
-from gemref.plots import find_chromium
+from gemref.report.figures import find_chromium
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 

@@ -20,7 +20,7 @@ One opaque op. Forward and backward are torch.library custom ops (gemref::cpu_ja
 gemref::cpu_jagged_bwd) with fake implementations and FlopCounterMode formulas, like the
 Triton kernel: dispatch-level tools see one op, not the few hundred aten ops inside. So
 torch.compile traces around it, FlopCounterMode counts its executed FLOPs (the formula
-replays the plan), and selective activation checkpointing (gemref/autoac.py) saves its
+replays the plan), and selective activation checkpointing (gemref/autoac/solver.py) saves its
 output instead of recomputing the forward (the workspace tiles it reuses are no activations).
 The plan (buckets, chunks, row indices) depends only on the offsets and is rebuilt in each
 op from them, in a few vectorised ops. gemref.mfu.memory's CPU tracker is let into the op

@@ -22,6 +22,7 @@ import logging
 import torch
 from torch import Tensor
 
+from ..data.jagged import offsets_to_lengths
 from .api import register_kernel
 from .reference import default_qk_scale
 from .sdpa import gdpa_sdpa, sdpa_executed_flops
@@ -53,9 +54,9 @@ def gdpa_flash_attn(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offse
     from flash_attn import flash_attn_varlen_func
 
     if max_q is None:
-        max_q = int((q_offsets[1:] - q_offsets[:-1]).max())
+        max_q = int(offsets_to_lengths(q_offsets).max())
     if max_kv is None:
-        max_kv = int((kv_offsets[1:] - kv_offsets[:-1]).max())
+        max_kv = int(offsets_to_lengths(kv_offsets).max())
     if window is None:
         window_size = (-1, -1)
     else:

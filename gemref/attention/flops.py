@@ -1,6 +1,6 @@
 """Model FLOPs of one attention forward, on the REAL lengths (the MFU numerator).
 
-Convention (DESIGN.md, PaLM appendix B): per sequence, QK^T and PV are 2*H*D*Lq*Lk FLOPs
+Convention (docs/design.md, PaLM appendix B): per sequence, QK^T and PV are 2*H*D*Lq*Lk FLOPs
 each, halved for causal attention (Lq = Lk = L: 2 * 2*H*D*L^2 / 2), summed over the real
 lengths, never B * max_len^2. With a sliding window the count is exact: 2*H*D per allowed
 (query, key) pair and per matmul. Padding, masked tiles and recomputation are *executed*

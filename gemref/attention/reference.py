@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..data.jagged import pad, unpad
+from ..data.jagged import offsets_to_lengths, pad, unpad
 
 POINTWISE: dict[str, Callable[[Tensor], Tensor]] = {
     "silu": F.silu,
@@ -87,8 +87,8 @@ def gdpa_reference(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offset
                    qk_scale: float | None = None, out_scale: float = 1.0,
                    max_q: int | None = None, max_kv: int | None = None) -> Tensor:
     """Jagged GDPA by padding to the longest sequence: q (Tq, H, D), k/v (Tk, H, D) -> (Tq, H, D)."""
-    q_lengths = q_offsets[1:] - q_offsets[:-1]
-    kv_lengths = kv_offsets[1:] - kv_offsets[:-1]
+    q_lengths = offsets_to_lengths(q_offsets)
+    kv_lengths = offsets_to_lengths(kv_offsets)
     max_q = int(q_lengths.max()) if max_q is None else max_q
     max_kv = int(kv_lengths.max()) if max_kv is None else max_kv
     q_pad, _ = pad(q, q_offsets, max_q)

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.flop_counter import flop_registry, register_flop_formula
 
+from ..data.jagged import offsets_to_lengths
 from .api import register_kernel
 from .bucketing import bucket_rows, chunk_mask, lengths_list, make_buckets, query_chunks
 from .reference import default_qk_scale
@@ -86,9 +87,9 @@ def _use_varlen(device_type: str, head_dim: int, window: int | None, same_length
 def _flash_varlen(q, k, v, q_offsets, kv_offsets, causal, window, qk_scale, max_q, max_kv) -> Tensor:
     """FlashAttention-2 varlen on CUDA (not run in this sandbox: no GPU)."""
     if max_q is None:
-        max_q = int((q_offsets[1:] - q_offsets[:-1]).max())
+        max_q = int(offsets_to_lengths(q_offsets).max())
     if max_kv is None:
-        max_kv = int((kv_offsets[1:] - kv_offsets[:-1]).max())
+        max_kv = int(offsets_to_lengths(kv_offsets).max())
     if max_q == 0 or max_kv == 0:
         return _zeros_in_graph(q, k, v)
     left = right = None

@@ -2,7 +2,7 @@
 
 Each module defines `configure_parser(parser: argparse.ArgumentParser) -> None` and
 `run(args: argparse.Namespace) -> int`, prints a table (gemref.report.format_table) and, with
-`--json PATH`, writes its record. Timing follows DESIGN.md: warm-up, repetitions, medians,
+`--json PATH`, writes its record. Timing follows docs/design.md: warm-up, repetitions, medians,
 variants side by side in one run.
 """
 import pkgutil

@@ -3,7 +3,7 @@
 For every max length, length profile, activation and kernel: forward and forward+backward
 median wall time (warm-up, then repetitions; CUDA timed with events after a sync),
 achieved TFLOP/s on the REAL-length model FLOPs (forward: attention_model_flops; forward+
-backward: 3x that, DESIGN.md), the kernel's executed/model FLOP ratio (padding, masked
+backward: 3x that, docs/design.md), the kernel's executed/model FLOP ratio (padding, masked
 tiles), peak memory of one forward+backward (a separate, untimed pass) and the speed-up over
 the reference kernel measured in the same run on the same batch.
 

@@ -4,9 +4,9 @@ For each budget (a fraction of the activation bytes of a step with nothing check
 four strategies side by side on the same batches (jagged histories, the auto attention kernel):
   none  nothing checkpointed: the reference (the same row at every budget)
   full  every block fully checkpointed: the classic recipe (the same row at every budget)
-  auto  AutoAC: the least-recompute plan that fits the budget (gemref/autoac.py)
+  auto  AutoAC: the least-recompute plan that fits the budget (gemref/autoac/solver.py)
   pt2   torch.compile with torch._functorch.config.activation_memory_budget = the budget
-Columns: activation bytes on the first batch (gemref/ac_profile.py; with --compile on CPU the
+Columns: activation bytes on the first batch (gemref/autoac/profile.py; with --compile on CPU the
 checkpointed strategies are measured on their eager twin), their share of the eager no-AC
 bytes, whether they fit the budget, recompute FLOPs (FlopCounterMode: backward FLOPs minus
 the eager no-AC backward's) in % of the step's model FLOPs, the median of --steps timed
@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ..ac_profile import backward_flops, find_batch_size, forward_loss, forward_with_bytes, profile_blocks, step_bytes
-from ..autoac import Plan, ac_blocks, apply_plan, recompute_flops, solve
+from ..autoac.profile import backward_flops, find_batch_size, forward_loss, forward_with_bytes, profile_blocks, step_bytes
+from ..autoac.solver import Plan, ac_blocks, apply_plan, recompute_flops, solve
 from ..compile import compile_model
 from ..config import Preset, TrainConfig, get_preset, override
 from ..data.loader import EventDataset, make_loader
@@ -39,7 +39,9 @@ from ..mfu.flops import executed_flops, model_flops
 from ..mfu.meter import stopwatch
 from ..mfu.peak import peak_flops
 from ..report import format_table, write_json
-from ..train import build_model, dataset_dir, resolve_device, versions
+from ..data.shards import dataset_dir
+from ..env import resolve_device, versions
+from ..train import build_model
 
 DEFAULT_BUDGETS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 SWEEP_COLUMNS = ("budget", "strategy", "act_mb", "act_pct", "fits", "recompute_pct", "step_s", "vs_none",

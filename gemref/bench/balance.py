@@ -40,14 +40,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..ac_profile import batch_with_lengths
+from ..data.batches import batch_with_lengths
+from ..data.jagged import offsets_to_lengths
 from ..balance import POLICIES, SampleCost, calibrate, compare_policies, partition
 from ..config import LENGTH_PROFILES, get_preset
 from ..data.synthetic import draw_lengths
 from ..mfu.flops import sample_cost_coefficients
 from ..parallel.launch import spawn_gloo
 from ..report import format_table, write_json
-from ..train import versions
+from ..env import versions
 
 
 # ----------------------------------------------------------------------------- toy jagged model
@@ -65,7 +66,7 @@ class ToyJaggedModel(nn.Module):
 
     def forward(self, values_TD: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         h_TH = torch.tanh(self.proj(values_TD))
-        lengths = offsets[1:] - offsets[:-1]
+        lengths = offsets_to_lengths(offsets)
         if self.attention:
             h_TH = torch.cat([torch.softmax(h @ h.T / h.shape[1] ** 0.5, dim=-1) @ h
                               for h in torch.split(h_TH, lengths.tolist())] or [h_TH])
@@ -88,7 +89,7 @@ def toy_batch(lengths, d_in: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
 def select_samples(values, offsets, labels, idx):
     """The samples `idx` of a toy batch, as a new jagged batch."""
     idx = list(idx)
-    lengths = (offsets[1:] - offsets[:-1])[idx]
+    lengths = offsets_to_lengths(offsets)[idx]
     rows = [values[offsets[i]:offsets[i + 1]] for i in idx]
     new_offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
     return torch.cat(rows) if rows else values[:0], new_offsets, labels[idx]

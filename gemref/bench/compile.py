@@ -21,20 +21,15 @@ import time
 
 import torch
 
-from ..ac_profile import forward_loss
+from ..autoac.profile import forward_loss
 from ..compile import REGION_KINDS, compile_stats, region_inputs, run_region
-from ..mfu.meter import stopwatch
+from ..mfu.meter import percentile, stopwatch
 from ..report import format_table, write_json
-from ..train import versions
+from ..env import versions
 from .autoac import Bench, _mfu, make_bench, strategy_model
 
 STEP_COLUMNS = ("variant", "median_step_s", "p10_step_s", "p90_step_s", "vs_eager", "mfu", "compile_s", "graphs",
                 "recompiles_after_warmup")
-
-
-def _percentile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
 def compare_steps(b: Bench) -> dict:
@@ -56,8 +51,8 @@ def compare_steps(b: Bench) -> dict:
                 seconds[name].append(elapsed[0])
     rows = []
     for name, s in seconds.items():
-        rows.append({"variant": name, "median_step_s": statistics.median(s), "p10_step_s": _percentile(s, 0.1),
-                     "p90_step_s": _percentile(s, 0.9), "mfu": _mfu(b, b.batches[b.warmup:], s), "steps_s": s})
+        rows.append({"variant": name, "median_step_s": statistics.median(s), "p10_step_s": percentile(s, 0.1),
+                     "p90_step_s": percentile(s, 0.9), "mfu": _mfu(b, b.batches[b.warmup:], s), "steps_s": s})
     paired = statistics.median(c / e for c, e in zip(seconds["compiled"], seconds["eager"]))
     rows[0]["vs_eager"], rows[1]["vs_eager"] = 1.0, paired
     rows[1].update(compile_s=stats.compile_seconds, graphs=stats.graphs,

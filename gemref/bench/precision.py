@@ -1,7 +1,7 @@
 """Linear GEMM time and SQNR per precision (fp32, bf16, float8, MXFP8), side by side.
 
 For each shape MxKxN (M tokens, K in-features, N out-features) and precision, one
-bias-free nn.Linear converted by `gemref.precision.apply_precision` runs forward+backward
+bias-free nn.Linear converted by `gemref.precision.apply.apply_precision` runs forward+backward
 (3 GEMMs, 6*M*K*N FLOPs) `--reps` times after `--warmup`; the table shows the median time,
 TFLOP/s, the speed-up vs fp32 and bf16 (t_ref / t), and the SQNR of output, input grad and
 weight grad against the fp32 layer. Emulated paths (no float8/MXFP8 hardware) reproduce the
@@ -22,8 +22,9 @@ import torch
 from torch import nn
 
 from ..config import get_preset, override
-from ..numerics import compare_linear
-from ..precision import KERNELS, PRECISIONS, apply_precision
+from ..precision.sqnr import compare_linear
+from ..config import PRECISION_KERNELS as KERNELS, PRECISIONS
+from ..precision.apply import apply_precision
 from ..report import format_table, write_json
 from ..train import run as train_run
 
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup < 0 or args.reps < 1:
         raise ValueError(f"--warmup must be >= 0 and --reps >= 1, got {args.warmup}, {args.reps}")
     shapes = [parse_dims(d) for d in (args.dims or DEFAULT_DIMS[device.type])]
-    logging.getLogger("gemref.precision").setLevel(logging.ERROR)  # the table states the path
+    logging.getLogger("gemref.precision.apply").setLevel(logging.ERROR)  # the table states the path
     rows = []
     for m, k, n in shapes:
         rows += bench_shape(m, k, n, args.precisions, device, args.kernel, args.warmup, args.reps, args.seed)

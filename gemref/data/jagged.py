@@ -5,7 +5,7 @@ sample back to back, and `offsets` (B+1,) says where each sample starts, so samp
 rows `values[offsets[b]:offsets[b+1]]`. No padding is stored; `pad` / `unpad` convert to
 and from the (B, max_len, ...) layout when a padded baseline wants it.
 
-Validation is strict (DESIGN.md): bad offsets, ids out of range, non-finite dense features
+Validation is strict (docs/design.md): bad offsets, ids out of range, non-finite dense features
 and empty batches raise ValueError naming the field and the first bad index. Nothing is
 clamped or dropped.
 """
@@ -29,7 +29,7 @@ def check_offsets(offsets: Tensor, total: int, name: str = "offsets") -> None:
         raise ValueError(f"{name} must be int64, got {offsets.dtype}")
     if int(offsets[0]) != 0:
         raise ValueError(f"{name}[0] must be 0, got {int(offsets[0])}")
-    steps = offsets[1:] - offsets[:-1]
+    steps = offsets_to_lengths(offsets)
     bad = torch.nonzero(steps < 0)
     if bad.numel():
         i = int(bad[0, 0]) + 1
@@ -53,6 +53,11 @@ def check_finite(x: Tensor, name: str) -> None:
         raise ValueError(f"{name}{list(idx)}={float(x[idx])} is not finite")
 
 
+def offsets_to_lengths(offsets: Tensor) -> Tensor:
+    """(B+1,) offsets -> (B,) lengths (the one place this subtraction is written)."""
+    return offsets[1:] - offsets[:-1]
+
+
 def lengths_to_offsets(lengths: Tensor) -> Tensor:
     """(B,) lengths -> (B+1,) int64 offsets."""
     return torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(torch.int64)
@@ -63,7 +68,7 @@ def pad(values: Tensor, offsets: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
 
     A sequence longer than `max_len` is a ValueError (padding never truncates silently).
     """
-    lengths = offsets[1:] - offsets[:-1]
+    lengths = offsets_to_lengths(offsets)
     B = lengths.numel()
     if B and int(lengths.max()) > max_len:
         b = int(torch.argmax(lengths))
@@ -77,14 +82,14 @@ def pad(values: Tensor, offsets: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
 
 def unpad(padded: Tensor, offsets: Tensor) -> Tensor:
     """Padded (B, L, ...) -> jagged (T, ...), the inverse of `pad` (rows in sample order)."""
-    lengths = offsets[1:] - offsets[:-1]
+    lengths = offsets_to_lengths(offsets)
     positions = torch.arange(padded.shape[1], device=padded.device)
     return padded[positions[None, :] < lengths[:, None]]
 
 
 def segment_ids(offsets: Tensor, total: int) -> Tensor:
     """(T,) index of the sample that owns each row."""
-    lengths = offsets[1:] - offsets[:-1]
+    lengths = offsets_to_lengths(offsets)
     return torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths,
                                    output_size=total)
 
@@ -110,11 +115,11 @@ class JaggedBatch:
 
     @property
     def lengths(self) -> Tensor:
-        return self.offsets[1:] - self.offsets[:-1]
+        return offsets_to_lengths(self.offsets)
 
     def validate(self, item_vocab: int, action_vocab: int, time_buckets: int,
                  sparse_vocab: Sequence[int], n_dense: int) -> "JaggedBatch":
-        """Check every contract of DESIGN.md; return self so calls chain."""
+        """Check every contract of docs/design.md; return self so calls chain."""
         B = self.batch_size
         if B < 1:
             raise ValueError("empty batch: offsets has no samples")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from ..config import DataConfig, ModelConfig
+from ..config import DataConfig, ModelConfig, Preset
 from ..report import write_json
 from .schema import SCHEMA_VERSION, samples_to_table
 from .synthetic import Teacher
@@ -109,3 +109,20 @@ def ensure_dataset(model: ModelConfig, data: DataConfig, out_dir: str | Path, *,
             if same and all((folder / s["file"]).exists() for sh in manifest["splits"].values() for s in sh):
                 return manifest
         return generate_dataset(model, data, folder, progress=progress)
+
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]   # the source checkout, when run from one
+
+
+def default_data_root() -> Path:
+    """$GEMREF_DATA_DIR, else data/generated in a source checkout, else ~/.cache/gemref/data."""
+    if os.environ.get("GEMREF_DATA_DIR"):
+        return Path(os.environ["GEMREF_DATA_DIR"])
+    if (PROJECT_ROOT / "pyproject.toml").exists():
+        return PROJECT_ROOT / "data" / "generated"
+    return Path.home() / ".cache" / "gemref" / "data"
+
+
+def dataset_dir(preset: Preset, data_root: str | Path | None = None) -> Path:
+    root = Path(data_root) if data_root else default_data_root()
+    return root / f"{preset.name}-{fingerprint_hash(preset.model, preset.data)}"

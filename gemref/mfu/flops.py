@@ -1,4 +1,4 @@
-"""Analytic FLOPs of GEMRef, per component, following DESIGN.md (PaLM appendix B convention).
+"""Analytic FLOPs of GEMRef, per component, following docs/design.md (PaLM appendix B convention).
 
 Two numbers are kept apart:
   * model FLOPs: matmul FLOPs of the forward pass over the REAL history lengths, x3 for a

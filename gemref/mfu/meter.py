@@ -49,7 +49,8 @@ class StepRecord:
     executed_flops: int
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of `values`, nearest rank (no interpolation: a value that occurred)."""
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
@@ -92,8 +93,8 @@ class Meter:
             "steps_timed": len(timed),
             "warmup_steps": self.warmup_steps,
             "median_step_s": statistics.median(s.seconds for s in timed),
-            "p10_step_s": _percentile([s.seconds for s in timed], 0.1),
-            "p90_step_s": _percentile([s.seconds for s in timed], 0.9),
+            "p10_step_s": percentile([s.seconds for s in timed], 0.1),
+            "p90_step_s": percentile([s.seconds for s in timed], 0.9),
             "samples_per_s": statistics.median(s.samples / s.seconds for s in timed),
             "tokens_per_s": statistics.median(s.tokens / s.seconds for s in timed),
             "model_flops_per_step": statistics.median(s.model_flops for s in timed),

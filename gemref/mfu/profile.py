@@ -11,8 +11,6 @@ import os
 
 from torch.profiler import ProfilerActivity, profile
 
-from ..train import sample_batch, setup, train_step
-
 REGIONS = ("embeddings", "sequence_block", "interaction_block", "cross_block", "heads", "loss",
            "backward", "optimizer")
 
@@ -37,10 +35,3 @@ def time_breakdown(step_fn, device_type: str, repeats: int = 3) -> list[dict]:
             us = event.device_time_total if device_type == "cuda" else event.cpu_time_total
             totals[event.key] = totals.get(event.key, 0.0) + us / 1e6 / repeats
     return [{"region": r, "seconds": totals[r]} for r in REGIONS if r in totals]
-
-
-def training_step_breakdown(preset, train, *, device: str = "auto", repeats: int = 3) -> list[dict]:
-    """`time_breakdown` of one real training step of a preset with these switches."""
-    s = setup(preset, train, device=device)
-    batch = sample_batch(s)
-    return time_breakdown(lambda: train_step(s, batch), s.device.type, repeats)

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..attention import gdpa, gdpa_padded
-from ..data.jagged import segment_ids
+from ..data.jagged import offsets_to_lengths, segment_ids
 
 
 @dataclass
@@ -30,7 +30,7 @@ class SequenceLayout:
     @staticmethod
     def build(offsets: Tensor, max_len: int, *, padded: bool, kernel: str) -> "SequenceLayout":
         """Layout for a batch; `max_len` is the model's (pad target, and the cap on lengths)."""
-        lengths = offsets[1:] - offsets[:-1]
+        lengths = offsets_to_lengths(offsets)
         B = lengths.numel()
         longest = int(lengths.max()) if B else 0
         if longest > max_len:

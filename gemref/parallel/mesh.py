@@ -12,40 +12,14 @@ node, where the links are fast, and let only the replicate all-reduce cross node
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ..config import MeshShape
+
 MESH_DIMS = ("replicate", "shard")
 _meshes: dict[tuple, DeviceMesh] = {}
-
-
-@dataclass(frozen=True)
-class MeshShape:
-    replicate: int   # R: groups holding a full copy of the (sharded) parameters
-    shard: int       # S: ranks a parameter is split across
-
-    @property
-    def world(self) -> int:
-        return self.replicate * self.shard
-
-    def coordinates(self, rank: int) -> tuple[int, int]:
-        """(replicate index, shard index) of a global rank."""
-        return divmod(rank, self.shard)
-
-    def __str__(self) -> str:
-        return f"{self.replicate}x{self.shard}"
-
-
-def parse_mesh(spec: str) -> MeshShape:
-    """"RxS" -> MeshShape; anything else is a ValueError naming the field."""
-    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(spec))
-    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-        raise ValueError(f"mesh={spec!r} must look like RxS with R, S >= 1 (e.g. 1x4, 2x2, 4x1)")
-    return MeshShape(int(m.group(1)), int(m.group(2)))
 
 
 def check_world(shape: MeshShape, world_size: int) -> None:

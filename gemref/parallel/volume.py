@@ -25,7 +25,7 @@ import torch
 
 from ..config import ModelConfig
 from .fsdp import padded_numel
-from .mesh import MeshShape
+from ..config import MeshShape
 from .sparse import plan_tables
 
 ID_BYTES = 8     # int64 ids and counts

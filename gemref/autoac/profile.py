@@ -32,7 +32,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Callable, Iterator
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -40,14 +39,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from .autoac import (ActivationProfile, BlockProfile, Plan, ac_blocks, applied_plan, apply_plan,
+from .solver import (ActivationProfile, BlockProfile, Plan, ac_blocks, applied_plan, apply_plan,
                      recompute_flops, remove_plan, solve)
-from .compile import compile_stats, loss_function
-from .config import ModelConfig, Preset
-from .data.jagged import JaggedBatch, lengths_to_offsets
-from .data.synthetic import draw_lengths
-from .mfu.flops import model_flops
-from .mfu.memory import track_peak_memory
+from ..compile import compile_stats, loss_function
+from ..data.jagged import JaggedBatch
+from ..mfu.flops import model_flops
+from ..mfu.memory import track_peak_memory
 
 
 def forward_loss(model: nn.Module, batch: JaggedBatch, autocast_dtype: torch.dtype | None = None) -> Tensor:
@@ -261,29 +258,6 @@ def auto_checkpoint(model: nn.Module, batch: JaggedBatch, budget_fraction: float
     plan = solve(profile, int(budget_fraction * profile.base_bytes))
     apply_plan(model, plan)
     return plan, profile
-
-
-def batch_with_lengths(cfg: ModelConfig, lengths, seed: int = 0) -> JaggedBatch:
-    """A batch of random ids, dense features and labels whose histories have these lengths."""
-    g = torch.Generator().manual_seed(seed)
-    offsets = lengths_to_offsets(torch.as_tensor(np.asarray(lengths), dtype=torch.int64))
-    T, B = int(offsets[-1]), offsets.numel() - 1
-    values = torch.stack([torch.randint(0, v, (T,), generator=g)
-                          for v in (cfg.item_vocab, cfg.action_vocab, cfg.time_buckets)], dim=1)
-    sparse = torch.stack([torch.randint(0, v, (B,), generator=g) for v in cfg.sparse_vocab], dim=1)
-    return JaggedBatch(values, offsets, sparse, torch.randn(B, cfg.n_dense, generator=g),
-                       torch.randint(0, cfg.item_vocab, (B,), generator=g),
-                       torch.randint(0, 2, (B, 2), generator=g).float())
-
-
-def representative_batch(preset: Preset, batch_size: int, device: torch.device | str = "cpu",
-                         seed: int = 0) -> JaggedBatch:
-    """A batch shaped like the preset's data (lengths drawn from its length profile): activation
-    memory depends on the lengths, not on the ids."""
-    cfg, data = preset.model, preset.data
-    lengths = draw_lengths(data.length_profile, batch_size, cfg.max_len, min(data.median_len, cfg.max_len),
-                           data.len_sigma, np.random.default_rng([seed, 4242]))
-    return batch_with_lengths(cfg, lengths, seed).to(device)
 
 
 # ----------------------------------------------------------------------------- batch search

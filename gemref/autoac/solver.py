@@ -10,7 +10,7 @@ cross block), each with one of three options:
     in backward. Zero recomputed FLOPs; the recompute is memory-bound work;
   * "full": non-reentrant checkpoint of the whole block: only its inputs stay alive, its
     forward runs again in backward.
-gemref/ac_profile.py measures, per block and option, the activation bytes it frees and the
+gemref/autoac/profile.py measures, per block and option, the activation bytes it frees and the
 FLOPs it recomputes; `solve` picks one option per block.
 
 The solver. Minimise recompute FLOPs subject to  base_bytes - sum(freed) <= budget, one
@@ -37,9 +37,9 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import flop_registry
 
-from .compile import CompiledRegion
-from .config import ModelConfig
-from .mfu.flops import executed_flops
+from ..compile import CompiledRegion
+from ..config import ModelConfig
+from ..mfu.flops import executed_flops
 
 _PLANS: "weakref.WeakKeyDictionary[nn.Module, Plan]" = weakref.WeakKeyDictionary()
 BLOCK_KINDS = ("sequence", "interaction", "cross")
@@ -171,7 +171,7 @@ class ActivationProfile:
     base_bytes: int                  # activation bytes of a step with nothing checkpointed
     blocks: tuple[BlockProfile, ...]
     options: tuple[str, ...]         # options measured (besides "none")
-    method: str                      # how bytes were measured (gemref/ac_profile.py)
+    method: str                      # how bytes were measured (gemref/autoac/profile.py)
     model_flops: int                 # model FLOPs of the profiled step (to express recompute in %)
 
     @property

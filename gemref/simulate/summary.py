@@ -1,13 +1,13 @@
 """What the scale projection says: measured inputs from a waterfall, rung deltas, where GEM's band lands.
 
-`gemref simulate` and notebook 11 print these; the projection itself is gemref/simulate.py.
+`gemref simulate` and notebook 11 print these; the projection itself is gemref/simulate/projection.py.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from .simulate import GEM_MFU_BAND, LADDER, RungModel, check_mfu, predict_step
+from .projection import GEM_MFU_BAND, LADDER, RungModel, check_mfu, predict_step
 
 TABLE_COLUMNS = ("gpus", "rung", "mesh", "batch_per_gpu", "mfu_1gpu", "compute_s", "exposed_s", "imbalance",
                  "bubble_s", "step_s", "mfu", "state_gb", "fits")

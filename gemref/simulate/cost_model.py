@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .mesh import MeshShape
+from ..config import MeshShape
 
 ALGORITHMS = ("ring", "tree", "auto")
 
@@ -186,7 +186,7 @@ def projected_step(cfg, mesh: MeshShape, hw: HardwareProfile, *, batch: int, tok
     GPU's bf16 peak), comm time of every collective (volume.py) on this hardware, the comm share
     with no overlap. `batch`/`tokens`: samples and history events per rank."""
     from ..mfu.peak import gpu_peak
-    from .volume import step_volume
+    from ..parallel.volume import step_volume
 
     if not 0 < mfu <= 1:
         raise ValueError(f"mfu must be in (0, 1], got {mfu}")

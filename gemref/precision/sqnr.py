@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from .precision import apply_precision
+from .apply import apply_precision
 
 
 def sqnr(ref: torch.Tensor, approx: torch.Tensor) -> float:

@@ -12,12 +12,13 @@ and use every sample exactly once per epoch; nothing is dropped silently.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Iterator
 
 import numpy as np
 import torch
 
-from .balance import POLICIES, SampleCost, check_costs, check_lengths, partition
+from ..balance import POLICIES, SampleCost, check_costs, check_lengths, partition
 
 
 def _weights(lengths, cost: SampleCost | None) -> np.ndarray:
@@ -175,3 +176,21 @@ class BalancedDistributedBatchSampler:
     def __iter__(self) -> Iterator[list[int]]:
         for parts in self.plan():
             yield parts[self.rank]
+
+
+class StepBatches:
+    """An endless batch_sampler that starts at global step `start` (epochs roll over; resumable).
+
+    Resuming at step k re-plans (but does not load) the k % len(sampler) batches skipped in
+    the current epoch, so the run continues with exactly the batches it would have drawn.
+    """
+
+    def __init__(self, sampler: BalancedDistributedBatchSampler, start: int = 0):
+        self.sampler, self.start = sampler, start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch, skip = divmod(self.start, len(self.sampler))
+        while True:
+            self.sampler.set_epoch(epoch)
+            yield from itertools.islice(iter(self.sampler), skip, None)
+            epoch, skip = epoch + 1, 0

@@ -6,13 +6,13 @@ any module tree in place and returns a `PrecisionReport` saying what ran and why
   fp32               nothing converted; plain fp32 GEMMs.
   bf16               nothing converted; the loop runs under `report.autocast()`
                      (bf16 autocast: tensor cores on CUDA; on CPU oneDNN bf16, slow
-                     without AMX, which is why DESIGN.md keeps CPU runs in fp32).
+                     without AMX, which is why docs/design.md keeps CPU runs in fp32).
   float8_tensorwise  torchao Float8Linear: one scale per tensor; E4M3 input and weight,
                      E5M2 grad_output (wider range for gradients).
   float8_rowwise     torchao Float8Linear: one power-of-two scale per row, E4M3 everywhere.
   mxfp8              our MXFP8Linear (below) over torchao's MXFP8TrainingOpConfig: one
                      E8M0 scale per 32 values along each GEMM's reduction dim, E4M3
-                     elements, scales rounded up (RCEIL); see gemref/mx.py for the format.
+                     elements, scales rounded up (RCEIL); see gemref/precision/mx_reference.py for the format.
 
 Kernels: "native" runs the hardware GEMMs (float8 needs CUDA SM89+, Ada/Hopper; MXFP8 needs
 SM100+, Blackwell, CUDA 12.8+, Triton and torchao's mxfp8 CUDA extension). "emulated"
@@ -42,10 +42,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import PRECISION_KERNELS, PRECISIONS
+
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "bf16", "float8_rowwise", "float8_tensorwise", "mxfp8")
-KERNELS = ("auto", "native", "emulated")
 MX_BLOCK = 32           # MXFP8 scaling block (values per E8M0 scale)
 FLOAT8_ALIGN = 16       # torch._scaled_mm needs both weight dims divisible by 16
 MIN_DIM = 64            # default: below this a GEMM is too small to repay its casts
@@ -206,8 +206,8 @@ def apply_precision(model: nn.Module, precision: str, *, device: torch.device | 
     """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
-    if kernel not in KERNELS:
-        raise ValueError(f"unknown kernel {kernel!r}; valid: {', '.join(KERNELS)}")
+    if kernel not in PRECISION_KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; valid: {', '.join(PRECISION_KERNELS)}")
     if min_dim < 0:
         raise ValueError(f"min_dim must be >= 0, got {min_dim}")
     if fsdp_float8_all_gather and precision != "float8_tensorwise":

@@ -6,7 +6,7 @@ This is a model, not a measurement. Per rung and GPU count W, with b samples per
     MFU    = model FLOPs of the global batch / (step_s x bf16 peak x W)
 
 * compute_s: the mean per-GPU model FLOPs at the rung's single-GPU MFU, an INPUT: measured
-  (a single-rank waterfall's MFU per rung, gemref/simulate_summary.py, carried to the
+  (a single-rank waterfall's MFU per rung, gemref/simulate/summary.py, carried to the
   projected GPU as it is and labelled with where it was measured), given, or by default
   ASSUMED = efficiency x speed-up x model/executed FLOPs. The efficiency and speed-up are
   the assumptions (RungModel, _ladder); model/executed comes from gemref/mfu/flops.py on a
@@ -18,7 +18,7 @@ This is a model, not a measurement. Per rung and GPU count W, with b samples per
   padded sample costs the same whatever its length: only counts can differ.
 * comm: every collective of one rank's step (gemref/parallel/volume.py, history events per
   rank at the profile's mean, routing balanced) priced by the alpha-beta model of
-  gemref/parallel/cost_model.py (NVLink in a node, the NIC between nodes). Layouts:
+  gemref/simulate/cost_model.py (NVLink in a node, the NIC between nodes). Layouts:
   "replicated" (W x 1: every unit, tables included, all-reduced: gemref's baseline) and
   "fsdp_2d" ((W/S) x S, S = GPUs per node: FSDP in a node, HSDP across, tables row-sharded
   in the node and replicated across nodes).
@@ -36,7 +36,7 @@ This is a model, not a measurement. Per rung and GPU count W, with b samples per
 Not modelled: activation memory, congestion, hierarchical collectives, stragglers other than
 load imbalance, data loading, pipelined embedding lookups. What dominates the result: the
 single-GPU MFU (an input), the batch per GPU, the inter-node bandwidth, the table replicas'
-synchronisation and the overlap. gemref/simulate_validate.py checks the formula against
+synchronisation and the overlap. gemref/simulate/validate.py checks the formula against
 measured multi-rank CPU runs.
 """
 from __future__ import annotations
@@ -47,17 +47,17 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .balance import SampleCost, imbalance, partition, rank_loads
-from .config import Preset
-from .data.synthetic import draw_lengths
-from .mfu.flops import executed_flops, model_flops, sample_cost_coefficients
-from .mfu.peak import gpu_peak
-from .parallel.cost_model import HardwareProfile, collective_time, get_profile, group_tier
-from .parallel.fsdp import padded_numel
-from .parallel.memory import projected_rank_bytes
-from .parallel.mesh import MeshShape
-from .parallel.sparse import plan_tables
-from .parallel.volume import model_units, step_volume, table_shapes
+from ..balance import SampleCost, imbalance, partition, rank_loads
+from ..config import Preset
+from ..data.synthetic import draw_lengths
+from ..mfu.flops import executed_flops, model_flops, sample_cost_coefficients
+from ..mfu.peak import gpu_peak
+from .cost_model import HardwareProfile, collective_time, get_profile, group_tier
+from ..parallel.fsdp import padded_numel
+from ..parallel.memory import projected_rank_bytes
+from ..config import MeshShape
+from ..parallel.sparse import plan_tables
+from ..parallel.volume import model_units, step_volume, table_shapes
 
 GPU_COUNTS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 GEM_MFU_BAND = (0.20, 0.25)   # Meta, GEM announcement (2025): end-to-end training MFU, thousands of GPUs

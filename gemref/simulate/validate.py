@@ -1,6 +1,6 @@
 """Does the scale projection predict runs it did not see? Predicted vs measured steps of CPU gloo ranks.
 
-The projection's formula (gemref/simulate.py), fed with inputs measured on this machine:
+The projection's formula (gemref/simulate/projection.py), fed with inputs measured on this machine:
 
     predicted step = (compute + host work) x time-sharing x imbalance + comm (alpha-beta, none hidden)
 
@@ -45,13 +45,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .balance import SampleCost, imbalance
-from .config import Preset, TrainConfig, get_preset, override
-from .mfu.flops import sample_cost_coefficients
-from .parallel.cost_model import LinkTier, collective_time
-from .parallel.launch import spawn
-from .parallel.mesh import parse_mesh
-from .simulate import comm_rows, predict_step, step_collectives
+from ..balance import SampleCost, imbalance
+from ..config import Preset, TrainConfig, get_preset, override
+from ..mfu.flops import sample_cost_coefficients
+from .cost_model import LinkTier, collective_time
+from ..parallel.launch import spawn
+from ..config import parse_mesh
+from .projection import comm_rows, predict_step, step_collectives
 
 KINDS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
 SIZES = (4 << 10, 32 << 10, 256 << 10, 1 << 20)   # payload bytes (volume.py's convention)
@@ -155,10 +155,10 @@ def validation_config(preset: Preset, ranks: int, *, steps: int, warmup: int, ba
 def _plans(preset: Preset, train: TrainConfig, ranks: int, steps: int):
     """Every rank's sample indices for the run's first `steps` steps (what the ranks' samplers yield),
     and the history length of every training sample."""
-    from .distributed import batch_sampler
-    from .train import dataset_dir
-    from .data.loader import EventDataset
-    from .data.shards import ensure_dataset, shard_paths
+    from ..parallel.parallelize import batch_sampler
+    from ..data.shards import dataset_dir
+    from ..data.loader import EventDataset
+    from ..data.shards import ensure_dataset, shard_paths
 
     folder = dataset_dir(preset)
     ensure_dataset(preset.model, preset.data, folder)
@@ -188,7 +188,7 @@ def _probe(iters: int = 1200) -> tuple[float, float]:
 def _compute_rank(rank: int, world: int, preset: Preset, train: TrainConfig, parts: list[list[int]], reps: int):
     """Thread CPU seconds of one training step on each index list in a 1-rank process group, in units
     of the CPU seconds of a _probe run just before (median of `reps` passes over all lists)."""
-    from .train import setup, train_step
+    from ..train import setup, train_step
 
     s = setup(preset, train, device="cpu")
     batches = [s.train_set.__getitems__(p) for p in parts]
@@ -218,9 +218,9 @@ def _measured_rank(rank: int, world: int, preset: Preset, train: TrainConfig, ki
     """The run on R ranks, each step timed as train.run times it (train_step alone), framed by
     time-sharing probes and followed by one timing of each calibration collective, so the link
     is sampled under the same load as the steps. Rank 0 returns it all."""
-    from .data.loader import make_loader
-    from .distributed import StepBatches
-    from .train import setup, train_step
+    from ..data.loader import make_loader
+    from ..data.sampler import StepBatches
+    from ..train import setup, train_step
 
     s = setup(preset, train, device="cpu")
     batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, 0)))

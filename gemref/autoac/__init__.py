@@ -1,0 +1,5 @@
+"""Rung 4: AutoAC, automatic activation checkpointing under a memory budget.
+
+    solver.py    plans (which block saves what), the knapsack solver, applying a plan to a model
+    profile.py   measuring each block's saved bytes and recompute FLOPs, and the batch search
+"""

@@ -1,0 +1,33 @@
+"""Random batches of chosen lengths: for profiling, benchmarks and tests, where what matters is
+the shape of a batch (its history lengths), not the ids in it."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..config import ModelConfig, Preset
+from .jagged import JaggedBatch, lengths_to_offsets
+from .synthetic import draw_lengths
+
+
+def batch_with_lengths(cfg: ModelConfig, lengths, seed: int = 0) -> JaggedBatch:
+    """A batch of random ids, dense features and labels whose histories have these lengths."""
+    g = torch.Generator().manual_seed(seed)
+    offsets = lengths_to_offsets(torch.as_tensor(np.asarray(lengths), dtype=torch.int64))
+    T, B = int(offsets[-1]), offsets.numel() - 1
+    values = torch.stack([torch.randint(0, v, (T,), generator=g)
+                          for v in (cfg.item_vocab, cfg.action_vocab, cfg.time_buckets)], dim=1)
+    sparse = torch.stack([torch.randint(0, v, (B,), generator=g) for v in cfg.sparse_vocab], dim=1)
+    return JaggedBatch(values, offsets, sparse, torch.randn(B, cfg.n_dense, generator=g),
+                       torch.randint(0, cfg.item_vocab, (B,), generator=g),
+                       torch.randint(0, 2, (B, 2), generator=g).float())
+
+
+def representative_batch(preset: Preset, batch_size: int, device: torch.device | str = "cpu",
+                         seed: int = 0) -> JaggedBatch:
+    """A batch shaped like the preset's data (lengths drawn from its length profile): activation
+    memory depends on the lengths, not on the ids."""
+    cfg, data = preset.model, preset.data
+    lengths = draw_lengths(data.length_profile, batch_size, cfg.max_len, min(data.median_len, cfg.max_len),
+                           data.len_sigma, np.random.default_rng([seed, 4242]))
+    return batch_with_lengths(cfg, lengths, seed).to(device)
