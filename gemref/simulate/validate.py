@@ -155,7 +155,7 @@ def validation_config(preset: Preset, ranks: int, *, steps: int, warmup: int, ba
 def _plans(preset: Preset, train: TrainConfig, ranks: int, steps: int):
     """Every rank's sample indices for the run's first `steps` steps (what the ranks' samplers yield),
     and the history length of every training sample."""
-    from ..parallel.parallelize import batch_sampler
+    from ..train import batch_sampler
     from ..data.shards import dataset_dir
     from ..data.loader import EventDataset
     from ..data.shards import ensure_dataset, shard_paths
