@@ -132,3 +132,19 @@ def test_a_real_measurement_gives_a_plan_for_each_role():
     out = fl.measure_plan(32, 24, rows=64)
     assert out["rows"] == 64 and len(out["plan"]) == 3 and set(out["plan"]) <= set(MODEL_PATHS)
     assert all(t > 0 for role in out["seconds"].values() for t in role.values())
+
+
+def test_under_torch_compile_the_layer_is_plain_f_linear():
+    """Dynamo traces the F.linear fallback (inductor then picks its own GEMM lowering)."""
+    layer = nn.Linear(8, 4)
+    layer.__class__, layer.plan = fl.FastLinear, ("onednn",) * 3
+    x = torch.randn(6, 8)
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(layer, backend=backend)(x), F.linear(x, layer.weight, layer.bias))
+    targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert targets == [torch._C._nn.linear]
