@@ -402,6 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data(sub)
     _add_train(sub)
     _add_flops(sub)
+    from .mfu.peak_cli import configure_peak_parser, peak_command   # `gemref peak`
+    configure_peak_parser(p := sub.add_parser("peak", help="the peak FLOP/s MFU divides by, its source and method"))
+    p.set_defaults(func=peak_command, parser=p)
     _add_bench(sub)
     _add_waterfall(sub)
     _add_simulate(sub)

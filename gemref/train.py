@@ -53,6 +53,7 @@ from .parallel.checkpoint import latest_checkpoint, load_checkpoint, save_checkp
 from .parallel.fsdp import reshard_all
 from .parallel.memory import global_parameters, rank_bytes
 from .precision.apply import PrecisionReport, apply_precision
+from .precision.fast_linear import use_fastest_cpu_gemms
 from .report import write_json
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     model = GEMRef(preset.model, jagged=train.jagged, kernel=kernel).to(device)
     report = apply_precision(model, precision, device=device, kernel=train.precision_kernel,
                              min_dim=train.precision_min_dim)
+    use_fastest_cpu_gemms(model, device)   # CPU fp32: each Linear GEMM on the fastest measured path
     if train.ac == "full":
         apply_plan(model, {name: "full" for name in ac_blocks(model)})
     elif train.ac == "auto":   # profiled eagerly on a batch shaped like the preset's data

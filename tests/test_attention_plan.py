@@ -18,8 +18,8 @@ MASK = st.tuples(st.booleans(), st.one_of(st.none(), st.integers(1, 20)))
 def test_model_flops_convention():
     # Full attention: QK^T and PV, 2*H*D*Lq*Lk each, over the real lengths only.
     assert attention_model_flops([3, 0, 5], [3, 0, 5], 2, 8, False, None) == 2 * 2 * 2 * 8 * (9 + 25)
-    # Causal: halved (L^2 / 2 per sequence, the PaLM convention).
-    assert attention_model_flops([4, 6], [4, 6], 1, 16, True, None) == 2 * 2 * 16 * (16 + 36) // 2
+    # Causal: the allowed pairs, L(L+1)/2 per sequence (the exact convention).
+    assert attention_model_flops([4, 6], [4, 6], 1, 16, True, None) == 2 * 2 * 16 * (10 + 21)
     # Cross attention: 4 queries over each history.
     assert attention_model_flops([4, 4], [100, 0], 3, 8, False, None) == 2 * 2 * 3 * 8 * 400
     # Window: the exact allowed pairs. L=4, W=2, causal: rows see 1, 2, 2, 2 keys.

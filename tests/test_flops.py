@@ -1,9 +1,12 @@
 """Analytic FLOPs: exact against FlopCounterMode for the executed path; conventions for model FLOPs."""
 
+import json
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from gemref.config import get_preset
+from gemref.attention.flops import allowed_pairs_per_sequence, attention_model_flops
 from gemref.mfu.flops import count_with_flop_counter, executed_flops, model_flops, sample_cost_coefficients
 from gemref.model import GEMRef, ranking_loss
 from gemref.data.batches import batch_with_lengths
@@ -25,8 +28,8 @@ def test_model_flops_follow_the_convention():
     H, D, L, N = cfg.n_heads, cfg.head_dim, cfg.n_layers, cfg.n_ns_tokens
     a, b = model_flops(cfg, [10]), model_flops(cfg, [10, 0])
     assert a.total == 3 * a.total_forward
-    # Causal self-attention: QK^T and PV, 2*H*D*L^2 each, halved.
-    assert a.forward["sequence_attention"] == L * 4 * H * D * 100 // 2
+    # Causal self-attention: QK^T and PV, 2*H*D per allowed pair each; L=10 has 10*11/2 = 55.
+    assert a.forward["sequence_attention"] == L * 4 * H * D * 55
     assert a.forward["cross_attention"] == L * 4 * H * D * N * 10
     assert a.forward["embeddings"] == 0
     # An empty history adds only the per-sample work (no attention, no history rows).
@@ -34,9 +37,40 @@ def test_model_flops_follow_the_convention():
     assert b.forward["interaction"] == 2 * a.forward["interaction"]
 
 
+def test_the_palm_convention_counts_the_full_square_and_nothing_else_changes():
+    exact, palm = model_flops(TINY, [10, 3]), model_flops(TINY, [10, 3], convention="palm")
+    H, D, L = TINY.n_heads, TINY.head_dim, TINY.n_layers
+    assert palm.forward["sequence_attention"] == L * 4 * H * D * (100 + 9)
+    assert {c: v for c, v in palm.forward.items() if c != "sequence_attention"} == \
+        {c: v for c, v in exact.forward.items() if c != "sequence_attention"}
+    with pytest.raises(ValueError, match="convention='half'"):
+        attention_model_flops([3], [3], 1, 1, True, None, convention="half")
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=6))
+def test_causal_pairs_are_the_lower_triangle_even_when_lengths_differ(pairs):
+    q, kv = [p[0] for p in pairs], [p[1] for p in pairs]
+    by_hand = [sum(1 for i in range(a) for j in range(b) if j <= i) for a, b in pairs]
+    assert allowed_pairs_per_sequence(q, kv, causal=True, window=None).tolist() == by_hand
+
+
 def test_sum_of_squares_not_batch_times_max():
     skew = model_flops(TINY, [60, 1, 1, 1]).forward["sequence_attention"]
-    assert skew == TINY.n_layers * 2 * TINY.n_heads * TINY.head_dim * (3600 + 3)
+    assert skew == TINY.n_layers * 4 * TINY.n_heads * TINY.head_dim * (60 * 61 // 2 + 3)
+
+
+def test_gemref_flops_states_the_convention_and_shows_palm_beside_it(data_root, tmp_path, capsys):
+    from gemref.cli import main
+
+    assert main(["flops", "--preset", "tiny", "--device", "cpu", "--json", str(tmp_path / "f.json")]) == 0
+    out = capsys.readouterr().out
+    assert "model_train_palm" in out and "L(L+1)/2 allowed (query, key) pairs" in out and "PaLM/torchtitan" in out
+    rows = {r["component"]: r for r in json.loads((tmp_path / "f.json").read_text())["components"]}
+    attn = rows["sequence_attention"]
+    assert attn["model_train"] < attn["model_train_palm"] <= 2 * attn["model_train"]
+    assert all(r["model_train"] == r["model_train_palm"] for c, r in rows.items()
+               if c not in ("sequence_attention", "total"))
 
 
 def test_padding_is_waste_and_jagged_removes_most_of_it():

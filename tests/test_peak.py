@@ -1,42 +1,270 @@
-"""The CPU peak an MFU divides by: the best probe so far, never lowered by a busy machine."""
+"""The peak an MFU divides by: the CPU probe (path choice, fp32 check, cache key, contention
+rule, ISA ceiling), the GPU datasheet table (exact names), and `gemref peak`."""
 import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import torch
 
-from gemref.mfu import peak
+from gemref.mfu import cpu_probe, gemm_paths, peak
+from gemref.mfu.cpu_probe import CpuInfo, ProbeResult
+
+ZEN4 = CpuInfo("AuthenticAMD", 25, 17, 1, "AMD EPYC", ("fma", "avx2", "avx512f"), cores=2)
 
 
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("GEMREF_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(peak, "_PROBED", {})
+    monkeypatch.setattr(peak, "cpu_info", lambda: ZEN4)
+    monkeypatch.setattr(peak, "measure_clock_hz", lambda: (3.5e9, "test clock"))
     return tmp_path
 
 
-def _probe_returns(monkeypatch, flops):
-    monkeypatch.setattr(peak, "probe_cpu_gemm", lambda: flops)
+def fake_result(flops, share=1.0, path="onednn"):
+    return ProbeResult(flops=flops, path=path, shape=(8, 8, 8), rates={path: {"8x8x8": flops}},
+                       excluded={}, cpu_share=share, threads=1, seconds=0.1)
 
 
-def test_a_busy_probe_does_not_lower_the_cached_peak(cache_dir, monkeypatch):
-    _probe_returns(monkeypatch, 300e9)
+def probes_return(monkeypatch, *results):
+    """Each call of the probe returns the next result (the last one repeats); counts calls."""
+    calls = []
+
+    def probe():
+        calls.append(1)
+        return results[min(len(calls), len(results)) - 1]
+    monkeypatch.setattr(peak, "probe", probe)
+    return calls
+
+
+def cached(cache_dir) -> dict:
+    return json.loads((cache_dir / "cpu_peak.json").read_text())
+
+
+# ---------------------------------------------------------------- which path sets the peak
+def test_the_probe_takes_the_fastest_fp32_path_and_never_times_an_excluded_one(monkeypatch):
+    rates = {"blas": 111e9, "onednn": 245e9, "mkl_packed": 300e9}
+    timed = []
+    monkeypatch.setattr(cpu_probe, "check_fp32", lambda p: (True, "") if p != "mkl_packed" else (False, "not fp32"))
+    monkeypatch.setattr(cpu_probe, "prepare", lambda p, x, w: (lambda: p))
+    monkeypatch.setattr(cpu_probe, "_time_call", lambda fn, flops: timed.append(fn()) or rates[fn()] * (
+        1 if flops > 2 * 8 ** 3 else 0.5))
+    r = cpu_probe.probe(shapes=((8, 8, 8), (16, 16, 16)), paths=tuple(rates), rounds=2)
+    assert (r.path, r.flops, r.shape) == ("onednn", 245e9, (16, 16, 16))
+    assert r.excluded == {"mkl_packed": "not fp32"} and "mkl_packed" not in timed
+    assert r.rates["blas"] == {"8x8x8": 55.5e9, "16x16x16": 111e9}
+    assert r.best_rate("blas") == 111e9
+
+
+def test_a_real_probe_at_a_tiny_shape_covers_every_path():
+    r = cpu_probe.probe(shapes=((64, 48, 32),), rounds=1)
+    assert set(r.rates) | set(r.excluded) == set(gemm_paths.PROBE_PATHS)
+    assert "blas" in r.rates and all(v["64x48x32"] > 0 for v in r.rates.values())
+    assert r.flops == max(v["64x48x32"] for v in r.rates.values()) and r.threads == torch.get_num_threads()
+
+
+def test_a_reduced_precision_path_is_excluded(monkeypatch):
+    real = gemm_paths.prepare
+
+    def prepare(path, x, w):
+        if path == "onednn":   # what a bf16 "fpmath" GEMM does: round the operands to bf16
+            return lambda: (x.bfloat16().float() @ w.bfloat16().float().t())
+        return real(path, x, w)
+    monkeypatch.setattr(gemm_paths, "prepare", prepare)
+    ok, why = gemm_paths.check_fp32("onednn")
+    assert not ok and why.startswith("not fp32")
+    assert gemm_paths.check_fp32("blas") == (True, "")
+    assert gemm_paths.relative_error("blas") < 1e-6
+
+
+# ---------------------------------------------------------------- cache key and contention
+def test_the_cache_key_names_the_cpu_threads_and_torch(cache_dir, monkeypatch):
+    calls = probes_return(monkeypatch, fake_result(100e9))
+    r = peak.cpu_peak_report()
+    assert r["key"] == {"vendor": "AuthenticAMD", "family": 25, "model": 17, "stepping": 1,
+                        "flags_sha256": ZEN4.flags_hash, "threads": torch.get_num_threads(),
+                        "torch": torch.__version__, "probe_version": peak.PROBE_VERSION}
+    assert list(cached(cache_dir)) == [peak.cache_key(r["key"])]
+    monkeypatch.setattr(peak, "_PROBED", {})
+    peak.cpu_peak_report()
+    assert len(calls) == 1                              # same CPU: the cache answers
+    for other in (replace(ZEN4, stepping=2), replace(ZEN4, flags=ZEN4.flags + ("avx512_bf16",)),
+                  replace(ZEN4, model=0x11 + 1), replace(ZEN4, vendor="GenuineIntel")):
+        monkeypatch.setattr(peak, "cpu_info", lambda other=other: other)
+        peak.cpu_peak_report()
+    assert len(calls) == 5 and len(cached(cache_dir)) == 5
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
+    assert peak.cpu_peak_report()["key"]["threads"] == 7 and len(calls) == 6
+
+
+def test_a_contended_probe_is_remeasured_and_not_cached(cache_dir, monkeypatch):
+    calls = probes_return(monkeypatch, fake_result(50e9, share=0.5), fake_result(60e9, share=0.6),
+                          fake_result(40e9, share=0.7))
+    r = peak.cpu_peak_report()
+    assert len(calls) == peak.ATTEMPTS and r["attempts"] == peak.ATTEMPTS
+    assert r["flops"] == 60e9 and r["contended"] and "not cached" in r["origin"]
+    assert not (cache_dir / "cpu_peak.json").exists()
+    assert any("not cached" in n for n in r["notes"])
+    assert "CONTENDED" in peak.cpu_peak().source
+
+
+def test_the_first_uncontended_attempt_is_kept_and_cached(cache_dir, monkeypatch):
+    calls = probes_return(monkeypatch, fake_result(50e9, share=0.5), fake_result(110e9, share=0.95))
+    r = peak.cpu_peak_report()
+    assert len(calls) == 2 and r["attempts"] == 2 and not r["contended"]
+    assert list(cached(cache_dir).values())[0]["flops"] == 110e9
+
+
+def test_the_cache_keeps_the_best_uncontended_figure(cache_dir, monkeypatch):
+    probes_return(monkeypatch, fake_result(300e9))
     assert peak.cpu_peak().flops == 300e9
-    _probe_returns(monkeypatch, 90e9)                 # the machine is busy this time
-    assert peak.cpu_peak(refresh=True).flops == 300e9
-    assert list(json.loads((cache_dir / "cpu_peak.json").read_text()).values())[0]["flops"] == 300e9
-
-
-def test_a_quieter_probe_raises_it_and_a_process_keeps_one_figure(cache_dir, monkeypatch):
-    _probe_returns(monkeypatch, 90e9)
-    assert peak.cpu_peak().flops == 90e9
-    _probe_returns(monkeypatch, 300e9)
-    assert peak.cpu_peak().flops == 90e9              # same process: the figure every run here used
-    assert peak.cpu_peak(refresh=True).flops == 300e9
-    monkeypatch.setattr(peak, "_PROBED", {})          # a new process reads the raised figure
-    _probe_returns(monkeypatch, 100e9)
-    assert peak.cpu_peak().flops == 300e9
+    probes_return(monkeypatch, fake_result(90e9))           # a slower (uncontended) probe
+    assert peak.cpu_peak_report(refresh=True)["flops"] == 300e9
+    probes_return(monkeypatch, fake_result(320e9))
+    assert peak.cpu_peak_report(refresh=True)["flops"] == 320e9
+    assert list(cached(cache_dir).values())[0]["flops"] == 320e9
 
 
 def test_a_corrupt_cache_is_probed_over(cache_dir, monkeypatch):
     (cache_dir / "cpu_peak.json").write_text("{not json")
-    _probe_returns(monkeypatch, 200e9)
+    probes_return(monkeypatch, fake_result(200e9))
     assert peak.cpu_peak().flops == 200e9
+
+
+# ---------------------------------------------------------------- the ISA ceiling
+@pytest.mark.parametrize("cpu, threads, per_cycle, cores", [
+    (ZEN4, 1, 32, 1),                                                     # 2 x 256-bit pipes
+    (replace(ZEN4, family=0x1A, model=0x02), 1, 64, 1),                   # Zen 5: 2 x 512-bit
+    (replace(ZEN4, family=0x1A, model=0x24), 4, 32, 2),                   # Zen 5 mobile; 2 cores
+    (CpuInfo("GenuineIntel", 6, 143, 8, "Xeon", ("fma", "avx2", "avx512f"), 8), 2, 64, 2),
+    (CpuInfo("GenuineIntel", 6, 158, 10, "Core", ("fma", "avx2"), 4), 1, 32, 1),
+])
+def test_the_ceiling_is_lanes_times_pipes_times_clock(cpu, threads, per_cycle, cores):
+    c = cpu_probe.isa_ceiling(cpu, threads, 3e9, "given")
+    assert c["flop_per_cycle_per_core"] == per_cycle and c["cores"] == cores
+    assert c["flops"] == per_cycle * 3e9 * cores
+
+
+def test_no_fma_isa_or_no_clock_means_no_ceiling():
+    assert cpu_probe.isa_ceiling(replace(ZEN4, flags=("sse2",)), 1, 3e9, "given")["flops"] is None
+    assert cpu_probe.isa_ceiling(ZEN4, 1, None, "unknown")["flops"] is None
+
+
+@pytest.mark.parametrize("flops, says", [(30e9, "reached 27% of the ISA ceiling"), (100e9, None),
+                                         (150e9, "exceeds the ISA ceiling")])
+def test_a_probe_far_from_the_ceiling_gets_a_footnote(cache_dir, monkeypatch, flops, says):
+    probes_return(monkeypatch, fake_result(flops))                 # ceiling: 32 x 3.5 GHz = 112 GFLOP/s
+    notes = peak.cpu_peak_report()["notes"]
+    assert (notes == []) if says is None else any(says in n for n in notes)
+
+
+def test_the_clock_is_measured_on_x86():
+    if cpu_probe._dependent_add_loop() is None:
+        pytest.skip("no x86-64 executable page here: the clock falls back to /proc/cpuinfo")
+    hz, method = cpu_probe.measure_clock_hz(iterations=200_000, repeats=2)
+    assert method.startswith("measured") and 3e8 < hz < 8e9     # plausibility, not a timing limit
+
+
+# ---------------------------------------------------------------- GPU names
+@pytest.mark.parametrize("name, dtype, tflops", [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.4), ("NVIDIA H100 PCIe", "bf16", 756),
+    ("NVIDIA H100 NVL", "bf16", 835.5), ("NVIDIA H200", "bf16", 989.5), ("NVIDIA H200 NVL", "bf16", 835.5),
+    ("NVIDIA H200 NVL", "fp8", 1670.5), ("NVIDIA GH200 480GB", "bf16", 989.5), ("NVIDIA B200", "bf16", 2250),
+    ("NVIDIA B200", "mxfp8", 4500), ("NVIDIA GB200", "bf16", 2500), ("NVIDIA GB200", "fp8", 5000),
+    ("NVIDIA A100-SXM4-80GB", "bf16", 312), ("NVIDIA A100 80GB PCIe", "tf32", 156), ("H100", "bf16", 989.4),
+])
+def test_gpu_variants_resolve_to_their_own_row(name, dtype, tflops):
+    assert peak.gpu_peak(name, dtype).flops == pytest.approx(tflops * 1e12)
+
+
+@pytest.mark.parametrize("name, dtype", [("NVIDIA H100", "bf16"), ("NVIDIA H100 NVL ", "bf16"),
+                                         ("nvidia h200", "bf16"), ("NVIDIA GeForce RTX 4090", "bf16"),
+                                         ("NVIDIA B300", "bf16"), ("NVIDIA A100-SXM4-80GB", "fp8"),
+                                         ("NVIDIA H200", "mxfp8")])
+def test_anything_else_has_no_peak(name, dtype):
+    p = peak.gpu_peak(name, dtype)
+    assert p.flops is None and "N/A" in p.source
+
+
+def test_the_cuda_peak_uses_the_exact_device_name(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 NVL")
+    assert peak.peak_flops("cuda", "bf16").flops == pytest.approx(835.5e12)
+    with pytest.raises(ValueError, match="dtype='fp64'"):
+        peak.gpu_peak("NVIDIA B200", "fp64")
+
+
+# ---------------------------------------------------------------- `gemref peak`
+def gemref_peak(*args, env=None):
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "gemref", "peak", *args], capture_output=True, text=True,
+                          env=env, cwd=root, timeout=300)
+
+
+def test_gemref_peak_looks_a_name_up_without_a_gpu(tmp_path):
+    out = gemref_peak("--name", "NVIDIA H200 NVL", "--json", str(tmp_path / "p.json"))
+    assert out.returncode == 0, out.stderr
+    assert "835.5 dense bf16 TFLOP/s" in out.stdout and "H200 NVL column" in out.stdout
+    assert json.loads((tmp_path / "p.json").read_text())["peak_flops"] == pytest.approx(835.5e12)
+
+
+def test_an_unknown_name_is_na_not_an_error(capsys):
+    from gemref.cli import main
+
+    assert main(["peak", "--name", "NVIDIA H100"]) == 0
+    out = capsys.readouterr().out
+    assert "'NVIDIA H100': N/A" in out and "NVIDIA H100 NVL" in out          # the known names are listed
+
+
+def test_gemref_peak_bad_input_exits_2_with_one_line():
+    out = gemref_peak("--dtype", "fp64")
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "gemref peak: error: --dtype 'fp64'; valid: fp32, tf32, bf16, fp16, fp8, mxfp8")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device", "tpu"], "--device 'tpu'"),
+    (["--name", "NVIDIA B200", "--device", "cpu"], "does not combine with --device cpu"),
+    (["--name", " "], "--name is empty"), (["--name", "NVIDIA B200", "--preset", "small"], "--preset"),
+    (["--name", "NVIDIA B200", "--json", "/proc/no/such/dir/p.json"], "cannot write"),
+])
+def test_every_bad_input_is_one_line(capsys, args, message):
+    from gemref.cli import main
+
+    assert main(["peak", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_gemref_peak_cuda_without_a_gpu_exits_2(capsys):
+    from gemref.cli import main
+
+    code = main(["peak", "--device", "cuda"])
+    if torch.cuda.is_available():
+        assert code == 0 and "dense bf16" in capsys.readouterr().out
+    else:
+        assert code == 2 and "no CUDA device here" in capsys.readouterr().err
+
+
+def test_gemref_peak_on_cpu_prints_every_path_and_the_ceiling(tmp_path):
+    """The subprocess finds this entry under its own key (same CPU, 1 thread): no probe runs."""
+    fields = peak.key_fields(threads=1)
+    rates = {"blas": {"512x512x512": 111e9}, "onednn": {"512x512x512": 245e9}}
+    entry = {"flops": 245e9, "path": "onednn", "shape": [512, 512, 512], "rates": rates,
+             "excluded": {"mkl_packed": "not in this torch build"}, "cpu_share": 0.99, "threads": 1,
+             "seconds": 1.0, "contended": False, "attempts": 1, "measured_at": "test",
+             "ceiling": {"flops": 256e9, "flop_per_cycle_per_core": 64, "isa": "avx512f", "fp32_lanes": 16,
+                         "fma_pipes": 2, "core_assumption": "test row", "clock_hz": 4e9,
+                         "clock_method": "test", "cores": 1}}
+    (tmp_path / "cpu_peak.json").write_text(json.dumps({peak.cache_key(fields): entry}))
+    out = gemref_peak("--json", str(tmp_path / "p.json"), env={"GEMREF_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert "CPU fp32 peak: 245 GFLOP/s via onednn" in out.stdout
+    for text in ("blas", "111", "excluded: not in this torch build", "ISA ceiling: 256 GFLOP/s", "96% of it",
+                 "test row", "cache"):
+        assert text in out.stdout
+    assert json.loads((tmp_path / "p.json").read_text())["probe"]["rates"] == rates

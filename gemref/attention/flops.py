@@ -1,10 +1,20 @@
 """Model FLOPs of one attention forward, on the REAL lengths (the MFU numerator).
 
-Convention (docs/design.md, PaLM appendix B): per sequence, QK^T and PV are 2*H*D*Lq*Lk FLOPs
-each, halved for causal attention (Lq = Lk = L: 2 * 2*H*D*L^2 / 2), summed over the real
-lengths, never B * max_len^2. With a sliding window the count is exact: 2*H*D per allowed
-(query, key) pair and per matmul. Padding, masked tiles and recomputation are *executed*
-FLOPs, not model FLOPs; each kernel reports those itself (`executed_flops` in api.py).
+Convention used for MFU ("exact"): 2*H*D FLOPs per (query, key) pair the mask allows, per
+matmul (QK^T and PV), summed over the real lengths (never B * max_len^2). For causal
+self-attention of length L that is L(L+1)/2 pairs (the diagonal included), for a sliding
+window the pairs inside it, for non-causal attention Lq * Lk. Why exact: it is the work the
+model needs (no kernel can skip an allowed pair), it is the same rule for causal and
+windowed masks, and with GEM's short histories (median 12-40 events) the diagonal is not
+negligible (L=12: 78 pairs vs 72 for the common L^2/2 approximation, which gemref used
+before and which undercounts the work).
+
+The other convention, shown beside it by `gemref flops` ("palm"): PaLM (appendix B) and
+torchtitan count the full Lq * Lk rectangle per sequence whatever the mask, so their causal
+attention FLOPs are ~2x the exact ones and their MFU is correspondingly higher.
+
+Padding, masked tiles and recomputation are *executed* FLOPs, not model FLOPs; each kernel
+reports those itself (`executed_flops` in api.py).
 """
 from __future__ import annotations
 
@@ -12,6 +22,8 @@ from typing import Sequence
 
 import torch
 from torch import Tensor
+
+CONVENTIONS = ("exact", "palm")
 
 
 def _as_lengths(lengths: Tensor | Sequence[int]) -> Tensor:
@@ -24,6 +36,9 @@ def allowed_pairs_per_sequence(q_lengths: Tensor | Sequence[int], kv_lengths: Te
     q_len, kv_len = _as_lengths(q_lengths), _as_lengths(kv_lengths)
     if window is None and not causal:
         return q_len * kv_len
+    if window is None:   # causal: query i sees min(i + 1, Lk) keys
+        a = torch.minimum(q_len, kv_len)
+        return a * (a + 1) // 2 + (q_len - a) * kv_len
     # One entry per query row: the allowed keys form the interval [lo, hi] of positions.
     rows = int(q_len.sum())
     seq = torch.repeat_interleave(torch.arange(q_len.numel()), q_len, output_size=rows)
@@ -42,13 +57,15 @@ def allowed_pairs_per_sequence(q_lengths: Tensor | Sequence[int], kv_lengths: Te
 
 
 def attention_model_flops(q_lengths: Tensor | Sequence[int], kv_lengths: Tensor | Sequence[int],
-                          heads: int, head_dim: int, causal: bool, window: int | None) -> int:
-    """Forward model FLOPs of attention over a jagged batch (QK^T + PV, real lengths)."""
-    per_matmul = 2 * heads * head_dim
-    if window is None:
-        q_len, kv_len = _as_lengths(q_lengths), _as_lengths(kv_lengths)
-        entries = int((q_len * kv_len).sum())
-        # "halved for causal": L^2 / 2 per sequence (exact pairs would be L(L+1)/2).
-        return 2 * per_matmul * entries // (2 if causal else 1)
-    pairs = int(allowed_pairs_per_sequence(q_lengths, kv_lengths, causal, window).sum())
-    return 2 * per_matmul * pairs
+                          heads: int, head_dim: int, causal: bool, window: int | None,
+                          convention: str = "exact") -> int:
+    """Forward model FLOPs of attention over a jagged batch (QK^T + PV, real lengths):
+    2 matmuls x 2*H*D per counted pair; "exact" counts the allowed pairs (causal: L(L+1)/2),
+    "palm" the full Lq x Lk rectangle regardless of causal/window."""
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention={convention!r}; valid: {', '.join(CONVENTIONS)}")
+    if convention == "palm" or (not causal and window is None):
+        pairs = int((_as_lengths(q_lengths) * _as_lengths(kv_lengths)).sum())
+    else:
+        pairs = int(allowed_pairs_per_sequence(q_lengths, kv_lengths, causal, window).sum())
+    return 2 * 2 * heads * head_dim * pairs

@@ -1,11 +1,13 @@
-"""Analytic FLOPs of GEMRef, per component, following docs/design.md (PaLM appendix B convention).
+"""Analytic FLOPs of GEMRef, per component (docs/design.md).
 
 Two numbers are kept apart:
   * model FLOPs: matmul FLOPs of the forward pass over the REAL history lengths, x3 for a
-    training step (backward = 2x forward). Attention per sequence: QK^T and PV are
-    2*H*D*Lq*Lk each, halved for causal self-attention, summed over real lengths (sum L_i^2).
-    Embedding lookups, element-wise ops and recomputation are not model FLOPs. This is the
-    MFU numerator.
+    training step (backward = 2x forward). Attention (gemref/attention/flops.py) counts
+    2*H*D per allowed (query, key) pair per matmul, QK^T and PV: causal self-attention of
+    length L is L(L+1)/2 pairs, cross attention N * L ("exact" convention, the MFU
+    numerator). `model_flops(..., convention="palm")` counts the full L^2 rectangle for
+    causal attention instead (PaLM appendix B, torchtitan), which `gemref flops` shows
+    beside it. Embedding lookups, element-wise ops and recomputation are not model FLOPs.
   * executed FLOPs: the matmul FLOPs the kernels really ran for the path that ran: padded
     rows, padded attention tiles, and each op's real backward (e.g. the dense-feature input
     layer has no input gradient, so its backward is 1x, not 2x). `gemref flops --verify`
@@ -65,14 +67,17 @@ def _linear_terms(cfg: ModelConfig, rows: int, batch: int) -> dict[str, int]:
     }
 
 
-def model_flops(cfg: ModelConfig, lengths) -> FlopCount:
-    """Model FLOPs of one training step on a batch with these real history lengths."""
+def model_flops(cfg: ModelConfig, lengths, convention: str = "exact") -> FlopCount:
+    """Model FLOPs of one training step on a batch with these real history lengths.
+    convention: "exact" (MFU; causal L(L+1)/2 pairs) or "palm" (causal counted as L^2)."""
     ls = _lengths(lengths)
     H, D, N, L = cfg.n_heads, cfg.head_dim, cfg.n_ns_tokens, cfg.n_layers
     fwd = dict.fromkeys(COMPONENTS, 0)
     fwd.update(_linear_terms(cfg, rows=sum(ls), batch=len(ls)))
-    fwd["sequence_attention"] = L * attention_model_flops(ls, ls, H, D, causal=True, window=None)
-    fwd["cross_attention"] = L * attention_model_flops([N] * len(ls), ls, H, D, causal=False, window=None)
+    fwd["sequence_attention"] = L * attention_model_flops(ls, ls, H, D, causal=True, window=None,
+                                                          convention=convention)
+    fwd["cross_attention"] = L * attention_model_flops([N] * len(ls), ls, H, D, causal=False, window=None,
+                                                       convention=convention)
     return FlopCount(fwd, {c: 2 * v for c, v in fwd.items()})
 
 
@@ -106,7 +111,8 @@ def executed_flops(cfg: ModelConfig, lengths, *, jagged: bool, kernel: str = "re
 
 
 def sample_cost_coefficients(cfg: ModelConfig) -> tuple[int, int, int]:
-    """(c0, c1, c2): model FLOPs of one training sample = c0 + c1 * L + c2 * L^2 (jagged, real L).
+    """(c0, c1, c2): model FLOPs of one training sample = c0 + c1 * L + c2 * L^2 (jagged, real L;
+    exact convention: causal attention's L(L+1)/2 puts half a term into c1).
 
     The load balancer's cost model (gemref/balance.py) uses these.
     """

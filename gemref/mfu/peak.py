@@ -1,123 +1,167 @@
-"""Peak FLOP/s of the device: a sourced table for GPUs, a measured GEMM probe for CPUs.
+"""Peak FLOP/s of the device an MFU divides by: a datasheet table for GPUs, a measured probe
+for CPUs.
 
-An unknown GPU has no peak (MFU = None, shown as "N/A"): never borrow another GPU's figure.
-A CPU's peak is measured: the best fp32 GEMM throughput this machine reaches with torch's
-threads, probed once and cached (labelled "measured").
+* GPU (gemref/mfu/gpu_table.py): exact device names only; an unknown GPU has no peak
+  (MFU = None, shown as "N/A"), never another GPU's figure.
+* CPU (gemref/mfu/cpu_probe.py): the best fp32 GEMM rate any torch path reaches on this
+  machine (BLAS, oneDNN, packed variants, ...), with the ISA ceiling beside it.
+  Cached per CPU in $GEMREF_CACHE_DIR (default ~/.cache/gemref)/cpu_peak.json under a key of
+  vendor, family, model, stepping, a hash of the ISA flags, torch threads, torch version and
+  the probe's version. A probe during which the process got under 90% of its cores (process
+  CPU time / (wall x threads)) is not cached; it is re-measured up to `ATTEMPTS` times, and if
+  every attempt was contended the best is used for this process only (labelled so). The
+  cache keeps the best uncontended figure ever measured: a later probe never lowers it (a peak
+  too low would inflate MFU); `refresh=True` (`gemref peak --refresh`) probes again.
 """
 from __future__ import annotations
 
 import json
 import os
-import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..report import write_json
+from .cpu_probe import CONTENDED_BELOW, CpuInfo, cpu_info, isa_ceiling, measure_clock_hz, probe
+from .gpu_table import gpu_peak_flops
+
+PROBE_VERSION = 2      # bump when the probe's paths or shapes change: old cache entries no longer apply
+ATTEMPTS = 3
+FAR_BELOW = 0.5        # footnote when the probe reaches under this share of the ISA ceiling
+ABOVE = 1.05           # ... or more than this share (the ceiling's assumptions do not fit)
 
 
 @dataclass(frozen=True)
 class Peak:
     flops: float | None   # FLOP/s; None when unknown
-    source: str           # where the figure comes from ("measured ..." on CPU)
+    source: str           # where the figure comes from
     dtype: str
-
-
-# Dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, in FLOP/s.
-# Keys: (substring of torch.cuda.get_device_name(), dtype). First match wins, so the more
-# specific names come first.
-_H100_SXM = "NVIDIA H100 Tensor Core GPU datasheet (SXM5), dense"
-_H100_PCIE = "NVIDIA H100 Tensor Core GPU datasheet (PCIe), dense"
-_H200 = "NVIDIA H200 Tensor Core GPU datasheet (SXM), dense"
-_A100 = "NVIDIA A100 Tensor Core GPU datasheet, dense"
-_B200 = "NVIDIA DGX B200 / HGX B200 datasheet, per GPU, dense"
-GPU_PEAKS: list[tuple[str, str, float, str]] = [
-    ("H100 PCIe", "bf16", 756e12, _H100_PCIE), ("H100 PCIe", "fp16", 756e12, _H100_PCIE),
-    ("H100 PCIe", "fp8", 1513e12, _H100_PCIE), ("H100 PCIe", "tf32", 378e12, _H100_PCIE),
-    ("H100 PCIe", "fp32", 51e12, _H100_PCIE),
-    ("H100", "bf16", 989.4e12, _H100_SXM), ("H100", "fp16", 989.4e12, _H100_SXM),
-    ("H100", "fp8", 1978.9e12, _H100_SXM), ("H100", "tf32", 494.7e12, _H100_SXM),
-    ("H100", "fp32", 66.9e12, _H100_SXM),
-    ("H200", "bf16", 989.4e12, _H200), ("H200", "fp16", 989.4e12, _H200),
-    ("H200", "fp8", 1978.9e12, _H200), ("H200", "tf32", 494.7e12, _H200),
-    ("H200", "fp32", 66.9e12, _H200),
-    ("A100", "bf16", 312e12, _A100), ("A100", "fp16", 312e12, _A100),
-    ("A100", "tf32", 156e12, _A100), ("A100", "fp32", 19.5e12, _A100),
-    ("B200", "bf16", 2250e12, _B200), ("B200", "fp16", 2250e12, _B200),
-    ("B200", "fp8", 4500e12, _B200), ("B200", "mxfp8", 4500e12, _B200),
-    ("B200", "tf32", 1100e12, _B200), ("B200", "fp32", 75e12, _B200),
-]
+    method: str = ""      # how it was obtained (datasheet lookup, probe details)
 
 
 def device_name(device: torch.device | str) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return _cpu_model()
+    return cpu_info().model_name
 
 
 def gpu_peak(name: str, dtype: str) -> Peak:
-    for pattern, dt, flops, source in GPU_PEAKS:
-        if pattern in name and dt == dtype:
-            return Peak(flops, source, dtype)
-    return Peak(None, f"unknown device {name!r} / {dtype}: no peak in the table", dtype)
+    """Datasheet peak of the GPU called exactly `name` (or a hardware-profile name)."""
+    flops, source = gpu_peak_flops(name, dtype)
+    return Peak(flops, source, dtype, "datasheet lookup by exact device name")
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _cache_path() -> Path:
+# --- the CPU cache ----------------------------------------------------------------------
+def cache_path() -> Path:
     root = os.environ.get("GEMREF_CACHE_DIR") or Path.home() / ".cache" / "gemref"
     return Path(root) / "cpu_peak.json"
 
 
-def probe_cpu_gemm(sizes: tuple[int, ...] = (512, 1024, 2048), repeats: int = 5) -> float:
-    """Best fp32 GEMM FLOP/s over a few square sizes (after one warm-up each)."""
-    best = 0.0
-    for n in sizes:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        torch.mm(a, b)
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            best = max(best, 2 * n ** 3 / (time.perf_counter() - t0))
-    return best
+def key_fields(cpu: CpuInfo | None = None, threads: int | None = None) -> dict:
+    cpu = cpu or cpu_info()
+    return {"vendor": cpu.vendor, "family": cpu.family, "model": cpu.model, "stepping": cpu.stepping,
+            "flags_sha256": cpu.flags_hash, "threads": threads or torch.get_num_threads(),
+            "torch": torch.__version__, "probe_version": PROBE_VERSION}
 
 
-_PROBED: dict[str, Peak] = {}   # this process's peak per key: every run in a process uses one figure
+def cache_key(fields: dict) -> str:
+    return " | ".join(f"{k}={v}" for k, v in fields.items())
+
+
+def read_cache() -> dict:
+    try:
+        data = json.loads(cache_path().read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def write_cache_entry(key: str, entry: dict) -> None:
+    cache = read_cache()
+    cache[key] = entry
+    write_json(cache_path(), cache)
+
+
+# --- the CPU peak -----------------------------------------------------------------------
+def _measure() -> dict:
+    """A probe record, re-measured while contended, at most ATTEMPTS times."""
+    best = None
+    for attempt in range(1, ATTEMPTS + 1):
+        result = probe()
+        if best is None or not result.contended or result.flops > best.flops:
+            best = result
+        if not result.contended:
+            break
+    record = best.to_dict()
+    record.update(measured_at=time.strftime("%Y-%m-%d %H:%M:%S"), attempts=attempt)
+    return record
+
+
+def footnotes(report: dict) -> list[str]:
+    """What a reader must know about this CPU peak (contention, distance from the ceiling)."""
+    notes, ceiling = [], report["ceiling"]
+    if report["contended"]:
+        notes.append(f"the probe got {report['cpu_share']:.0%} of its cores (< 90%) in all {report['attempts']} "
+                     "attempts: this figure is low, not cached; rerun `gemref peak --refresh` on a quiet machine")
+    if ceiling.get("flops") is None:
+        notes.append(f"no ISA ceiling: {ceiling.get('isa')}, clock {ceiling.get('clock_method')}")
+        return notes
+    share = report["flops"] / ceiling["flops"]
+    if share < FAR_BELOW:
+        notes.append(f"the probe reached {share:.0%} of the ISA ceiling: no torch GEMM path here comes near this "
+                     f"core's FMA rate, or the ceiling's assumption is too high ({ceiling['core_assumption']})")
+    elif share > ABOVE:
+        notes.append(f"the probe exceeds the ISA ceiling ({share:.0%}): the assumption "
+                     f"({ceiling['core_assumption']}) does not fit this CPU (a hypervisor may report another "
+                     "CPU model), or the GEMM ran at a higher clock than the add loop")
+    return notes
+
+
+_PROBED: dict[str, dict] = {}   # this process's report per key: every run in a process uses one figure
+
+
+def cpu_peak_report(refresh: bool = False) -> dict:
+    """Everything known about this CPU's fp32 peak: the figure MFU uses, per-path rates, the
+    ISA ceiling, where it came from (cache or a probe now) and footnotes."""
+    cpu = cpu_info()
+    fields = key_fields(cpu)
+    key = cache_key(fields)
+    if key in _PROBED and not refresh:
+        return _PROBED[key]
+    cached = read_cache().get(key)
+    cached = cached if isinstance(cached, dict) and isinstance(cached.get("flops"), (int, float)) else None
+    if cached is not None and not refresh:
+        record, origin = cached, f"cache {cache_path()} (measured {cached.get('measured_at')})"
+    else:
+        record = _measure()
+        record["ceiling"] = isa_ceiling(cpu, record["threads"], *measure_clock_hz())
+        if not record["contended"] and (cached is None or record["flops"] > cached["flops"]):
+            write_cache_entry(key, record)
+        origin = "probe now" + (" (contended: not cached)" if record["contended"] else "")
+        if cached is not None and cached["flops"] >= record["flops"]:
+            record, origin = cached, f"cache {cache_path()} (higher than the probe now, which is kept out)"
+    report = dict(record, key=fields, origin=origin, cpu=cpu.model_name)
+    report["contended"] = record["cpu_share"] < CONTENDED_BELOW
+    report["notes"] = footnotes(report)
+    _PROBED[key] = report
+    return report
 
 
 def cpu_peak(refresh: bool = False) -> Peak:
-    """This CPU's fp32 peak: the best GEMM FLOP/s measured so far for (CPU model, threads,
-    torch version).
-
-    Probed once per process (`refresh` probes again); the cache file keeps the best figure
-    ever measured, so a probe taken while the machine was busy never lowers the peak and a
-    quieter later probe raises it. A peak that is too low would inflate MFU.
-    """
-    key = f"{_cpu_model()} | threads={torch.get_num_threads()} | torch={torch.__version__}"
-    if key in _PROBED and not refresh:
-        return _PROBED[key]
-    path = _cache_path()
-    try:
-        cache = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, json.JSONDecodeError):
-        cache = {}
-    best = max(probe_cpu_gemm(), cache.get(key, {}).get("flops", 0.0))
-    if best > cache.get(key, {}).get("flops", 0.0):
-        cache[key] = asdict(Peak(best, f"measured: best fp32 GEMM on {key}", "fp32"))
-        write_json(path, cache)
-    _PROBED[key] = Peak(**cache[key])
-    return _PROBED[key]
+    """This CPU's fp32 peak (see the module docstring for how it is measured and cached)."""
+    r = cpu_peak_report(refresh)
+    ceiling = r["ceiling"].get("flops")
+    vs = f"; ISA ceiling {ceiling / 1e9:.1f} GFLOP/s ({r['flops'] / ceiling:.0%} of it)" if ceiling else ""
+    m, k, n = r["shape"]
+    source = (f"measured: best fp32 GEMM {r['flops'] / 1e9:.1f} GFLOP/s via {r['path']} at {m}x{k}x{n}, "
+              f"{r['threads']} thread(s), {r['cpu']} (family {r['key']['family']} model {r['key']['model']})"
+              f"{vs}" + ("; CONTENDED probe" if r["contended"] else ""))
+    method = (f"probe: {len(r['rates'])} fp32-exact GEMM paths x {len(next(iter(r['rates'].values()), {}))} "
+              f"shapes, best of interleaved rounds; from {r['origin']}")
+    return Peak(r["flops"], source, "fp32", method)
 
 
 def peak_flops(device: torch.device | str, dtype: str) -> Peak:
@@ -132,6 +176,6 @@ def peak_flops(device: torch.device | str, dtype: str) -> Peak:
     if device.type == "cpu":
         peak = cpu_peak()
         if dtype != "fp32":
-            return Peak(peak.flops, peak.source + f" (fp32 probe used for {dtype})", dtype)
+            return Peak(peak.flops, peak.source + f" (fp32 probe used for {dtype})", dtype, peak.method)
         return peak
     return Peak(None, f"no peak for device type {device.type!r}", dtype)

@@ -1,0 +1,240 @@
+"""What this CPU can do in fp32: the best measured GEMM rate over every path torch offers,
+and the ISA ceiling beside it.
+
+* Probe (`probe`): every fp32-accurate path of gemref/mfu/gemm_paths.py on square and
+  model-shaped GEMMs, interleaved (round r of every (shape, path) runs before round r+1, so
+  a slow phase of the machine hits all paths alike); a path's rate on a shape is its best
+  round, in FLOP/s (2*M*K*N per call, wall clock). The peak is the best rate of any path.
+  The probe also records the process CPU time / (wall time x threads): under 0.9 means the
+  process did not get its cores for the whole probe (`contended`).
+* Ceiling (`isa_ceiling`): FLOP/cycle per core x clock x cores used, where
+  FLOP/cycle = 2 (multiply-add) x fp32 lanes per FMA x FMA pipes. Lanes come from the CPU
+  flags (avx512f: 16, avx2+fma: 8), capped by the core's datapath width; pipes and datapath
+  come from `_core_spec` (an assumption per vendor/family, stated in the output). The
+  clock is MEASURED (`measure_clock_hz`): a loop of dependent 64-bit register adds (1 cycle
+  latency on the x86-64 cores we know of) timed against this thread's CPU time (so time the
+  thread was descheduled does not count); /proc/cpuinfo "cpu MHz"
+  is only a fallback (under a hypervisor it shows the nominal TSC rate, not the core clock).
+  The clock is taken on one thread; an all-core clock can be lower, so the ceiling is an
+  upper bound.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import mmap
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .gemm_paths import PROBE_PATHS, check_fp32, prepare
+
+# (M, K, N): two squares, then Linear shapes of the presets: "base" (d_model 512) x -> qkv
+# (512 -> 1536) and FFN down (2048 -> 512), "small" (d_model 64) x -> qkv and FFN down.
+PROBE_SHAPES = ((512, 512, 512), (1024, 1024, 1024), (1024, 512, 1536), (512, 2048, 512),
+                (2048, 64, 192), (2048, 128, 64))
+ROUNDS = 3
+CONTENDED_BELOW = 0.9      # process CPU time / (wall x threads) of an honest probe
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    vendor: str
+    family: int
+    model: int
+    stepping: int
+    model_name: str
+    flags: tuple[str, ...]
+    cores: int             # physical cores this process may run on
+
+    @property
+    def flags_hash(self) -> str:
+        return hashlib.sha256(" ".join(sorted(self.flags)).encode()).hexdigest()[:12]
+
+
+def _cpuinfo_fields() -> dict[str, str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for line in text.split("\n\n")[0].splitlines():      # the first logical CPU
+        if ":" in line:
+            key, value = line.split(":", 1)
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(text or "")
+    except ValueError:
+        return -1              # absent or not a number (e.g. "stepping: unknown", ARM's fields)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_info() -> CpuInfo:
+    """This CPU as /proc/cpuinfo's first logical CPU describes it (read once per process)."""
+    f = _cpuinfo_fields()
+    logical = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    siblings, per_socket = max(1, _int(f.get("siblings"))), max(1, _int(f.get("cpu cores")))
+    smt = max(1, siblings // per_socket)
+    return CpuInfo(vendor=f.get("vendor_id", platform.machine()), family=_int(f.get("cpu family")),
+                   model=_int(f.get("model")), stepping=_int(f.get("stepping")),
+                   model_name=f.get("model name", platform.processor() or platform.machine()),
+                   flags=tuple((f.get("flags") or f.get("Features") or "").split()),
+                   cores=max(1, logical // smt))
+
+
+# --- the clock ------------------------------------------------------------------------
+_ADDS = 16   # dependent `add rax, rdx` per loop iteration: 16 cycles per iteration
+
+
+def _dependent_add_loop() -> ctypes.CFUNCTYPE | None:
+    """x86-64 machine code for `uint64 f(uint64 n)`: n iterations of 16 dependent adds;
+    returns 16 n (n >= 1: n = 0 would count down through 2^64). None where it cannot run
+    (not x86-64, or executable memory refused)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not hasattr(mmap, "PROT_EXEC"):
+        return None
+    body = bytes.fromhex("4801d0") * _ADDS + bytes.fromhex("48ffcf")     # add rax,rdx ... ; dec rdi
+    jump_back = (256 - (len(body) + 2)) & 0xFF                              # jnz to the loop start
+    code = bytes.fromhex("31c0" "ba01000000") + body + bytes([0x75, jump_back, 0xC3])  # xor eax; mov edx,1
+    try:
+        buf = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    except (OSError, ValueError):
+        return None
+    buf.write(code)
+    fn = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))
+    fn._keep = buf              # the code page lives as long as the function
+    return fn if fn(3) == 3 * _ADDS else None
+
+
+def measure_clock_hz(iterations: int = 5_000_000, repeats: int = 5) -> tuple[float | None, str]:
+    """(core clock in Hz, method). Best of `repeats`: cycles / this thread's CPU seconds."""
+    if iterations < 1 or repeats < 1:
+        raise ValueError(f"need iterations >= 1 and repeats >= 1, got {iterations}, {repeats}")
+    loop = _dependent_add_loop()
+    if loop is not None:
+        best = 0.0
+        for _ in range(repeats):
+            t0 = time.thread_time()
+            loop(iterations)
+            dt = time.thread_time() - t0
+            best = max(best, _ADDS * iterations / dt) if dt > 0 else best
+        if best > 0:
+            return best, "measured: timed loop of dependent integer adds (1 cycle each)"
+    mhz = _cpuinfo_fields().get("cpu MHz")
+    if mhz:
+        return float(mhz) * 1e6, "/proc/cpuinfo cpu MHz (nominal under a hypervisor; not measured)"
+    return None, "unknown (no x86-64 add loop, no /proc/cpuinfo MHz)"
+
+
+# --- the ISA ceiling -------------------------------------------------------------------
+@dataclass(frozen=True)
+class CoreSpec:
+    datapath_bits: int     # width of one FMA pipe
+    fma_pipes: int
+    label: str
+
+
+def _core_spec(cpu: CpuInfo) -> CoreSpec:
+    """FMA pipes and datapath width per vendor/family (assumptions, see the labels)."""
+    if cpu.vendor == "AuthenticAMD":
+        if cpu.family == 0x17:
+            return (CoreSpec(128, 2, "AMD Zen/Zen+ (family 17h, models < 30h): 2 x 128-bit FMA") if cpu.model < 0x30
+                    else CoreSpec(256, 2, "AMD Zen 2 (family 17h): 2 x 256-bit FMA"))
+        if cpu.family == 0x19:
+            return CoreSpec(256, 2, "AMD Zen 3/Zen 4 (family 19h): 2 x 256-bit FMA; Zen 4 runs a 512-bit "
+                                    "FMA as two 256-bit halves")
+        if cpu.family == 0x1A:
+            return (CoreSpec(256, 2, "AMD Zen 5 mobile (family 1Ah, models 20h-2Fh): 2 x 256-bit FMA")
+                    if 0x20 <= cpu.model <= 0x2F else
+                    CoreSpec(512, 2, "AMD Zen 5 (family 1Ah: EPYC 9005, Ryzen 9000): 2 x 512-bit FMA"))
+    if cpu.vendor == "GenuineIntel" and cpu.family == 6:
+        if "avx512f" in cpu.flags:
+            return CoreSpec(512, 2, "Intel with AVX-512: 2 x 512-bit FMA (Xeon Scalable Gold 6xxx/Platinum; "
+                                    "SKUs with one 512-bit FMA unit reach half)")
+        return CoreSpec(256, 2, "Intel (Haswell and later): 2 x 256-bit FMA")
+    return CoreSpec(512, 2, f"no table row for {cpu.vendor} family {cpu.family}: assumed 2 FMA pipes "
+                            "at the flags' width")
+
+
+def isa_ceiling(cpu: CpuInfo, threads: int, clock_hz: float | None, clock_method: str) -> dict:
+    """The fp32 FMA ceiling in FLOP/s (None where the ISA or clock is unknown), with its terms."""
+    flags = set(cpu.flags)
+    isa_bits = 512 if "avx512f" in flags else 256 if {"avx2", "fma"} <= flags else 0
+    spec = _core_spec(cpu)
+    lanes = min(isa_bits, spec.datapath_bits) // 32
+    cores = max(1, min(threads, cpu.cores))
+    per_cycle = 2 * lanes * spec.fma_pipes
+    flops = per_cycle * clock_hz * cores if (lanes and clock_hz) else None
+    return {"flops": flops, "flop_per_cycle_per_core": per_cycle, "isa": {512: "avx512f", 256: "avx2+fma"}.get(
+            isa_bits, "no FMA ISA known to gemref"), "fp32_lanes": lanes, "fma_pipes": spec.fma_pipes,
+            "core_assumption": spec.label, "clock_hz": clock_hz, "clock_method": clock_method, "cores": cores}
+
+
+# --- the probe -------------------------------------------------------------------------
+@dataclass
+class ProbeResult:
+    flops: float                    # best FLOP/s of any path on any shape
+    path: str                       # the path that set it
+    shape: tuple[int, int, int]     # (M, K, N) where it did
+    rates: dict[str, dict[str, float]]   # path -> "MxKxN" -> best FLOP/s
+    excluded: dict[str, str]        # path -> why it was not probed
+    cpu_share: float                # process CPU time / (wall x threads) over the probe
+    threads: int
+    seconds: float
+    ceiling: dict = field(default_factory=dict)
+
+    @property
+    def contended(self) -> bool:
+        return self.cpu_share < CONTENDED_BELOW
+
+    def best_rate(self, path: str) -> float | None:
+        return max(self.rates[path].values()) if self.rates.get(path) else None
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"contended": self.contended}
+
+
+def _time_call(fn, flops: int, min_seconds: float = 0.005) -> float:
+    """FLOP/s of one sample: enough back-to-back calls to last >= min_seconds."""
+    calls, elapsed = 0, 0.0
+    t0 = time.perf_counter()
+    while elapsed < min_seconds or calls == 0:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - t0
+    return calls * flops / elapsed
+
+
+def probe(shapes=PROBE_SHAPES, paths=PROBE_PATHS, rounds: int = ROUNDS) -> ProbeResult:
+    """Measure every usable path on every shape (see the module docstring)."""
+    threads = torch.get_num_threads()
+    usable, excluded = [], {}
+    for p in paths:
+        ok, why = check_fp32(p)
+        (usable.append(p) if ok else excluded.__setitem__(p, why))
+    g = torch.Generator().manual_seed(0)
+    calls = {}
+    for m, k, n in shapes:
+        x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+        for p in usable:
+            calls[p, (m, k, n)] = prepare(p, x, w)
+            calls[p, (m, k, n)]()                       # warm-up (oneDNN primitive creation)
+    rates: dict[str, dict[str, float]] = {p: {} for p in usable}
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    for _ in range(rounds):
+        for (p, (m, k, n)), fn in calls.items():
+            key = f"{m}x{k}x{n}"
+            rates[p][key] = max(rates[p].get(key, 0.0), _time_call(fn, 2 * m * k * n))
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    best = max(((r, p, key) for p in usable for key, r in rates[p].items()), default=(0.0, "none", "0x0x0"))
+    return ProbeResult(flops=best[0], path=best[1], shape=tuple(int(v) for v in best[2].split("x")),
+                       rates=rates, excluded=excluded, cpu_share=cpu / (wall * threads), threads=threads,
+                       seconds=wall)

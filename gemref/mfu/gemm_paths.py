@@ -1,0 +1,150 @@
+"""The fp32 GEMM paths torch's CPU build offers, one definition each, shared by the peak
+probe (gemref/mfu/cpu_probe.py) and the model's fast Linear (gemref/precision/fast_linear.py),
+so the peak is measured on exactly the code the model can run.
+
+Paths (all compute Y = X @ W^T for X (M, K), W (N, K), fp32 in and out):
+  blas           torch.mm -> aten's BLAS (MKL sgemm in the x86 wheels; MKL takes its AVX2
+                 code on AMD CPUs). This is what F.linear / nn.Linear run by default.
+  onednn         torch.ops.mkldnn._linear_pointwise on plain strided tensors: oneDNN's
+                 matmul primitive (AVX-512 where the CPU has it), weight used as is.
+  onednn_packed  the same op with the weight reordered once into oneDNN's blocked layout
+                 (mkldnn._reorder_linear_weight): the frozen-weight inference pattern.
+  onednn_layout  aten mkldnn_linear on tensors converted to the opaque mkldnn layout
+                 (Tensor.to_mkldnn), conversion outside the timed call.
+  mkl_packed     MKL's packed sgemm (mkl._mkl_reorder_linear_weight + mkl._mkl_linear).
+  mm_onednn_fpmath  torch.mm with torch.backends.mkldnn.matmul.fp32_precision = "bf16":
+                 aten then routes fp32 mm to oneDNN with bf16 "fpmath" allowed. Where the
+                 CPU has bf16 dot-product units that is NOT an fp32 GEMM; `check_fp32`
+                 measures it and excludes it if so (on CPUs where oneDNN keeps fp32 it passes).
+
+A path exists only if the ops exist in this torch build (`available`). Every candidate is
+checked against an fp64 GEMM (`check_fp32`) before it is timed or used.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+PROBE_PATHS = ("blas", "onednn", "onednn_packed", "onednn_layout", "mkl_packed", "mm_onednn_fpmath")
+MODEL_PATHS = ("blas", "onednn")     # the paths a training Linear can use (its weight changes)
+FP32_TOLERANCE = 1e-5   # relative Frobenius error vs fp64; fp32 GEMMs land ~1e-7, bf16 ~1e-3
+
+
+def _has(namespace: str, op: str) -> bool:
+    try:
+        getattr(getattr(torch.ops, namespace), op)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def available(path: str) -> bool:
+    """Whether this torch build has the ops `path` needs."""
+    if path == "blas":
+        return True
+    if not torch.backends.mkldnn.is_available() and path != "mkl_packed":
+        return False
+    return {"onednn": _has("mkldnn", "_linear_pointwise"),
+            "onednn_packed": _has("mkldnn", "_linear_pointwise") and _has("mkldnn", "_reorder_linear_weight"),
+            "onednn_layout": hasattr(torch._C._nn, "mkldnn_linear"),
+            "mkl_packed": torch.backends.mkl.is_available() and _has("mkl", "_mkl_linear"),
+            "mm_onednn_fpmath": hasattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision"),
+            }[path]
+
+
+def onednn_linear(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x (M, K) @ w (N, K)^T (+ bias) through oneDNN; strided (e.g. transposed) views accepted."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+
+
+@contextmanager
+def _fpmath_bf16() -> Iterator[None]:
+    settings = torch.backends.mkldnn.matmul
+    old = settings.fp32_precision
+    settings.fp32_precision = "bf16"
+    try:
+        yield
+    finally:
+        settings.fp32_precision = old
+
+
+def prepare(path: str, x: Tensor, w: Tensor) -> Callable[[], Tensor]:
+    """A zero-argument callable computing x @ w^T on `path`; one-off preparation (weight
+    packing, layout conversion) happens here, outside the call that gets timed."""
+    if path == "blas":
+        wt = w.t()
+        return lambda: torch.mm(x, wt)
+    if path == "onednn":
+        return lambda: onednn_linear(x, w)
+    if path == "onednn_packed":
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, x.shape[0])
+        return lambda: onednn_linear(x, packed)
+    if path == "onednn_layout":
+        xm, wm = x.to_mkldnn(), w.to_mkldnn()
+        return lambda: torch._C._nn.mkldnn_linear(xm, wm)
+    if path == "mkl_packed":
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, x.shape[0])
+        return lambda: torch.ops.mkl._mkl_linear(x, packed, w, None, x.shape[0])
+    if path == "mm_onednn_fpmath":
+        wt = w.t()
+
+        def run() -> Tensor:
+            with _fpmath_bf16():
+                return torch.mm(x, wt)
+        return run
+    raise ValueError(f"unknown GEMM path {path!r}; valid: {', '.join(PROBE_PATHS)}")
+
+
+def relative_error(path: str, m: int = 96, k: int = 200, n: int = 72, seed: int = 0) -> float:
+    """||path(x, w) - x @ w^T in fp64|| / ||fp64 result|| on random inputs."""
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    y = prepare(path, x, w)()
+    if y.is_mkldnn:
+        y = y.to_dense()
+    ref = x.double() @ w.double().t()
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+def check_fp32(path: str) -> tuple[bool, str]:
+    """(usable, why not): the path exists here and computes an fp32-accurate GEMM."""
+    if not available(path):
+        return False, "not in this torch build"
+    try:
+        err = relative_error(path)
+    except RuntimeError as e:       # e.g. an op that exists but rejects this CPU or layout
+        return False, f"failed: {str(e).splitlines()[0][:80]}"
+    if not err <= FP32_TOLERANCE:
+        return False, f"not fp32: relative error {err:.1e} > {FP32_TOLERANCE:.0e}"
+    return True, ""
+
+
+# The three GEMMs of a Linear y = x W^T (x (M, K), W (N, K), grad g (M, N)):
+#   forward      y  = x @ W^T    (M, K) x (K, N)
+#   grad_input   dx = g @ W      (M, N) x (N, K)
+#   grad_weight  dW = g^T @ x    (N, M) x (M, K)
+ROLES = ("forward", "grad_input", "grad_weight")
+
+
+def linear_gemm(path: str, role: str, a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
+    """One of a Linear's GEMMs on a MODEL_PATHS path. (a, b) = (x, W) for forward,
+    (g, W) for grad_input, (g, x) for grad_weight; all 2-D fp32. An empty operand runs on
+    blas (oneDNN rejects zero-sized primitives)."""
+    if path not in MODEL_PATHS:
+        raise ValueError(f"path={path!r}; a Linear can use: {', '.join(MODEL_PATHS)}")
+    if path == "blas" or a.numel() == 0 or b.numel() == 0:
+        if role == "forward":
+            return torch.nn.functional.linear(a, b, bias)
+        return torch.mm(a, b) if role == "grad_input" else torch.mm(a.t(), b)
+    if role == "forward":
+        return onednn_linear(a, b, bias)
+    return onednn_linear(a, b.t()) if role == "grad_input" else onednn_linear(a.t(), b.t())
+
+
+def role_operands(role: str, m: int, k: int, n: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """Random (a, b) for `linear_gemm(path, role, a, b)` of a Linear with K inputs, N outputs, M rows."""
+    x, w, g = (torch.randn(*s, generator=generator) for s in ((m, k), (n, k), (m, n)))
+    return {"forward": (x, w), "grad_input": (g, w), "grad_weight": (g, x)}[role]

@@ -1,0 +1,123 @@
+"""`gemref peak`: the peak FLOP/s an MFU divides by, where it comes from and how it was found.
+
+  gemref peak                      this CPU: the fp32 peak (probe or cache), every GEMM path's
+                                   rate per shape, the ISA ceiling, footnotes
+  gemref peak --preset small       ... and the path each of that preset's Linear shapes uses
+  gemref peak --device cuda        this machine's GPU, looked up in the datasheet table
+  gemref peak --name "NVIDIA H200 NVL"   a GPU name looked up without a GPU (exact names)
+
+Bad input (unknown device or dtype, --name with --device cpu, no CUDA for --device cuda, an
+unwritable --json path) is a ValueError: `gemref` prints one line and exits 2. A GPU name
+that is not in the table is not an error: its peak is N/A, as it would be in an MFU.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from ..report import fmt, format_table, write_json
+from .gpu_table import DTYPES, GPU_TABLE, PROFILE_GPUS, lookup
+from .peak import cpu_peak, cpu_peak_report, gpu_peak
+
+DEVICES = ("cpu", "cuda")
+
+
+def configure_peak_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", help="cpu (default) or cuda (this machine's GPU)")
+    p.add_argument("--name", help="look this exact GPU name up in the datasheet table (no GPU needed)")
+    p.add_argument("--dtype", help=f"one of {', '.join(DTYPES)} (default: fp32 on CPU, bf16 on GPU)")
+    p.add_argument("--preset", help="CPU: also show the GEMM path each Linear shape of this preset uses")
+    p.add_argument("--refresh", action="store_true", help="CPU: probe again (the cache keeps the best)")
+    p.add_argument("--json", help="write the report here")
+
+
+def _gpu_report(name: str, dtype: str) -> dict:
+    peak = gpu_peak(name, dtype)
+    found = lookup(name)
+    row = {d: (found[1].flops(d) if found else None) for d in DTYPES}
+    lines = [f"GPU {name!r}: {f'{peak.flops / 1e12:,.1f}' if peak.flops else 'N/A'} dense {dtype} TFLOP/s "
+             "(the peak MFU divides by)", f"source: {peak.source}", f"method: {peak.method}"]
+    if found is None:
+        lines.append("known names: " + "; ".join(sorted(GPU_TABLE)) + "; profile names: " + ", ".join(PROFILE_GPUS))
+    table = format_table([{"dtype": d, "dense_tflops": None if v is None else f"{v / 1e12:,.1f}"}
+                          for d, v in row.items()],
+                         title=f"{found[0] if found else name}: every dtype")
+    return {"device": "cuda", "name": name, "dtype": dtype, "peak_flops": peak.flops, "source": peak.source,
+            "method": peak.method, "dense_flops": row, "lines": lines + [table]}
+
+
+def _cpu_report(dtype: str, preset: str | None, refresh: bool) -> dict:
+    report = cpu_peak_report(refresh)
+    peak = cpu_peak()
+    shapes = sorted({s for rates in report["rates"].values() for s in rates},
+                    key=lambda s: [int(v) for v in s.split("x")])
+    rows = []
+    for path, rates in report["rates"].items():
+        best = max(rates, key=rates.get)
+        rows.append({"path": path, "best_gflops": rates[best] / 1e9, "at_MxKxN": best,
+                     "of_peak": rates[best] / report["flops"], **{s: rates.get(s, 0) / 1e9 for s in shapes}})
+    rows += [{"path": path, "at_MxKxN": f"excluded: {why}"} for path, why in report["excluded"].items()]
+    c = report["ceiling"]
+    ceiling = (f"ISA ceiling: {fmt(c['flops'] / 1e9)} GFLOP/s = {c['flop_per_cycle_per_core']} FLOP/cycle/core "
+               f"(2 x {c['fp32_lanes']} fp32 lanes ({c['isa']}) x {c['fma_pipes']} FMA pipes) x "
+               f"{c['clock_hz'] / 1e9:.2f} GHz x {c['cores']} core(s); probe at "
+               f"{report['flops'] / c['flops']:.0%} of it" if c.get("flops") else "ISA ceiling: unknown")
+    k = report["key"]
+    lines = [f"CPU fp32 peak: {fmt(report['flops'] / 1e9)} GFLOP/s via {report['path']} (the peak MFU divides by"
+             + (f"; the fp32 probe stands in for {dtype})" if dtype != "fp32" else ")"),
+             f"source: {peak.source}", f"method: {peak.method}",
+             f"cache key: {k['vendor']} family {k['family']} model {k['model']} stepping {k['stepping']}, flags "
+             f"sha256 {k['flags_sha256']}, {k['threads']} thread(s), torch {k['torch']}, probe v{k['probe_version']}",
+             format_table(rows, title="GFLOP/s per fp32 GEMM path and shape (M x K x N), best of the rounds"),
+             ceiling, f"  core assumption: {c.get('core_assumption')}", f"  clock: {c.get('clock_method')}",
+             f"probe: {report['cpu_share']:.0%} of its cores over {report['seconds']:.1f} s, "
+             f"{report['attempts']} attempt(s); {report['origin']}"]
+    out = {"device": "cpu", "dtype": dtype, "peak_flops": report["flops"], "source": peak.source,
+           "method": peak.method, "probe": {k: v for k, v in report.items() if k != "notes"},
+           "notes": report["notes"]}
+    if preset:
+        out["model_linears"] = _preset_plan(preset)
+        lines.append(format_table(out["model_linears"]["shapes"], title=(
+            f"{preset}: GEMM path per Linear shape (GEMREF_CPU_GEMM={out['model_linears']['mode']}, "
+            f"{out['model_linears']['layers']} layers)")))
+    lines += [f"note {i}: {n}" for i, n in enumerate(report["notes"], 1)]
+    out["lines"] = lines
+    return out
+
+
+def _preset_plan(preset: str) -> dict:
+    from ..config import get_preset
+    from ..model import GEMRef
+    from ..precision.fast_linear import use_fastest_cpu_gemms
+
+    cfg = get_preset(preset).model      # ValueError for an unknown preset
+    return use_fastest_cpu_gemms(GEMRef(cfg, jagged=True), "cpu")
+
+
+def peak_command(args) -> int:
+    device = (args.device or ("cuda" if args.name else "cpu")).lower()
+    if device not in DEVICES:
+        raise ValueError(f"--device {args.device!r}; valid: {', '.join(DEVICES)}")
+    dtype = (args.dtype or ("fp32" if device == "cpu" else "bf16")).lower()
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype {args.dtype!r}; valid: {', '.join(DTYPES)}")
+    if args.name is not None and device == "cpu":
+        raise ValueError("--name looks a GPU up in the datasheet table; it does not combine with --device cpu")
+    if args.name is not None and not args.name.strip():
+        raise ValueError("--name is empty; give a device name as torch.cuda.get_device_name() prints it")
+    if device == "cuda" and args.name is None and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device here; --name NAME looks a GPU name up without one")
+    if args.preset and device != "cpu":
+        raise ValueError("--preset shows the CPU GEMM path per Linear shape; it needs --device cpu")
+    if device == "cpu":
+        report = _cpu_report(dtype, args.preset, args.refresh)
+    else:
+        report = _gpu_report(args.name if args.name is not None else torch.cuda.get_device_name(), dtype)
+    print("\n".join(report.pop("lines")))
+    if args.json:
+        try:
+            write_json(args.json, report)
+        except OSError as e:
+            raise ValueError(f"--json {args.json!r}: cannot write ({e.strerror or e})") from None
+    return 0

@@ -1,0 +1,150 @@
+"""The model's Linear layers on the fastest CPU GEMM path: equal to F.linear forward and
+backward, chosen by measurement (or the switch), and a no-op where it must be."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+from torch import nn
+
+from gemref.data.batches import batch_with_lengths
+from gemref.config import get_preset
+from gemref.mfu.gemm_paths import MODEL_PATHS, check_fp32
+from gemref.model import GEMRef, ranking_loss
+from gemref.precision import fast_linear as fl
+
+pytestmark = pytest.mark.skipif(not check_fp32("onednn")[0], reason="no fp32 oneDNN path in this torch build")
+
+ROWS = st.one_of(st.sampled_from([0, 1, 2]), st.integers(3, 300))       # skewed: many tiny, some long
+PLANS = st.tuples(*[st.sampled_from(MODEL_PATHS)] * 3)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMREF_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=ROWS, lead=st.sampled_from([(), (3,), (2, 2)]), k=st.integers(1, 80), n=st.integers(1, 80),
+       bias=st.booleans(), x_grad=st.booleans(), transposed=st.booleans(), plan=PLANS)
+def test_fast_linear_equals_f_linear_forward_and_backward(rows, lead, k, n, bias, x_grad, transposed, plan):
+    g = torch.Generator().manual_seed(rows * 7919 + k * 31 + n)
+    shape = (*lead, rows, k)
+    x = torch.randn(shape[::-1], generator=g).permute(*range(len(shape) - 1, -1, -1)) if transposed \
+        else torch.randn(shape, generator=g)                   # transposed: a non-contiguous input
+    w, b = torch.randn(n, k, generator=g) / k ** 0.5, torch.randn(n, generator=g) if bias else None
+    grad_out = torch.randn(*lead, rows, n, generator=g)
+    results = []
+    for linear in (lambda x_, w_, b_: fl.FastLinearFunction.apply(x_, w_, b_, plan), F.linear):
+        leaves = [x.clone().requires_grad_(x_grad), nn.Parameter(w.clone())] + (
+            [nn.Parameter(b.clone())] if bias else [])
+        y = linear(leaves[0], leaves[1], leaves[2] if bias else None)
+        wanted = [t for t in leaves if t.requires_grad]
+        results.append((y, torch.autograd.grad(y, wanted, grad_out)))
+    (y_fast, grads_fast), (y_ref, grads_ref) = results
+    torch.testing.assert_close(y_fast, y_ref, rtol=1e-5, atol=1e-5)
+    assert len(grads_fast) == len(grads_ref) == 1 + bias + x_grad
+    for got, want in zip(grads_fast, grads_ref):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_model_on_onednn_trains_like_the_plain_one(monkeypatch, cache_dir):
+    monkeypatch.setenv(fl.ENV, "onednn")
+    cfg = get_preset("tiny").model
+    batch = batch_with_lengths(cfg, [0, 1, 3, 64, 9, 2])
+    plain = GEMRef(cfg, jagged=True)
+    fast = copy.deepcopy(plain)
+    report = fl.use_fastest_cpu_gemms(fast, "cpu")
+    linears = [m for m in plain.modules() if isinstance(m, nn.Linear)]
+    assert report["layers"] == len(linears) > 0 and all(type(m) is fl.FastLinear for m in fast.modules()
+                                                           if isinstance(m, nn.Linear))
+    assert fast.state_dict().keys() == plain.state_dict().keys()
+    losses = [ranking_loss(m(batch), batch.labels) for m in (plain, fast)]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(plain.named_parameters(), fast.parameters()):
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_nothing_changes_off_cpu_with_the_switch_off_or_for_linear_subclasses(monkeypatch, cache_dir):
+    class Other(nn.Linear):
+        pass
+
+    model = nn.Sequential(nn.Linear(4, 5), Other(5, 3))
+    monkeypatch.setenv(fl.ENV, "bogus")          # ignored off CPU: the function does nothing there
+    assert fl.use_fastest_cpu_gemms(model, "cuda")["layers"] == 0
+    assert type(model[0]) is nn.Linear
+    monkeypatch.setenv(fl.ENV, "blas")
+    assert fl.use_fastest_cpu_gemms(model, "cpu")["layers"] == 0 and type(model[0]) is nn.Linear
+    monkeypatch.setenv(fl.ENV, "onednn")
+    assert fl.use_fastest_cpu_gemms(model, "cpu")["layers"] == 1
+    assert type(model[0]) is fl.FastLinear and type(model[1]) is Other
+
+
+def test_a_bad_switch_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(fl.ENV, "mkl")
+    with pytest.raises(ValueError, match="GEMREF_CPU_GEMM='mkl'; valid: auto, blas, onednn"):
+        fl.use_fastest_cpu_gemms(nn.Linear(2, 2), "cpu")
+
+
+def test_autocast_and_empty_batches_take_f_linear():
+    layer = nn.Linear(8, 4)
+    layer.__class__, layer.plan = fl.FastLinear, ("onednn",) * 3
+    x = torch.randn(5, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(x).dtype == torch.bfloat16
+    empty = layer(torch.randn(0, 8, requires_grad=True))
+    assert empty.shape == (0, 4) and empty.grad_fn.name() != "FastLinearFunctionBackward"
+    assert layer(x).grad_fn.name() == "FastLinearFunctionBackward"
+
+
+def test_onednn_wins_a_role_only_when_clearly_faster():
+    seconds = {"forward": {"blas": 1.0, "onednn": 0.5}, "grad_input": {"blas": 1.0, "onednn": 0.97},
+               "grad_weight": {"blas": 1.0, "onednn": 1.4}}
+    assert fl.plan_from_timings(seconds) == ["onednn", "blas", "blas"]
+
+
+def test_the_plan_is_measured_once_and_cached_only_when_uncontended(monkeypatch, cache_dir):
+    monkeypatch.setenv(fl.ENV, "auto")
+    calls = []
+    monkeypatch.setattr(fl, "measure_plan", lambda k, n, rows: calls.append((k, n)) or {
+        "rows": rows, "seconds": {}, "plan": ["onednn", "blas", "onednn"]})
+    monkeypatch.setattr(fl, "_with_cpu_share", lambda fn: (fn(), 0.5))
+    assert fl.choose_plan(16, 8)[0] == ("onednn", "blas", "onednn")
+    assert fl.choose_plan(16, 8)[1]["origin"].endswith("(contended: not cached)") and len(calls) == 2
+    monkeypatch.setattr(fl, "_with_cpu_share", lambda fn: (fn(), 1.0))
+    fl.choose_plan(16, 8)
+    plan, how = fl.choose_plan(16, 8)
+    assert len(calls) == 3 and how["origin"] == "cache" and plan == ("onednn", "blas", "onednn")
+
+
+def test_without_a_usable_onednn_everything_stays_on_blas(monkeypatch):
+    monkeypatch.setattr(fl, "check_fp32", lambda path: (False, "not fp32: relative error 3e-03"))
+    plan, how = fl.choose_plan(16, 8, mode="onednn")
+    assert plan == ("blas",) * 3 and "not fp32" in how["onednn_unusable"]
+
+
+def test_a_real_measurement_gives_a_plan_for_each_role():
+    out = fl.measure_plan(32, 24, rows=64)
+    assert out["rows"] == 64 and len(out["plan"]) == 3 and set(out["plan"]) <= set(MODEL_PATHS)
+    assert all(t > 0 for role in out["seconds"].values() for t in role.values())
+
+
+def test_under_torch_compile_the_layer_is_plain_f_linear():
+    """Dynamo traces the F.linear fallback (inductor then picks its own GEMM lowering)."""
+    layer = nn.Linear(8, 4)
+    layer.__class__, layer.plan = fl.FastLinear, ("onednn",) * 3
+    x = torch.randn(6, 8)
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(layer, backend=backend)(x), F.linear(x, layer.weight, layer.bias))
+    targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert targets == [torch._C._nn.linear]
