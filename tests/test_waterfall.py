@@ -82,6 +82,63 @@ def test_retries_stop_when_the_budget_is_spent_and_the_contended_windows_are_lef
     assert sum(r.kept for r in rounds) == 3 and all(w.contended for r in rounds for w in r.windows[0])
 
 
+class FakeRung:
+    """Stands in for runner.Rung: records what the rank program asks of each rung, trains nothing."""
+
+    log: list = []
+
+    def __init__(self, preset, train, device):
+        self.i = train.seed                   # the test gives rung i the seed i
+        self.s = type("S", (), {"kernel": "fake", "precision": None})()
+        self.log.append(("build", self.i))
+
+    def step(self):
+        self.log.append(("warmup", self.i))
+
+    def window(self, rung, k, attempt, settings):
+        assert rung == self.i
+        self.log.append(("window", self.i, k))
+        return window(rung, k, attempt)
+
+    def profile(self, steps):
+        self.log.append(("profile", self.i))
+        return {c: 0.0 for c in CLASSES} | {"compute_per_step_s": 0.0}
+
+    def memory(self):
+        self.log.append(("memory", self.i))
+        return {"peak_memory_bytes": 1, "peak_memory_method": "fake"}
+
+
+@pytest.mark.parametrize("free, expect_groups", [(1e15, [[0, 1, 2]]), (1.0, [[0, 1], [1, 2]])])
+def test_the_rank_program_interleaves_each_group_of_live_rungs(monkeypatch, free, expect_groups):
+    from gemref.config import override
+    from gemref.mfu.peak import Peak
+    from gemref.waterfall import runner
+
+    monkeypatch.setattr(runner, "Rung", FakeRung)
+    monkeypatch.setattr(runner, "free_bytes", lambda device: free)
+    monkeypatch.setattr(runner, "peak_flops", lambda device, dtype: Peak(1e9, "fake", dtype))
+    monkeypatch.setattr(runner, "precision_label", lambda report: "fp32")
+    FakeRung.log = []
+    trains = [override(TINY.train, seed=i) for i in range(3)]
+    out = runner.measure(TINY, trains, "cpu", runner.Settings(windows=2, warmup=1, max_retries=0))
+    assert out["groups"] == expect_groups
+    log = FakeRung.log
+    if len(expect_groups) == 1:
+        assert log == [("build", 0), ("warmup", 0), ("build", 1), ("warmup", 1), ("build", 2), ("warmup", 2),
+                       ("window", 0, 0), ("window", 1, 0), ("window", 2, 0),
+                       ("window", 0, 1), ("window", 1, 1), ("window", 2, 1)] + [
+                       (what, i) for i in range(3) for what in ("profile", "memory")]
+    else:   # rung 1 stays alive from the first pair into the second; each rung is profiled once
+        assert log == [("build", 0), ("warmup", 0), ("build", 1), ("warmup", 1),
+                       ("window", 0, 0), ("window", 1, 0), ("window", 0, 1), ("window", 1, 1),
+                       ("profile", 0), ("memory", 0), ("profile", 1), ("memory", 1),
+                       ("build", 2), ("warmup", 2),
+                       ("window", 1, 0), ("window", 2, 0), ("window", 1, 1), ("window", 2, 1),
+                       ("profile", 2), ("memory", 2)]
+    assert len(out["rounds"]) == 2 * len(expect_groups) and out["peaks"]["fp32"]["flops"] == 1e9
+
+
 def test_contention_marking_from_cpu_and_wall_times():
     # schedstat: 0.85 s on a core + 0.15 s queued -> 85% of a core < 90%: contended
     assert window(thread=0.85, delay=0.15).core_share == pytest.approx(0.85)
@@ -173,6 +230,27 @@ def test_rows_under_sliding_pairs_chain_vs_baseline():
     pairs = build_rows(plan, _result([[0, 1], [1, 2]], tokens), [1e12] * 3)
     assert [r["group"] for r in pairs] == [0, 0, 1]
     assert pairs[2]["vs_baseline"] == pytest.approx(2.0 * 1.5)      # 200/100 then 300/200 (medians, chained)
+
+
+def test_figures_show_e2e_local_and_the_breakdown_and_say_which_rungs_were_not_measured():
+    from gemref.config import TrainConfig
+    from gemref.report.figures import waterfall_breakdown_figure, waterfall_figure
+
+    plan = [(rung, TrainConfig()) for rung in LADDER[:3]]
+    result = _result([[0, 1, 2]], [[100, 100, 100], [200, 220, 180], [300, 330, 360]])
+    for r in result["rounds"]:                  # every window of rung 2 queued for a core half the time
+        r["windows"][0][2]["run_delay_s"] = 1.0
+    rows = build_rows(plan, result, [1e12] * 3) + [{"rung": "7 + float8/MXFP8", "key": "low_precision",
+                                                     "status": "n/a here: no FP8 here"}]
+    assert rows[2]["windows_kept"] == 0 and rows[2]["contended_windows"] == 3 and rows[2]["mfu"] is None
+    fig = waterfall_figure(rows)
+    assert [t.type for t in fig.data] == ["waterfall", "bar", "bar"]
+    assert list(fig.data[0].text[2:]) == ["contended", "n/a here"]
+    assert [t.name for t in fig.data[1:]] == ["local MFU", "E2E MFU"]
+    assert fig.data[2].text[0] == "x1.00"                                # one rank, 1 s of compute per 1 s
+    parts = waterfall_breakdown_figure(rows)
+    assert [t.name for t in parts.data] == ["compute", "exposed communication", "waiting at the collective",
+                                            "queued for a core", "data"]
 
 
 # ----------------------------------------------------------------------------- op classes

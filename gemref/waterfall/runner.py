@@ -120,9 +120,18 @@ class Rung:
         model = sum(model_flops(cfg, n).total for n in lengths)
         executed = sum(executed_flops(cfg, n, jagged=tc.jagged, kernel=self.s.kernel, device=self.s.device).total
                        + recompute_flops(cfg, n, plan, jagged=tc.jagged, kernel=self.s.kernel) for n in lengths)
-        return Window(rung, k, attempt, settings.steps_per_window, wall, step_s, data_s, None if cuda else compute_s,
+        return Window(rung, k, attempt, settings.steps_per_window, wall, step_s, data_s, self.compute(step_s, compute_s),
                       proc, thread, None if delay0 is None or delay is None else delay - delay0,
                       samples, tokens, int(model), int(executed), self.s.device.type)
+
+    def compute(self, step_s: float, thread_cpu_s: float) -> float | None:
+        """This rank's compute seconds in a window (schedule.Window.compute_s): on one rank the
+        training steps' own time (nothing in them but compute); on CPU ranks with one thread each
+        their main thread's CPU time (a rank waiting for a peer sleeps); otherwise None: the
+        profiled compute kernels decide (rows.group_rounds)."""
+        if self.s.parallel is None:
+            return step_s
+        return thread_cpu_s if self.s.device.type == "cpu" and torch.get_num_threads() == 1 else None
 
     def profile(self, steps: int) -> dict[str, float]:
         """Seconds per step by op class (gemref/mfu/op_classes.py) over `steps` profiled steps."""

@@ -48,7 +48,7 @@ class Window:
     wall_s: float                # first batch fetch to the end of the last step (CUDA-synchronised)
     step_s: float                # the train_step calls alone
     data_s: float                # blocked fetching batches
-    compute_s: float | None      # main-thread CPU seconds of the train_step calls (CPU ranks); None on CUDA
+    compute_s: float | None      # this rank's compute seconds (runner.Rung.compute); None: from the profile
     process_cpu_s: float         # all threads of the process
     thread_cpu_s: float          # the main thread, whole window
     run_delay_s: float | None    # the main thread's run-queue wait; None without schedstat

@@ -1,7 +1,9 @@
 """From measured windows to a waterfall row: E2E MFU = local MFU x scaling ratio, paired ratios, breakdown.
 
 Per window (all ranks; W ranks, P = one device's peak FLOP/s, F = the window's model FLOPs
-summed over ranks, T = its wall time, the slowest rank's, C_r = rank r's compute seconds):
+summed over ranks, T = its wall time, the slowest rank's, C_r = rank r's compute seconds: on
+one rank the training steps' time, on one-thread CPU ranks the main thread's CPU time inside
+the steps, on GPU ranks the profiled compute kernels' time per step):
 
     E2E MFU        = F / (T x W x P)            what the job got out of its W devices
     local MFU      = F / (sum_r C_r x P)        one rank's compute-only rate (averaged over ranks)
