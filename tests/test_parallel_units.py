@@ -12,8 +12,7 @@ from gemref.data.sampler import StepBatches
 from gemref.train import batch_sampler
 from gemref.model import GEMRef
 from gemref.parallel import comm
-from gemref.simulate.cost_model import (HARDWARE, LinkTier, collective_time, comm_share, get_profile, group_tier,
-                                        step_comm_time)
+from gemref.simulate.cost_model import HARDWARE, LinkTier, collective_time, get_profile, group_tier
 from gemref.parallel.fsdp import padded_numel
 from gemref.config import MeshShape, parse_mesh
 from gemref.parallel.mesh import check_world
@@ -205,20 +204,6 @@ def test_tiers_follow_the_mesh_layout():
     assert all(t.source for p in HARDWARE.values() for t in (p.intra, p.inter))
     with pytest.raises(ValueError, match="unknown hardware profile"):
         get_profile("tpu")
-
-
-def test_comm_share_grows_with_ranks_at_fixed_per_rank_batch():
-    hw = get_profile("h100_ib_ndr")
-    shares = []
-    for world in (8, 64, 512):
-        mesh = MeshShape(world // 8, 8)
-        rows = step_comm_time(step_volume(get_preset("base").model, mesh, batch=64, tokens=64 * 160, jagged=True,
-                                          param_bytes=2, sparse_sharding="row"), mesh, hw)
-        shares.append(comm_share(0.1, sum(r["seconds"] for r in rows)))
-    assert shares == sorted(shares) and 0 < shares[0] < shares[-1] < 1
-    assert comm_share(1.0, 1.0, overlapped_share=1.0) == 0.0
-    with pytest.raises(ValueError, match="overlapped_share"):
-        comm_share(1.0, 1.0, 1.5)
 
 
 # ----------------------------------------------------------------------------- overlap and batches

@@ -20,8 +20,8 @@ intra-node tier; any group spanning nodes is bounded by the inter-node tier (one
 GPU, rail-optimised: the per-GPU NIC bandwidth is the bottleneck of every ring step that
 leaves the node). Hierarchical algorithms and congestion are not modelled.
 
-This is the API the scale projection (`gemref simulate`) uses: `HARDWARE` profiles,
-`collective_time`, `group_tier`, `step_comm_time` (a volume.py step at a mesh shape).
+`HARDWARE` profiles, `collective_time` and `group_tier` are what the step-time model
+(step_model.py) prices a step's collectives with.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ class HardwareProfile:
 # NCCL's bus bandwidth typically reaches in nccl-tests at large messages. Latencies: order
 # of magnitude of a small-message step (NVLink ~ a few us; RDMA over InfiniBand/RoCE ~ 5-10 us
 # per step including software). Both are assumptions to calibrate with nccl-tests on the
-# real cluster; `with_efficiency` changes the 0.8.
+# real cluster (`gemref simulate --bandwidth-scale` varies every bandwidth).
 _EFF = 0.8
 HARDWARE: dict[str, HardwareProfile] = {
     "h100_ib_ndr": HardwareProfile(
@@ -131,72 +131,3 @@ def group_tier(dim: str, mesh: MeshShape, hw: HardwareProfile) -> LinkTier:
     else:
         raise ValueError(f"unknown mesh dim {dim!r}; valid: shard, replicate, world")
     return hw.intra if inside else hw.inter
-
-
-def step_comm_time(rows: list[dict], mesh: MeshShape, hw: HardwareProfile, algorithm: str = "auto") -> list[dict]:
-    """volume.step_volume rows -> the same rows with `tier` and `seconds` (count collectives of equal size)."""
-    out = []
-    for r in rows:
-        tier = group_tier(r["dim"], mesh, hw)
-        per_call = r["bytes"] / r["count"] if r["count"] else 0.0
-        seconds = r["count"] * collective_time(r["kind"], per_call, r["group_size"], tier, algorithm)
-        out.append({**r, "tier": tier.name, "seconds": seconds})
-    return out
-
-
-def comm_share(compute_s: float, comm_s: float, overlapped_share: float = 0.0) -> float:
-    """Share of the step spent on exposed communication: exposed / (compute + exposed)."""
-    if not 0.0 <= overlapped_share <= 1.0:
-        raise ValueError(f"overlapped_share must be in [0, 1], got {overlapped_share}")
-    exposed = comm_s * (1.0 - overlapped_share)
-    total = compute_s + exposed
-    return exposed / total if total > 0 else 0.0
-
-
-def with_efficiency(hw: HardwareProfile, efficiency: float) -> HardwareProfile:
-    """The same profile with bandwidths rescaled from the default 0.8 link efficiency."""
-    if not 0 < efficiency <= 1:
-        raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
-
-    def tier(t: LinkTier) -> LinkTier:
-        return LinkTier(t.name, t.alpha_s, t.bandwidth_bytes_per_s / _EFF * efficiency, t.source)
-    return HardwareProfile(hw.name, hw.gpus_per_node, tier(hw.intra), tier(hw.inter), hw.gpu, hw.notes)
-
-
-def step_time(compute_s: float, comm_s: float, overlapped_share: float, sm_share: float = 0.0) -> float:
-    """Step time when `overlapped_share` of the comm runs under compute.
-
-    `sm_share` is the fraction of the GPU's SMs a collective's kernels occupy while they run:
-    overlapped comm then slows the compute it overlaps by that fraction of its duration.
-    Kernel-driven NCCL collectives take a few SMs per channel; NCCLX's host-driven,
-    zero-copy CTran transport moves data by RDMA without SMs (sm_share ~ 0). An assumption
-    to set from a profile, not a measured constant.
-    """
-    for name, v in (("overlapped_share", overlapped_share), ("sm_share", sm_share)):
-        if not 0.0 <= v <= 1.0:
-            raise ValueError(f"{name} must be in [0, 1], got {v}")
-    overlapped = comm_s * overlapped_share
-    return compute_s + (comm_s - overlapped) + overlapped * sm_share
-
-
-def projected_step(cfg, mesh: MeshShape, hw: HardwareProfile, *, batch: int, tokens: int, model_flops: float,
-                   mfu: float, jagged: bool = True, sparse_sharding: str = "row", reshard_after_forward: bool = True,
-                   param_bytes: int = 2, algorithm: str = "auto") -> dict:
-    """One rank's step at scale: compute time from its model FLOPs at an assumed MFU (against the
-    GPU's bf16 peak), comm time of every collective (volume.py) on this hardware, the comm share
-    with no overlap. `batch`/`tokens`: samples and history events per rank."""
-    from ..mfu.peak import gpu_peak
-    from ..parallel.volume import step_volume
-
-    if not 0 < mfu <= 1:
-        raise ValueError(f"mfu must be in (0, 1], got {mfu}")
-    peak = gpu_peak(hw.gpu, "bf16")
-    if peak.flops is None:
-        raise ValueError(f"hardware profile {hw.name!r}: no bf16 peak for GPU {hw.gpu!r}")
-    rows = step_comm_time(step_volume(cfg, mesh, batch=batch, tokens=tokens, jagged=jagged, param_bytes=param_bytes,
-                                      reshard_after_forward=reshard_after_forward, sparse_sharding=sparse_sharding),
-                          mesh, hw, algorithm)
-    compute_s = model_flops / (peak.flops * mfu)
-    comm_s = sum(r["seconds"] for r in rows)
-    return {"compute_s": compute_s, "comm_s": comm_s, "comm_share_no_overlap": comm_share(compute_s, comm_s),
-            "peak_source": peak.source, "collectives": rows}

@@ -1,16 +1,20 @@
 """Scale projection: step time and MFU of each ladder rung at 8 ... 4096 GPUs (weak scaling).
 
-This is a model, not a measurement. Per rung and GPU count W, with b samples per GPU:
+This is a model, not a measurement. Per rung and GPU count W, with b samples per GPU, the
+step-time model of gemref/simulate/step_model.py:
 
-    step_s = compute_s x imbalance + exposed_comm_s
-    MFU    = model FLOPs of the global batch / (step_s x bf16 peak x W)
+    step_s  = compute_s x imbalance + exposed_comm_s
+    E2E MFU = local MFU x scaling ratio,   scaling ratio = compute_s / step_s
 
-* compute_s: the mean per-GPU model FLOPs at the rung's single-GPU MFU, an INPUT: measured
-  (a single-rank waterfall's MFU per rung, gemref/simulate/summary.py, carried to the
+the same two factors the waterfall measures (gemref/waterfall/stats.py).
+
+* local MFU, and compute_s = mean per-GPU model FLOPs / (bf16 peak x local MFU): an INPUT,
+  measured (a waterfall's local MFU per rung, gemref/simulate/summary.py, carried to the
   projected GPU as it is and labelled with where it was measured), given, or by default
   ASSUMED = efficiency x speed-up x model/executed FLOPs. The efficiency and speed-up are
-  the assumptions (RungModel, _ladder); model/executed comes from gemref/mfu/flops.py on a
+  the assumptions (RungModel, CHANGES); model/executed comes from gemref/mfu/flops.py on a
   sample of the preset's lengths (padding, materialised attention, recompute: computed).
+* scaling ratio: from the model, what survives the imbalance and the exposed communication.
 * imbalance: max/mean per-rank model FLOPs of global batches of W x b lengths drawn from
   the preset's length profile, priced with `sample_cost_coefficients` and split with the
   rung's policy (gemref/balance.py): round robin (equal counts) before the load-balance
@@ -35,7 +39,7 @@ This is a model, not a measurement. Per rung and GPU count W, with b samples per
 
 Not modelled: activation memory, congestion, hierarchical collectives, stragglers other than
 load imbalance, data loading, pipelined embedding lookups. What dominates the result: the
-single-GPU MFU (an input), the batch per GPU, the inter-node bandwidth, the table replicas'
+local MFU (an input), the batch per GPU, the inter-node bandwidth, the table replicas'
 synchronisation and the overlap. gemref/simulate/validate.py checks the formula against
 measured multi-rank CPU runs.
 """
@@ -48,16 +52,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..balance import SampleCost, imbalance, partition, rank_loads
-from ..config import Preset
+from ..config import MeshShape, Preset
 from ..data.synthetic import draw_lengths
+from ..ladder import KEYS, rung as ladder_rung
 from ..mfu.flops import executed_flops, model_flops, sample_cost_coefficients
 from ..mfu.peak import gpu_peak
-from .cost_model import HardwareProfile, collective_time, get_profile, group_tier
-from ..parallel.fsdp import padded_numel
 from ..parallel.memory import projected_rank_bytes
-from ..config import MeshShape
-from ..parallel.sparse import plan_tables
-from ..parallel.volume import model_units, step_volume, table_shapes
+from .cost_model import HardwareProfile, get_profile
+from .step_model import comm_rows, predict_step, step_collectives
 
 GPU_COUNTS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 GEM_MFU_BAND = (0.20, 0.25)   # Meta, GEM announcement (2025): end-to-end training MFU, thousands of GPUs
@@ -84,22 +86,29 @@ class RungModel:
     gather_bytes: int = 2           # bytes per parameter in FSDP all-gathers (bf16; 1 with float8 all-gather)
 
 
+# What each rung of gemref/ladder.py changes in the projection (the fields it sets; the rest
+# carry over from the rung before).
+CHANGES: dict[str, dict] = {
+    "baseline": {},
+    "jagged": dict(padded=False),
+    "fused_attention": dict(attention="fused"),
+    # torch.compile fuses element-wise ops and launches: typically +15-25% on GPUs.
+    "compile": dict(efficiency=0.42),
+    # AutoAC recomputes ~1/3 of the forward of the checkpointed blocks and doubles the batch.
+    "autoac": dict(recompute=0.12, batch_scale=2.0),
+    "load_balance": dict(policy="kk"),
+    "fsdp_2d": dict(layout="fsdp_2d"),
+    # float8 Linear GEMMs run ~1.6x faster; with casts and the non-GEMM time ~1.25x per step;
+    # torchao's float8 all-gather halves FSDP's gather bytes.
+    "low_precision": dict(compute_speedup=1.25, gather_bytes=1),
+}
+
+
 def _ladder() -> list[RungModel]:
-    rung = RungModel("baseline", "0 baseline")
-    out = [rung]
-    for key, title, change in [
-            ("jagged", "1 + jagged", dict(padded=False)),
-            ("fused_attention", "2 + flash/GDPA", dict(attention="fused")),
-            # torch.compile fuses element-wise ops and launches: typically +15-25% on GPUs.
-            ("compile", "3 + torch.compile", dict(efficiency=0.42)),
-            # AutoAC recomputes ~1/3 of the forward of the checkpointed blocks and doubles the batch.
-            ("autoac", "4 + AutoAC", dict(recompute=0.12, batch_scale=2.0)),
-            ("load_balance", "5 + load balance", dict(policy="kk")),
-            ("fsdp_2d", "6 + FSDP/2D sparse", dict(layout="fsdp_2d")),
-            # float8 Linear GEMMs run ~1.6x faster; with casts and the non-GEMM time ~1.25x per step;
-            # torchao's float8 all-gather halves FSDP's gather bytes.
-            ("low_precision", "7 + float8/MXFP8", dict(compute_speedup=1.25, gather_bytes=1))]:
-        rung = replace(rung, key=key, title=title, **change)
+    out, rung = [], None
+    for key in KEYS:
+        spec = ladder_rung(key)
+        rung = replace(rung or RungModel(key, spec.title), key=key, title=spec.title, **CHANGES[key])
         out.append(rung)
     return out
 
@@ -136,9 +145,10 @@ def check_mfu(value: float, what: str) -> float:
     return float(value)
 
 
-def single_gpu_mfu(preset: Preset, ladder: list[RungModel], given: dict[str, tuple[float, str]] | None = None,
-                   sample: int = 2048, seed: int = 0) -> dict[str, tuple[float, str]]:
-    """{rung key: (MFU on one GPU, its source)}: `given` entries win, else efficiency x model/executed."""
+def local_mfu(preset: Preset, ladder: list[RungModel], given: dict[str, tuple[float, str]] | None = None,
+              sample: int = 2048, seed: int = 0) -> dict[str, tuple[float, str]]:
+    """{rung key: (local MFU: one GPU's compute-only rate, its source)}: `given` entries win,
+    else efficiency x speed-up x model/executed."""
     given = given or {}
     cfg, data = preset.model, preset.data
     lengths = draw_lengths(data.length_profile, sample, cfg.max_len, min(data.median_len, cfg.max_len),
@@ -199,88 +209,10 @@ def mesh_for(rung: RungModel, gpus: int, hw: HardwareProfile, shard_group: int |
     return MeshShape(gpus // S, S)
 
 
-@functools.lru_cache(maxsize=256)
-def _volume(cfg, shard: int, replicated: bool, batch: int, tokens: int, jagged: bool, gather_bytes: int,
-            sparse: str) -> tuple[tuple[dict, ...], int, int]:
-    """volume.py rows on a (2 if replicated else 1) x S mesh, the layer units' numel, the held table bytes.
-
-    volume.py's bytes depend on R only through R > 1, so one call serves every R."""
-    mesh = MeshShape(2 if replicated else 1, shard)
-    rows = step_volume(cfg, mesh, batch=batch, tokens=tokens, jagged=jagged, param_bytes=gather_bytes,
-                       reduce_bytes=4, sparse_sharding=sparse)
-    numel = sum(padded_numel(s, shard) for unit, shapes in model_units(cfg, sparse).items() if unit != "root"
-                for s in shapes)
-    held = 0
-    if sparse != "none" and replicated:
-        held = sum(p.local_bytes(0, shard) for p in plan_tables(table_shapes(cfg), shard, sparse).values())
-    return tuple(rows), numel, held
-
-
-def step_collectives(cfg, mesh: MeshShape, batch: int, tokens: int, jagged: bool, gather_bytes: int,
-                     sparse: str) -> list[dict]:
-    """One rank's collectives (volume.py rows), the table replicas' all-reduce split out as
-    dim "tables", each row with `overlappable_bytes`: the layer units' share."""
-    rows, numel, held = _volume(cfg, mesh.shard, mesh.replicate > 1, batch, tokens, jagged, gather_bytes, sparse)
-    S = mesh.shard
-    layers = {("all_gather", "shard"): 2 * numel * gather_bytes, ("reduce_scatter", "shard"): numel * 4,
-              ("all_reduce", "replicate"): numel // S * 4}
-    out = []
-    for r in rows:
-        if r["dim"] == "replicate":
-            r = {**r, "group_size": mesh.replicate}
-        if (r["kind"], r["dim"]) == ("all_reduce", "replicate") and held:
-            out.append({**r, "dim": "tables", "count": 1, "bytes": held, "overlappable_bytes": 0})
-            r = {**r, "count": r["count"] - 1, "bytes": r["bytes"] - held}
-        out.append({**r, "overlappable_bytes": min(r["bytes"], layers.get((r["kind"], r["dim"]), 0))})
-    return out
-
-
 @functools.lru_cache(maxsize=64)
 def state_bytes(cfg, shard: int, sparse: str) -> int:
     """Parameters + gradients + AdamW state on the fullest rank (parallel/memory.py; depends on S only)."""
     return projected_rank_bytes(cfg, MeshShape(1, shard), sparse)["total"]
-
-
-def comm_rows(rows, mesh: MeshShape, hw: HardwareProfile | None, *, kind_tiers: dict | None = None,
-              table_sync_every: int = 1, algorithm: str = "auto") -> list[dict]:
-    """Collective rows -> the same with `tier`, `seconds` (alpha-beta) and `overlappable_s`.
-
-    `kind_tiers` {kind: LinkTier} replaces the mesh-dim tier (a calibrated gloo profile).
-    The table replicas' all-reduce runs every `table_sync_every` steps: 1/K of it per step.
-    """
-    if table_sync_every < 1:
-        raise ValueError(f"table_sync_every must be >= 1, got {table_sync_every}")
-    out = []
-    for r in rows:
-        dim = "replicate" if r["dim"] == "tables" else r["dim"]
-        tier = (kind_tiers or {}).get(r["kind"]) or group_tier(dim, mesh, hw)
-        per_call = r["bytes"] / r["count"] if r["count"] else 0.0
-        seconds = r["count"] * collective_time(r["kind"], per_call, r["group_size"], tier, algorithm)
-        if r["dim"] == "tables":
-            seconds /= table_sync_every
-        share = r.get("overlappable_bytes", 0) / r["bytes"] if r["bytes"] else 0.0
-        out.append({**r, "tier": tier.name, "seconds": seconds, "overlappable_s": seconds * share})
-    return out
-
-
-def predict_step(compute_s: float, imbalance_factor: float, rows: list[dict], sm_share: float = 0.0) -> dict:
-    """step = compute x imbalance + exposed comm; overlap hides at most the step's compute."""
-    if compute_s < 0 or imbalance_factor < 1 - 1e-12:
-        raise ValueError(f"need compute_s >= 0 and imbalance >= 1, got {compute_s}, {imbalance_factor}")
-    if not 0 <= sm_share <= 1:
-        raise ValueError(f"sm_share must be in [0, 1], got {sm_share}")
-    busy = compute_s * imbalance_factor
-    comm = sum(r["seconds"] for r in rows)
-    want = sum(r["overlappable_s"] for r in rows)
-    hidden = min(want, busy)
-    scale = hidden / want if want else 0.0
-    exposed = {}
-    for r in rows:
-        name = f"{r['kind']} ({r['dim']})"
-        exposed[name] = exposed.get(name, 0.0) + r["seconds"] - r["overlappable_s"] * scale
-    step = busy + (comm - hidden) + hidden * sm_share
-    return {"compute_s": compute_s, "bubble_s": busy - compute_s, "comm_s": comm, "exposed_s": comm - hidden,
-            "sm_slowdown_s": hidden * sm_share, "exposed_by_kind": exposed, "step_s": step}
 
 
 def check_gpus(gpus) -> list[int]:
@@ -298,7 +230,7 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
             mfu: dict[str, tuple[float, str]] | None = None) -> list[dict]:
     """One row per (GPU count, rung): compute, exposed comm per kind, imbalance, step time, MFU.
 
-    `mfu` {rung key: (single-GPU MFU, source)} overrides the assumed values (see module doc).
+    `mfu` {rung key: (local MFU, source)} overrides the assumed values (see module doc).
     """
     gpus = check_gpus(gpus)
     ladder = ladder or LADDER
@@ -311,7 +243,7 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
     base_batch = options.batch_per_gpu or preset.train.batch_size
     if base_batch < 1:
         raise ValueError(f"batch_per_gpu must be >= 1, got {base_batch}")
-    mfu1 = single_gpu_mfu(preset, ladder, mfu, seed=options.seed)
+    local = local_mfu(preset, ladder, mfu, seed=options.seed)
     mean_len = float(np.mean(draw_batches(preset, 4096, 1, options.seed)[0]))   # history events per sample
     memory = next((v for k, v in GPU_MEMORY.items() if k in hw.gpu), None)
     rows = []
@@ -325,12 +257,12 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
             coll = comm_rows(step_collectives(preset.model, mesh, b, tokens, not r.padded,
                                               r.gather_bytes, sparse), mesh, hw,
                              table_sync_every=options.table_sync_every)
-            m, source = mfu1[r.key]
+            m, source = local[r.key]
             compute_s = st["rank_flops"] / (peak.flops * m)
             step = predict_step(compute_s, st["imbalance"], coll, options.sm_share)
             state = state_bytes(preset.model, mesh.shard, sparse)
             rows.append({"gpus": W, "rung": r.title, "key": r.key, "mesh": str(mesh), "batch_per_gpu": b,
-                         "mfu_1gpu": m, "mfu_1gpu_source": source, "imbalance": st["imbalance"], **step,
+                         "local_mfu": m, "local_mfu_source": source, "imbalance": st["imbalance"], **step,
                          "mfu": st["rank_flops"] / (step["step_s"] * peak.flops), "rank_flops": st["rank_flops"],
                          "peak_flops": peak.flops, "sm_share": options.sm_share,
                          "table_sync_every": options.table_sync_every,

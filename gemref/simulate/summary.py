@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .projection import GEM_MFU_BAND, LADDER, RungModel, check_mfu, predict_step
+from .projection import GEM_MFU_BAND, LADDER, RungModel, check_mfu
+from .step_model import predict_step
 
-TABLE_COLUMNS = ("gpus", "rung", "mesh", "batch_per_gpu", "mfu_1gpu", "compute_s", "exposed_s", "imbalance",
-                 "bubble_s", "step_s", "mfu", "state_gb", "fits")
+TABLE_COLUMNS = ("gpus", "rung", "mesh", "batch_per_gpu", "local_mfu", "scaling_ratio", "mfu", "compute_s",
+                 "exposed_s", "imbalance", "bubble_s", "step_s", "state_gb", "fits")
 
 
 def at(rows: list[dict], gpus: int) -> list[dict]:
@@ -52,15 +53,15 @@ def gem_band(rows: list[dict], gpus: int, band=GEM_MFU_BAND) -> dict:
             "baseline_mfu": here[0]["mfu"], "full_ladder_mfu": here[-1]["mfu"]}
 
 
-def mfu_at(row: dict, mfu_1gpu: float) -> float:
-    """The row's projected MFU had its single-GPU MFU been `mfu_1gpu` (same collectives, same imbalance)."""
-    compute = row["rank_flops"] / (row["peak_flops"] * mfu_1gpu)
+def mfu_at(row: dict, local_mfu: float) -> float:
+    """The row's projected E2E MFU had its local MFU been `local_mfu` (same collectives, same imbalance)."""
+    compute = row["rank_flops"] / (row["peak_flops"] * local_mfu)
     step = predict_step(compute, row["imbalance"], row["collectives"], row["sm_share"])["step_s"]
     return row["rank_flops"] / (step * row["peak_flops"])
 
 
-def required_mfu_1gpu(row: dict, target: float) -> float | None:
-    """Single-GPU MFU the row's rung needs to reach `target` MFU at its GPU count (bisection: the
+def required_local_mfu(row: dict, target: float) -> float | None:
+    """Local MFU the row's rung needs to reach `target` E2E MFU at its GPU count (bisection: the
     projected MFU rises with it); None when even 1.0 falls short."""
     if mfu_at(row, 1.0) < target:
         return None
@@ -104,13 +105,21 @@ def load_waterfall(path: str | Path) -> dict:
 
 
 def measured_mfu(waterfall: dict, ladder: list[RungModel] = LADDER) -> dict[str, tuple[float, str]]:
-    """{rung key: (MFU, source)} from a single-rank waterfall; a rung that did not run there takes
-    the MFU of the last rung that did (it is assumed to change nothing on one device)."""
-    if waterfall.get("ranks", 1) != 1:
-        raise ValueError(f"the waterfall ran on {waterfall['ranks']} ranks, so its MFU includes their communication: "
-                         "use a single-rank waterfall (gemref waterfall --ranks 1) as the compute input")
-    where = f"{waterfall.get('device', '?')}, {waterfall.get('preset', '?')} preset"
-    ran = {r["key"]: r["mfu"] for r in waterfall["rungs"] if r.get("status") == "ran" and r.get("mfu")}
+    """{rung key: (local MFU, source)} from a waterfall record.
+
+    Local MFU is one rank's compute-only rate, so a waterfall on any number of ranks serves
+    (a record from before local MFU existed serves only from one rank, where its E2E MFU is
+    the compute rate plus data loading). A rung that did not run there, or kept no window,
+    takes the local MFU of the last rung that did (assumed to change nothing on one device).
+    """
+    ranks = waterfall.get("ranks", 1)
+    where = f"{waterfall.get('device', '?')}, {waterfall.get('preset', '?')} preset, {ranks} rank(s)"
+    ran_rows = [r for r in waterfall["rungs"] if r.get("status") == "ran"]
+    if ranks != 1 and not any("local_mfu" in r for r in ran_rows):
+        raise ValueError(f"the waterfall ran on {ranks} ranks and records no local MFU, so its MFU includes their "
+                         "communication: re-run it (gemref waterfall) or use a single-rank waterfall")
+    ran = {r["key"]: r.get("local_mfu", r.get("mfu")) for r in ran_rows}
+    ran = {k: v for k, v in ran.items() if v}
     if not ran:
         raise ValueError("the waterfall has no rung with a measured MFU")
     out, last = {}, None
@@ -128,22 +137,23 @@ def findings(rows: list[dict], band=GEM_MFU_BAND) -> list[str]:
     gpus = max(r["gpus"] for r in rows)
     g, m = gem_band(rows, gpus, band), rung_that_matters(rows, gpus)
     top = at(rows, gpus)[-1]
-    lo, hi = (required_mfu_1gpu(top, b) for b in band)
-    need = ("no single-GPU MFU <= 100% gets it there" if lo is None else
-            f"it needs a single-GPU MFU of {lo:.0%}-{hi:.0%}" if hi is not None else f"it needs >= {lo:.0%}")
+    lo, hi = (required_local_mfu(top, b) for b in band)
+    need = ("no local MFU <= 100% gets it there" if lo is None else
+            f"it needs a local MFU of {lo:.0%}-{hi:.0%}" if hi is not None else f"it needs >= {lo:.0%}")
     by_kind = sorted(top["exposed_by_kind"].items(), key=lambda kv: -kv[1])
     lines = [
         f"At {gpus} GPUs: baseline {g['baseline_mfu']:.1%} MFU, full ladder {g['full_ladder_mfu']:.1%}. "
         f"GEM's {band[0]:.0%}-{band[1]:.0%} band: " + (
             f"rungs inside it: {', '.join(g['inside'])}" if g["inside"] else "no rung lands inside it")
         + (f"; first rung at or above {band[0]:.0%}: {g['first_reaching']}" if g["first_reaching"] else "") + ".",
-        f"For the full ladder to land in the band {need} (here: {top['mfu_1gpu']:.0%}, {top['mfu_1gpu_source']}).",
+        f"For the full ladder to land in the band {need} (here: {top['local_mfu']:.0%}, {top['local_mfu_source']}; "
+        f"scaling ratio {top['scaling_ratio']:.2f}).",
         f"Largest MFU gain at {gpus} GPUs: {m['largest']['rung']} ({m['largest']['delta']:+.1%}); the gain that "
         f"grows most with scale: {m['grows_most']['rung']} ({m['grows_most']['delta_at_min']:+.1%} at "
         f"{min(r['gpus'] for r in rows)} GPUs, {m['grows_most']['delta']:+.1%} at {gpus}).",
         f"Full ladder at {gpus} GPUs: compute {top['compute_s']:.3g} s, imbalance bubble {top['bubble_s']:.3g} s, "
         f"exposed comm {top['exposed_s']:.3g} s (largest: {by_kind[0][0]} {by_kind[0][1]:.3g} s).",
-        "Dominant inputs: the single-GPU MFU per rung (assumed unless measured), the batch per GPU (it amortises "
+        "Dominant inputs: the local MFU per rung (assumed unless measured), the batch per GPU (it amortises "
         "the per-step communication), the inter-node bandwidth, "
         f"the table replicas' all-reduce (every {top['table_sync_every']} step(s) here), and the overlap of FSDP's "
         "collectives.",

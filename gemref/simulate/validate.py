@@ -1,6 +1,6 @@
 """Does the scale projection predict runs it did not see? Predicted vs measured steps of CPU gloo ranks.
 
-The projection's formula (gemref/simulate/projection.py), fed with inputs measured on this machine:
+The projection's step-time model (gemref/simulate/step_model.py), fed with inputs measured on this machine:
 
     predicted step = (compute + host work) x time-sharing x imbalance + comm (alpha-beta, none hidden)
 
@@ -51,7 +51,7 @@ from ..mfu.flops import sample_cost_coefficients
 from .cost_model import LinkTier, collective_time
 from ..parallel.launch import spawn
 from ..config import parse_mesh
-from .projection import comm_rows, predict_step, step_collectives
+from .step_model import comm_rows, exposed_only, predict_step, step_collectives
 
 KINDS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
 SIZES = (4 << 10, 32 << 10, 256 << 10, 1 << 20)   # payload bytes (volume.py's convention)
@@ -333,7 +333,7 @@ def _predict_step(preset: Preset, train: TrainConfig, tiers: dict, cost: SampleC
     tokens = sum(int(lengths[p].sum()) for p in parts) / ranks
     coll = comm_rows(step_collectives(preset.model, mesh, max(1, round(train.batch_size / ranks)), round(tokens), True, 4,
                                       train.sparse_sharding), mesh, None, kind_tiers=tiers, algorithm="ring")
-    coll = [{**c, "overlappable_s": 0.0} for c in coll]
+    coll = exposed_only(coll)
     compute, imb = statistics.mean(seconds), imbalance(seconds)
     result = predict_step((compute + host) * share, imb, coll)
     return {"step_s": result["step_s"], "compute_s": compute, "imbalance": imb, "comm_s": result["comm_s"],

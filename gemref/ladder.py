@@ -1,0 +1,60 @@
+"""The ladder: the one list of rungs that the waterfall measures and the projection models.
+
+Each rung is the previous one plus one switch. This module only names them (number, key,
+title, the CLI switch, what it does, where it lives); gemref/waterfall/rungs.py says how
+each rung changes a TrainConfig, gemref/simulate/projection.py what each changes at scale,
+and README's ladder table is `markdown_table()` (a test keeps them equal). Imports nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RungSpec:
+    number: int
+    key: str        # stable id used in records, --skip lists and the projection
+    title: str      # what tables and figures print
+    switch: str     # the `gemref train` switch that turns it on
+    what: str       # one line: what it changes
+    where: str      # the module or package that implements it
+
+
+RUNGS: tuple[RungSpec, ...] = (
+    RungSpec(0, "baseline", "0 baseline", "(baseline)",
+             "eager, every history padded to `max_len`, materialised attention, replicated data parallel",
+             "gemref/model/"),
+    RungSpec(1, "jagged", "1 + jagged", "--jagged",
+             "histories stay jagged (values + offsets): no FLOPs on padding", "gemref/model/layout.py"),
+    RungSpec(2, "fused_attention", "2 + flash/GDPA", "--kernel auto",
+             "Flash (softmax) / GDPA (pointwise) kernels on jagged sequences", "gemref/attention/"),
+    RungSpec(3, "compile", "3 + compile", "--compile",
+             "regional `torch.compile`, shape-generic for jagged batches", "gemref/compile.py"),
+    RungSpec(4, "autoac", "4 + AutoAC, larger batch", "--ac auto",
+             "AutoAC: checkpoint what a memory budget requires, spend the memory on a larger batch",
+             "gemref/autoac/solver.py"),
+    RungSpec(5, "load_balance", "5 + load balance", "--balance kk",
+             "split each global batch across ranks by cost, not count", "gemref/balance.py"),
+    RungSpec(6, "fsdp_2d", "6 + FSDP/2D sparse", "--mesh RxS --sparse-sharding row",
+             "FSDP2 on a 2D mesh, 2D-sharded embedding tables, comm/compute overlap", "gemref/parallel/"),
+    RungSpec(7, "low_precision", "7 + float8/MXFP8", "--precision float8_rowwise\\|mxfp8",
+             "float8 (Hopper) / MXFP8 (Blackwell) GEMMs through torchao", "gemref/precision/apply.py"),
+)
+
+KEYS: tuple[str, ...] = tuple(r.key for r in RUNGS)
+
+
+def rung(key: str) -> RungSpec:
+    """The rung with this key; an unknown key is a ValueError listing the valid ones."""
+    for r in RUNGS:
+        if r.key == key:
+            return r
+    raise ValueError(f"unknown rung {key!r}; valid: {', '.join(KEYS)}")
+
+
+def markdown_table() -> str:
+    """README's ladder table: rung, switch, what it does, where."""
+    lines = ["| rung | switch | what it does | where |", "|---|---|---|---|"]
+    lines += [f"| {r.number} | `{r.switch}` | {r.what} | `{r.where}` |" if r.number else
+              f"| {r.number} | {r.switch} | {r.what} | `{r.where}` |" for r in RUNGS]
+    return "\n".join(lines)

@@ -1,0 +1,102 @@
+"""Which class of work each profiled op or kernel is: GEMM, attention, element-wise, ...
+
+One mapping from torch.profiler event names to the classes of a training step's time, so a
+profile reads as "where the step went". Classes:
+
+    gemm           matrix multiplies (aten::mm/addmm/bmm/..., cuBLAS/CUTLASS kernels)
+    attention      fused attention kernels: gemref's custom ops (gemref::...), SDPA/Flash/
+                   FlexAttention. The materialised attention of the baseline is not one op:
+                   it shows as the GEMMs and element-wise ops it is made of.
+    elementwise    point-wise, normalisation, activation and reduction ops, Inductor's
+                   fused kernels (what torch.compile turns them into)
+    optimizer      everything inside the training step's "optimizer" region (AdamW)
+    communication  collectives and the waits on them (c10d, gloo, NCCL)
+    other          the rest: embedding lookups, indexing and scatter, copies, layout
+                   changes, the autograd engine's and Python's own time
+
+On CPU an event's SELF time is classified (nested ops are not counted twice); on CUDA each
+kernel's device time. Names are matched by substring, lower-cased.
+"""
+from __future__ import annotations
+
+CLASSES = ("gemm", "attention", "elementwise", "optimizer", "communication", "other")
+COMPUTE = ("gemm", "attention", "elementwise", "optimizer", "other")   # what a rank computes
+
+_COMM = ("c10d::", "gloo:", "nccl", "record_param_comms", "all_gather", "allgather", "reduce_scatter",
+         "all_reduce", "allreduce", "all_to_all", "alltoall", "broadcast", "barrier", "wait_tensor")
+_ATTENTION = ("gemref::", "gemref_", "scaled_dot_product", "flash_attention", "efficient_attention",
+              "flex_attention", "cudnn_attention", "fmha", "flash_fwd", "flash_bwd", "gdpa", "attn_fwd",
+              "attn_bwd")
+_GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation", "aten::matmul",
+         "aten::linear", "aten::einsum", "aten::mkldnn_", "aten::_mkldnn", "aten::_scaled_mm", "aten::_int_mm",
+         "gemm", "cutlass", "xmma", "cublas", "nvjet", "splitk")
+# aten ops by base name (trailing "_" and "_backward" dropped)
+_ELEMENTWISE_OPS = {
+    "add", "sub", "rsub", "mul", "div", "neg", "abs", "exp", "log", "log1p", "pow", "sqrt", "rsqrt", "reciprocal",
+    "silu", "gelu", "relu", "leaky_relu", "sigmoid", "tanh", "threshold", "hardtanh", "clamp", "clamp_min",
+    "where", "masked_fill", "lerp", "addcdiv", "addcmul", "fill", "zero", "sum", "mean", "amax", "amin", "max",
+    "min", "norm", "native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm", "softmax", "_softmax",
+    "log_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data", "dropout",
+    "native_dropout", "binary_cross_entropy_with_logits", "bitwise_and", "bitwise_or", "bitwise_not",
+    "logical_and", "logical_not", "eq", "ne", "gt", "lt", "ge", "le", "sign", "square"}
+# device kernels and compiled regions, by substring of the name
+_ELEMENTWISE_KERNELS = ("triton_", "cpp_fused", "elementwise", "vectorized", "reduce_kernel", "compiledfunction",
+                        "torch-compiled region", "layer_norm", "softmax", "silu", "gelu")
+
+
+def op_class(name: str) -> str:
+    """The class of one profiler event by its name (the optimizer region is found by nesting,
+    not by name: see `classify_cpu`)."""
+    n = name.lower()
+    if any(p in n for p in _COMM):
+        return "communication"
+    if any(p in n for p in _ATTENTION):
+        return "attention"
+    if any(p in n for p in _GEMM):
+        return "gemm"
+    if n.startswith("aten::"):
+        base = n.removeprefix("aten::").split(".")[0].rstrip("_").removesuffix("_backward")
+        return "elementwise" if base in _ELEMENTWISE_OPS else "other"
+    return "elementwise" if any(p in n for p in _ELEMENTWISE_KERNELS) else "other"
+
+
+def _inside(event, region: str) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name == region:
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def classify_cpu(events, steps: int = 1) -> dict[str, float]:
+    """Seconds per step by class, from a CPU profile of `steps` training steps: the self time
+    of every event on the thread that ran the step (the thread of its "optimizer" region;
+    gloo's worker threads move the bytes, the step's thread waits for them)."""
+    events = list(events)
+    regions = [e for e in events if e.name == "optimizer"]
+    if not regions:
+        raise ValueError("no 'optimizer' region in the profile: profile whole training steps (train.train_step)")
+    thread = regions[0].thread
+    out = dict.fromkeys(CLASSES, 0.0)
+    for e in events:
+        if e.thread != thread or e.name == "optimizer":
+            continue
+        cls = "optimizer" if _inside(e, "optimizer") else op_class(e.name)
+        out[cls] += e.self_cpu_time_total / 1e6 / steps
+    return out
+
+
+def classify_cuda(events, steps: int = 1) -> dict[str, float]:
+    """Seconds per step by class, from the CUDA kernels of a profile of `steps` steps (device
+    time; AdamW's kernels are recognised by name: multi_tensor_apply, adam)."""
+    from torch.autograd import DeviceType
+
+    out = dict.fromkeys(CLASSES, 0.0)
+    for e in events:
+        if e.device_type != DeviceType.CUDA:
+            continue
+        n = e.name.lower()
+        cls = "optimizer" if ("multi_tensor_apply" in n or "adam" in n) else op_class(e.name)
+        out[cls] += (e.time_range.end - e.time_range.start) / 1e6 / steps
+    return out

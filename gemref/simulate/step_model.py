@@ -1,0 +1,135 @@
+"""The one step-time model: a rank's step from its compute, the load imbalance and its collectives.
+
+    step = compute x imbalance + exposed comm (+ the SM slowdown of the overlapped part)
+
+* compute: seconds of one rank's work at its local MFU (model FLOPs / (peak x local MFU)).
+* imbalance: max/mean rank work; every rank waits for the slowest at the next collective.
+* comm: every collective of the step (gemref/parallel/volume.py) priced by the alpha-beta
+  model of cost_model.py. A row's `overlappable_s` is the part that can run under compute:
+  the layer units' FSDP gathers and reduce-scatters (prefetched, reduced asynchronously).
+  The root unit's and the table replicas' collectives and the embedding all-to-alls have
+  nothing to hide under: exposed. Overlap hides at most the step's busy time; `sm_share`
+  slows the compute it overlaps by that fraction of the hidden time (NCCL's kernels take
+  SMs; NCCLX's host-driven transport about none).
+
+    scaling ratio = compute / step = E2E MFU / local MFU
+
+The projection (projection.py), the communication chapter (notebook 08, `one_step`) and the
+check against measured runs (validate.py) all use these functions.
+"""
+from __future__ import annotations
+
+import functools
+
+from ..config import MeshShape
+from ..parallel.fsdp import padded_numel
+from ..parallel.sparse import plan_tables
+from ..parallel.volume import model_units, step_volume, table_shapes
+from .cost_model import HardwareProfile, collective_time, group_tier
+
+
+@functools.lru_cache(maxsize=256)
+def _volume(cfg, shard: int, replicated: bool, batch: int, tokens: int, jagged: bool, gather_bytes: int,
+            sparse: str) -> tuple[tuple[dict, ...], int, int]:
+    """volume.py rows on a (2 if replicated else 1) x S mesh, the layer units' numel, the held table bytes.
+
+    volume.py's bytes depend on R only through R > 1, so one call serves every R."""
+    mesh = MeshShape(2 if replicated else 1, shard)
+    rows = step_volume(cfg, mesh, batch=batch, tokens=tokens, jagged=jagged, param_bytes=gather_bytes,
+                       reduce_bytes=4, sparse_sharding=sparse)
+    numel = sum(padded_numel(s, shard) for unit, shapes in model_units(cfg, sparse).items() if unit != "root"
+                for s in shapes)
+    held = 0
+    if sparse != "none" and replicated:
+        held = sum(p.local_bytes(0, shard) for p in plan_tables(table_shapes(cfg), shard, sparse).values())
+    return tuple(rows), numel, held
+
+
+def step_collectives(cfg, mesh: MeshShape, batch: int, tokens: int, jagged: bool, gather_bytes: int,
+                     sparse: str) -> list[dict]:
+    """One rank's collectives (volume.py rows), the table replicas' all-reduce split out as
+    dim "tables", each row with `overlappable_bytes`: the layer units' share."""
+    rows, numel, held = _volume(cfg, mesh.shard, mesh.replicate > 1, batch, tokens, jagged, gather_bytes, sparse)
+    S = mesh.shard
+    layers = {("all_gather", "shard"): 2 * numel * gather_bytes, ("reduce_scatter", "shard"): numel * 4,
+              ("all_reduce", "replicate"): numel // S * 4}
+    out = []
+    for r in rows:
+        if r["dim"] == "replicate":
+            r = {**r, "group_size": mesh.replicate}
+        if (r["kind"], r["dim"]) == ("all_reduce", "replicate") and held:
+            out.append({**r, "dim": "tables", "count": 1, "bytes": held, "overlappable_bytes": 0})
+            r = {**r, "count": r["count"] - 1, "bytes": r["bytes"] - held}
+        out.append({**r, "overlappable_bytes": min(r["bytes"], layers.get((r["kind"], r["dim"]), 0))})
+    return out
+
+
+def comm_rows(rows, mesh: MeshShape, hw: HardwareProfile | None, *, kind_tiers: dict | None = None,
+              table_sync_every: int = 1, algorithm: str = "auto") -> list[dict]:
+    """Collective rows -> the same with `tier`, `seconds` (alpha-beta) and `overlappable_s`.
+
+    `kind_tiers` {kind: LinkTier} replaces the mesh-dim tier (a calibrated gloo profile).
+    The table replicas' all-reduce runs every `table_sync_every` steps: 1/K of it per step.
+    """
+    if table_sync_every < 1:
+        raise ValueError(f"table_sync_every must be >= 1, got {table_sync_every}")
+    out = []
+    for r in rows:
+        dim = "replicate" if r["dim"] == "tables" else r["dim"]
+        tier = (kind_tiers or {}).get(r["kind"]) or group_tier(dim, mesh, hw)
+        per_call = r["bytes"] / r["count"] if r["count"] else 0.0
+        seconds = r["count"] * collective_time(r["kind"], per_call, r["group_size"], tier, algorithm)
+        if r["dim"] == "tables":
+            seconds /= table_sync_every
+        share = r.get("overlappable_bytes", 0) / r["bytes"] if r["bytes"] else 0.0
+        out.append({**r, "tier": tier.name, "seconds": seconds, "overlappable_s": seconds * share})
+    return out
+
+
+def exposed_only(rows: list[dict]) -> list[dict]:
+    """The same collectives with nothing allowed to overlap compute."""
+    return [{**r, "overlappable_s": 0.0} for r in rows]
+
+
+def predict_step(compute_s: float, imbalance_factor: float, rows: list[dict], sm_share: float = 0.0) -> dict:
+    """step = compute x imbalance + exposed comm; overlap hides at most the step's busy time."""
+    if compute_s < 0 or imbalance_factor < 1 - 1e-12:
+        raise ValueError(f"need compute_s >= 0 and imbalance >= 1, got {compute_s}, {imbalance_factor}")
+    if not 0 <= sm_share <= 1:
+        raise ValueError(f"sm_share must be in [0, 1], got {sm_share}")
+    busy = compute_s * imbalance_factor
+    comm = sum(r["seconds"] for r in rows)
+    want = sum(r["overlappable_s"] for r in rows)
+    hidden = min(want, busy)
+    scale = hidden / want if want else 0.0
+    exposed = {}
+    for r in rows:
+        name = f"{r['kind']} ({r['dim']})"
+        exposed[name] = exposed.get(name, 0.0) + r["seconds"] - r["overlappable_s"] * scale
+    step = busy + (comm - hidden) + hidden * sm_share
+    return {"compute_s": compute_s, "bubble_s": busy - compute_s, "comm_s": comm, "exposed_s": comm - hidden,
+            "sm_slowdown_s": hidden * sm_share, "exposed_by_kind": exposed, "step_s": step,
+            "scaling_ratio": compute_s / step if step > 0 else 1.0}
+
+
+def one_step(cfg, mesh: MeshShape, hw: HardwareProfile, *, batch: int, tokens: int, model_flops: float,
+             local_mfu: float, jagged: bool = True, sparse_sharding: str = "row", gather_bytes: int = 2,
+             imbalance: float = 1.0, sm_share: float = 0.0, table_sync_every: int = 1) -> dict:
+    """One rank's step on `mesh` of `hw` GPUs: compute = model_flops / (bf16 peak x local_mfu),
+    its collectives priced and overlapped as in the module doc. `batch`/`tokens`: samples and
+    history events per rank. Adds the collectives and `comm_share_no_overlap`: the comm share
+    of the step when nothing overlaps."""
+    from ..mfu.peak import gpu_peak
+
+    if not 0 < local_mfu <= 1:
+        raise ValueError(f"local_mfu must be in (0, 1], got {local_mfu}")
+    peak = gpu_peak(hw.gpu, "bf16")
+    if peak.flops is None:
+        raise ValueError(f"hardware profile {hw.name!r}: no bf16 peak for GPU {hw.gpu!r}")
+    rows = comm_rows(step_collectives(cfg, mesh, batch, tokens, jagged, gather_bytes, sparse_sharding), mesh, hw,
+                     table_sync_every=table_sync_every)
+    compute_s = model_flops / (peak.flops * local_mfu)
+    step = predict_step(compute_s, imbalance, rows, sm_share)
+    serial = predict_step(compute_s, imbalance, exposed_only(rows))
+    return {**step, "comm_share_no_overlap": serial["exposed_s"] / serial["step_s"],
+            "peak_source": peak.source, "collectives": rows}

@@ -1,0 +1,224 @@
+"""The waterfall's measurement on each rank: every rung alive, interleaved windows, a profiled step.
+
+Built from train.py's public pieces (setup, train_step, measure_step_memory) rather than
+train.run: a rung here is a live Setup with its own batch iterator, so the rungs can take
+turns window by window (gemref/waterfall/schedule.py). Per rank the program is
+
+    peaks (rank 0)  ->  which rungs are alive together (schedule.groups, from the training
+    state bytes and the free memory)  ->  per group: build + warm up its rungs, run the
+    interleaved rounds, profile one step and measure the step memory of each new rung
+
+and rank 0 returns every rank's windows as plain data (gemref/waterfall/__init__.py turns
+them into rows). Model FLOPs are counted after each window from the lengths of its batches,
+so the window's wall clock holds only fetching batches and training steps. Before each
+window every rung takes `window_warmup` untimed steps (its caches were cold while the other
+rungs ran) and, on several ranks, the ranks meet at a barrier so their windows line up.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..autoac.solver import applied_plan, recompute_flops
+from ..config import Preset, TrainConfig, parse_mesh
+from ..data.loader import make_loader
+from ..data.sampler import StepBatches
+from ..env import resolve_device
+from ..mfu.flops import executed_flops, model_flops
+from ..mfu.op_classes import COMPUTE, classify_cpu, classify_cuda
+from ..mfu.peak import peak_flops
+from ..mfu.profile import quiet_profile
+from ..parallel import comm, launch
+from ..parallel.memory import projected_rank_bytes
+from ..parallel.mesh import check_world, local_device
+from ..train import Setup, measure_step_memory, precision_label, resolve_precision, setup, train_step
+from . import schedule
+from .schedule import Window
+
+
+@dataclass(frozen=True)
+class Settings:
+    windows: int = 3             # timed windows per rung (rounds)
+    steps_per_window: int = 4
+    warmup: int = 2              # untimed steps per rung after it is built (compilation happens here)
+    window_warmup: int = 1       # untimed steps of a rung right before each of its windows
+    max_retries: int = 3         # re-measured rounds over the whole run (contention)
+    profile_steps: int = 1       # profiled steps per rung for the breakdown (0: none)
+    measure_memory: bool = True  # the peak memory of one step per rung (CPU: a slow tracking pass)
+
+
+def run_delay_s() -> float | None:
+    """This thread's run-queue wait so far (seconds, Linux schedstat), None where not exposed."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def free_bytes(device: torch.device) -> float:
+    """Free memory for this rank: the GPU's free bytes, or the host's available bytes / local ranks."""
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
+    try:
+        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        available = int(meminfo["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return available / int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size() if dist.is_initialized() else 1))
+
+
+def dtype_name(train: TrainConfig, device: torch.device) -> str:
+    """The peak a rung's MFU is measured against: fp32, or bf16 (float8/MXFP8: bf16-equivalent)."""
+    return "fp32" if resolve_precision(train, device) == "fp32" else "bf16"
+
+
+class Rung:
+    """One live rung on this rank: its Setup and its endless batch iterator."""
+
+    def __init__(self, preset: Preset, train: TrainConfig, device: str):
+        self.s: Setup = setup(preset, train, device=device)
+        self.batches = iter(make_loader(self.s.train_set, batch_sampler=StepBatches(self.s.sampler, 0),
+                                        num_workers=train.num_workers, device=self.s.device))
+        self.normalizer = train.batch_size if self.s.parallel else None   # the global batch on ranks
+
+    def step(self):
+        """One training step; (batch, data seconds, step seconds, main-thread CPU seconds of the step)."""
+        t0 = time.perf_counter()
+        batch = next(self.batches)
+        data = time.perf_counter() - t0
+        cuda = self.s.device.type == "cuda"
+        cpu0, t1 = time.thread_time(), time.perf_counter()
+        train_step(self.s, batch.to(self.s.device, non_blocking=True), self.normalizer)
+        if cuda:
+            torch.cuda.synchronize(self.s.device)
+        return batch, data, time.perf_counter() - t1, time.thread_time() - cpu0
+
+    def window(self, rung: int, k: int, attempt: int, settings: Settings) -> Window:
+        for _ in range(settings.window_warmup):
+            self.step()
+        if self.s.parallel:
+            dist.barrier()
+        cuda = self.s.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.s.device)
+        delay0, proc0, thread0, wall0 = run_delay_s(), time.process_time(), time.thread_time(), time.perf_counter()
+        lengths, samples, tokens, data_s, step_s, compute_s = [], 0, 0, 0.0, 0.0, 0.0
+        for _ in range(settings.steps_per_window):
+            batch, data, step, cpu = self.step()
+            lengths.append(batch.lengths)
+            samples, tokens = samples + batch.batch_size, tokens + batch.num_tokens
+            data_s, step_s, compute_s = data_s + data, step_s + step, compute_s + cpu
+        wall = time.perf_counter() - wall0
+        thread, proc, delay = time.thread_time() - thread0, time.process_time() - proc0, run_delay_s()
+        cfg, tc, plan = self.s.preset.model, self.s.train, applied_plan(self.s.model)
+        model = sum(model_flops(cfg, n).total for n in lengths)
+        executed = sum(executed_flops(cfg, n, jagged=tc.jagged, kernel=self.s.kernel, device=self.s.device).total
+                       + recompute_flops(cfg, n, plan, jagged=tc.jagged, kernel=self.s.kernel) for n in lengths)
+        return Window(rung, k, attempt, settings.steps_per_window, wall, step_s, data_s, self.compute(step_s, compute_s),
+                      proc, thread, None if delay0 is None or delay is None else delay - delay0,
+                      samples, tokens, int(model), int(executed), self.s.device.type)
+
+    def compute(self, step_s: float, thread_cpu_s: float) -> float | None:
+        """This rank's compute seconds in a window (schedule.Window.compute_s): on one rank the
+        training steps' own time (nothing in them but compute); on CPU ranks with one thread each
+        their main thread's CPU time (a rank waiting for a peer sleeps); otherwise None: the
+        profiled compute kernels decide (rows.group_rounds)."""
+        if self.s.parallel is None:
+            return step_s
+        return thread_cpu_s if self.s.device.type == "cpu" and torch.get_num_threads() == 1 else None
+
+    def profile(self, steps: int) -> dict[str, float]:
+        """Seconds per step by op class (gemref/mfu/op_classes.py) over `steps` profiled steps."""
+        device = self.s.device.type
+        with quiet_profile(device) as prof:
+            for _ in range(steps):
+                self.step()
+        out = (classify_cuda if device == "cuda" else classify_cpu)(prof.events(), steps)
+        return out | {"compute_per_step_s": sum(out[c] for c in COMPUTE)}
+
+    def memory(self) -> dict:
+        return measure_step_memory(self.s, next(self.batches).to(self.s.device), self.normalizer)
+
+
+def _everyone(obj) -> list:
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def measure(preset: Preset, trains: list[TrainConfig], device: str, settings: Settings) -> dict | None:
+    """The rank program (module doc); rank 0 returns plain data, the other ranks None."""
+    dev = resolve_device(device)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    peaks = {d: asdict(peak_flops(dev, d)) for d in sorted({dtype_name(t, dev) for t in trains})} if rank == 0 else {}
+    state = [projected_rank_bytes(preset.model, parse_mesh(t.mesh), t.sparse_sharding)["total"] for t in trains]
+    free = min(_everyone(free_bytes(local_device(dev.type))))
+    plan = schedule.groups(state, free)
+    alive: dict[int, Rung] = {}
+    rounds, profiles, memory, info, retries = [], {}, {}, {}, [settings.max_retries]
+    for g, members in enumerate(plan):
+        for i in [i for i in alive if i not in members]:
+            del alive[i]
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        for i in members:
+            if i not in alive:
+                alive[i] = Rung(preset, trains[i], device)
+                info[i] = {"kernel_resolved": alive[i].s.kernel, "dtype": precision_label(alive[i].s.precision)}
+                for _ in range(settings.warmup):
+                    alive[i].step()
+        for r in schedule.run_rounds(members, settings.windows,
+                                     lambda i, k, a: alive[i].window(i, k, a, settings),
+                                     _everyone, retries, g):
+            rounds.append({"group": r.group, "index": r.index, "attempt": r.attempt, "kept": r.kept,
+                           "windows": [[asdict(w) for w in ranks] for ranks in r.windows]})
+        for i in members:
+            if i not in profiles:
+                profiles[i] = _everyone(alive[i].profile(settings.profile_steps)) if settings.profile_steps else None
+                memory[i] = _everyone(alive[i].memory()) if settings.measure_memory else None
+    alive.clear()
+    if rank != 0:
+        return None
+    return {"peaks": peaks, "groups": plan, "state_bytes": state, "free_bytes": free, "rounds": rounds,
+            "profiles": [profiles[i] for i in range(len(trains))], "memory": [memory[i] for i in range(len(trains))],
+            "info": [info[i] for i in range(len(trains))],
+            "retries_used": settings.max_retries - retries[0], "schedstat": run_delay_s() is not None,
+            "world": dist.get_world_size() if dist.is_initialized() else 1, "threads_per_rank": torch.get_num_threads()}
+
+
+def _rank(rank: int, world: int, preset: Preset, trains: list[TrainConfig], device: str, settings: Settings):
+    return measure(preset, trains, device, settings)
+
+
+def launch_measure(preset: Preset, trains: list[TrainConfig], *, ranks: int, device: str, settings: Settings,
+                   timeout_s: float) -> dict | None:
+    """`measure` in this process (one rank), as one torchrun rank, or on `ranks` spawned local ranks.
+    Meshes and backend are checked before any process group exists (as gemref/run_ranks.py does)."""
+    dev = resolve_device(device)
+    backends = {comm.resolve_backend(t.backend, dev) for t in trains}
+    if len(backends) > 1:
+        raise ValueError(f"one launch runs one backend; these rungs ask for {sorted(backends)}")
+    backend, shapes = backends.pop(), [parse_mesh(t.mesh) for t in trains]
+    world = launch.torchrun_world()
+    if world is None and ranks == 1:
+        return measure(preset, trains, dev.type, settings)
+    for shape in shapes:
+        check_world(shape, world or ranks)
+    if world is not None:
+        launch.init_from_env(backend, local_device(dev.type), shapes[0], timeout_s)
+        try:
+            return measure(preset, trains, dev.type, settings)
+        finally:
+            launch.shutdown()
+    if dev.type == "cuda" and ranks > torch.cuda.device_count():
+        raise ValueError(f"--ranks {ranks} needs {ranks} GPUs, this host has {torch.cuda.device_count()}")
+    return launch.spawn(_rank, ranks, (preset, trains, dev.type, settings), backend=backend, timeout_s=timeout_s)[0]
