@@ -22,13 +22,14 @@ the causal diagonal, outside the window or past the sequence end are never visit
 arithmetic only on boundary tiles, exp2 with log2(e) folded into the scale. Known gap: cross
 attention with a few queries per sample (e.g. 4 over a 4096-long history) gets one forward
 program per (sample, head), each walking every key tile; a split-KV pass (flash-decoding)
-would add parallelism there. Not done: TMA descriptors and warp specialisation. Jagged tiles
-start at arbitrary rows, so output tiles must be stored with row masks (a TMA store of a
-partial tile would overwrite the next sequence), Triton's device-side descriptors need a
-global scratch allocator, and its automatic warp specialisation on Hopper covers the plain
-non-causal tutorial loop, not three masked/full/masked runs. NOT MEASURED here: this sandbox
-has no GPU; on CPU the kernels run under TRITON_INTERPRET=1 (the Triton interpreter) at tiny
-shapes; scripts/gpu_check.sh times every variant on a GPU.
+would add parallelism there. Not done: TMA descriptors and warp specialisation. A jagged
+tile needs a descriptor with its own sequence's bounds (device-side tl.make_tensor_descriptor
+per program, which needs triton.set_allocator's global scratch on every call path, including
+torch.compile's), and Triton's automatic warp specialisation on Hopper is built for the plain
+tutorial loop with on-device descriptors, not three masked/full/masked runs per program. Each
+would be one more variant to build and time with a GPU at hand, not blind.
+NOT MEASURED here: this sandbox has no GPU; on CPU the kernels run under TRITON_INTERPRET=1
+(the Triton interpreter) at tiny shapes; scripts/gpu_check.sh times every variant on a GPU.
 
 Autograd and compile: the forward and backward are torch.library custom ops
 (gemref::gdpa_triton_fwd / _bwd, carrying the variant as text) with fake implementations

@@ -73,7 +73,7 @@ def _split(lo, hi, full_lo, full_hi_start, BLOCK: tl.constexpr):
 @triton.jit
 def _key_tiles(m0, len_q, len_k, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    """Key tiles a query tile [m0, m0+BLOCK_M) visits (mirrored by triton_gdpa.visited_tiles)."""
+    """Key tiles a query tile [m0, m0+BLOCK_M) visits (mirrored by triton_gdpa_schedule.tile_range)."""
     lo = m0 * 0
     hi = len_k
     full_lo = m0 * 0
@@ -94,7 +94,7 @@ def _key_tiles(m0, len_q, len_k, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 @triton.jit
 def _query_tiles(n0, len_q, len_k, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    """Query tiles that see a key tile [n0, n0+BLOCK_N) (mirrored by triton_gdpa.visited_tiles)."""
+    """Query tiles that see a key tile [n0, n0+BLOCK_N) (mirrored by triton_gdpa_schedule.tile_range)."""
     lo = n0 * 0
     hi = len_q
     full_lo = n0 * 0
