@@ -56,7 +56,7 @@ class Section:
 
 
 SECTIONS = (
-    Section("ceilings", "gpu_check_ceilings.py", 45, 90),
+    Section("ceilings", "gpu_check_ceilings.py", 60, 90),
     Section("correctness", "gpu_check_correctness.py", 150, 90, shards=0),   # 0: one per 2 CPUs, <= 8
     Section("timing", "gpu_check_timing.py", 150, 90),
     Section("rungs", "gpu_check_rungs.py", 240, 90),

@@ -4,7 +4,7 @@ Tiles per pass come from, first match wins: the variant's fixed tiles (fwd=/dkdv
 interpreter's 16 x 16; DEFAULT_TILES when autotune=0; else the fastest of TILE_CANDIDATES,
 timed once per key (head dim, activation, mask, dtype, variant, and the bucket of the mean
 query and key lengths: the power of two >= T / B, from shapes alone, no host sync). A
-candidate that does not fit the GPU (OutOfResources) is skipped. The tiles a pass last ran
+candidate that does not fit the GPU (OutOfResources, ptxas errors) is skipped. The tiles a pass last ran
 with are remembered per (variant, head dim, mask, buckets) for the executed-FLOP count.
 """
 from __future__ import annotations
@@ -73,14 +73,16 @@ def tiles_for_flops(pass_name: str, device_type: str, variant: Variant, head_dim
 
 
 def _tune(pass_name: str, launch) -> Tiles:
-    from triton.runtime.errors import OutOfResources
+    """The fastest candidate; those that do not fit or compile are skipped (as triton.autotune does)."""
+    from triton.compiler.errors import CompileTimeAssertionFailure
+    from triton.runtime.errors import OutOfResources, PTXASError
     from triton.testing import do_bench
 
     times = {}
     for tiles in TILE_CANDIDATES[pass_name]:
         try:
             times[tiles] = do_bench(lambda: launch(tiles), warmup=5, rep=20, return_mode="median")
-        except OutOfResources:
+        except (OutOfResources, CompileTimeAssertionFailure, PTXASError):
             continue
     if not times:
         raise RuntimeError(f"no tile candidate of the {pass_name} pass fits this GPU: {TILE_CANDIDATES[pass_name]}")
