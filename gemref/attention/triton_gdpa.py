@@ -51,6 +51,14 @@ from .triton_gdpa_variant import Variant, resolve_variant, use_variant  # noqa: 
 
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_parsed: dict[str, Variant] = {}
+
+
+def _variant(text: str) -> Variant:
+    """The op's variant text, parsed once per distinct text (the ops run 18 times a step)."""
+    if text not in _parsed:
+        _parsed[text] = Variant.parse(text)
+    return _parsed[text]
 
 
 def _offsets_of(lengths: Tensor) -> Tensor:
@@ -86,7 +94,7 @@ def gdpa_triton_fwd(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offse
                     out_scale: float, variant: str) -> tuple[Tensor, Tensor]:
     """(out (T, H, D), lse (T, H) float32 log2-sum-exp for softmax, else empty). window 0: none."""
     return forward(q, k, v, q_offsets, kv_offsets, activation, causal, window or None, qk_scale,
-                   out_scale, Variant.parse(variant))
+                   out_scale, _variant(variant))
 
 
 @gdpa_triton_fwd.register_fake
@@ -101,7 +109,7 @@ def gdpa_triton_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
                     window: int, qk_scale: float, out_scale: float,
                     variant: str) -> tuple[Tensor, Tensor, Tensor]:
     return backward(grad_out, q, k, v, out, lse, q_offsets, kv_offsets, activation, causal,
-                    window or None, qk_scale, out_scale, Variant.parse(variant))
+                    window or None, qk_scale, out_scale, _variant(variant))
 
 
 @gdpa_triton_bwd.register_fake
