@@ -1,10 +1,11 @@
-"""The Triton GDPA kernel (forward and backward) against the reference spec.
+"""The Triton GDPA kernel (forward and backward, every variant) against the reference spec.
 
 On a CUDA machine the kernel tests run compiled, in this process. On CPU they run in the
 Triton interpreter, which must be switched on (TRITON_INTERPRET=1) before the kernels are
 decorated: `test_triton_in_the_interpreter` re-runs this file in a subprocess with it set.
-The interpreter is slow, so shapes are tiny (tiles of 16 x 16 there). The work schedule and
-the tile ranges are plain torch and are tested here directly.
+The interpreter is slow, so shapes are tiny (tiles of 16 x 16 there, or the 16/32 tiles a
+variant names). The schedule, its cache, variant flags and the tile tuner are plain
+Python/torch: tests/test_attention_triton_schedule.py.
 """
 from __future__ import annotations
 
@@ -16,12 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 from attention_cases import assert_matches, attention_case, make_inputs, reference_results, run
 from gemref.attention import ACTIVATIONS, KERNELS
-from gemref.attention.reference import allowed_mask
-from gemref.attention.triton_gdpa import build_schedule, tile_range, visited_tiles
+from gemref.attention import gdpa
+from gemref.attention.triton_gdpa import triton_executed_flops
+from gemref.attention.triton_gdpa_schedule import stats
+from gemref.attention.triton_gdpa_variant import Variant, use_variant
+from gemref.data.jagged import lengths_to_offsets
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICES = ["cpu"] if INTERPRETING else (["cuda"] if torch.cuda.is_available() else [])
@@ -42,11 +47,22 @@ def test_triton_in_the_interpreter():
     assert " passed" in proc.stdout and " skipped" not in proc.stdout, proc.stdout[-2000:]
 
 
-def _check(case: dict, device: str, dtype=torch.float32, head_dim: int = 16, rel: float = 2e-4) -> None:
+def _check(case: dict, device: str, dtype=torch.float32, head_dim: int = 16, rel: float = 2e-4,
+           variant: str = "") -> None:
     expected = reference_results(case, head_dim)
-    actual = run("triton", case, *make_inputs(case, head_dim, dtype, device))
+    with use_variant(variant):
+        actual = run("triton", case, *make_inputs(case, head_dim, dtype, device))
     assert actual[0].dtype == dtype
-    assert_matches(actual, expected, rel, f"triton/{device}/{dtype} {case}")
+    assert_matches(actual, expected, rel, f"triton/{device}/{dtype} [{variant}] {case}")
+
+
+# Kernel variants: every flag, and tiles with BLOCK_M != BLOCK_N (interpreter-sized).
+VARIANT = st.builds(
+    lambda tanh, fold, schedule, bwd, tiles: ",".join(
+        [f"silu_tanh={int(tanh)}", f"fold_scale={int(fold)}", f"schedule={schedule}", f"bwd={bwd}"] +
+        [f"{p}={t}" for p, t in zip(("fwd", "dkdv", "dq"), tiles) if t]),
+    st.booleans(), st.booleans(), st.sampled_from(["lpt", "grouped"]), st.sampled_from(["split", "atomic"]),
+    st.tuples(*[st.sampled_from(["", "16x16", "16x32", "32x16"])] * 3))
 
 
 @on_devices
@@ -99,49 +115,115 @@ def test_flop_counter_sees_triton_executed_flops(device):
 
 
 @on_devices
+@settings(max_examples=10, deadline=None)
+@given(case=attention_case(max_batch=4), variant=VARIANT)
+def test_triton_variants_match_reference(device, case, variant):
+    if case["activation"] not in ("softmax", "silu"):  # the variants change these two paths
+        case = {**case, "activation": "silu"}
+    _check(case, device, variant=variant)
+
+
+@on_devices
+@pytest.mark.parametrize("activation", ["softmax", "silu"])
+def test_triton_all_variant_flags_half_precision(device, activation):
+    """Folding the scale into a bf16 tile rounds it once more: still within bf16 tolerance."""
+    case = {"q_lens": [33, 0, 5, 20], "kv_lens": [33, 0, 5, 20], "cross": False, "causal": True, "window": 9,
+            "activation": activation, "heads": 2, "qk_scale": None, "out_scale": 1.0, "seed": 5}
+    _check(case, device, torch.bfloat16, rel=3e-2, variant="silu_tanh,fold_scale,schedule=grouped,bwd=atomic")
+
+
+@on_devices
+@pytest.mark.parametrize("activation", ["softmax", "gelu"])
+def test_triton_strided_inputs_and_gradients(device, activation):
+    """q, k, v split from one fused (T, H, 3D) projection and a non-contiguous output
+    gradient: the kernels read them with their strides and write the gradients with theirs."""
+    off = lengths_to_offsets(torch.tensor([7, 0, 19, 1]))
+    T, H, D = int(off[-1]), 2, 16
+    gen = torch.Generator().manual_seed(6)
+    fused = torch.randn(T, H, 3 * D, generator=gen, dtype=torch.float64)
+    grad = torch.randn(H, T, D, generator=gen, dtype=torch.float64).transpose(0, 1)   # strided
+    results = []
+    for dtype, dev, kernel in ((torch.float64, "cpu", "reference"), (torch.float32, device, "triton")):
+        leaf = fused.to(dev, dtype).requires_grad_(True)
+        q, k, v = leaf.split(D, dim=-1)
+        out = gdpa(q, k, v, off.to(dev), activation=activation, causal=True, kernel=kernel)
+        (g,) = torch.autograd.grad(out, leaf, grad.to(dev, dtype))
+        results.append([out.detach(), g])
+    assert_matches(results[1], results[0], 2e-4, f"strided {activation}")
+
+
+if DEVICES:   # decorate only where kernels run: importing the kernels fixes interpreter vs compiled
+    import triton
+    import triton.language as tl
+
+    from gemref.attention.triton_gdpa_fwd import _offsets, _sequence
+
+    @triton.jit
+    def _index_probe(QOff, KOff, Sched, Out, stride_t, stride_h, BLOCK: tl.constexpr, D: tl.constexpr):
+        """The element offsets the kernels compute for schedule row 0, stored as int64."""
+        tile, h, q_start, len_q, k_start, len_k = _sequence(QOff, KOff, Sched, 0)
+        rows = tile * BLOCK + tl.arange(0, BLOCK)
+        offs = _offsets(q_start, rows, stride_t, h, stride_h, tl.arange(0, D))
+        tl.store(Out + tl.arange(0, BLOCK)[:, None] * D + tl.arange(0, D)[None, :], offs)
+
+
+@on_devices
+def test_element_offsets_are_int64_past_2_31(device):
+    """T * H * D >= 2^31 cannot be allocated here, so probe the kernels' own index helpers:
+    a row start past 2^31 and a head offset h * stride_h past 2^31 (head-major layout)."""
+    start, stride_t, stride_h, head, tile = 2 ** 31 + 5, 16, 2 ** 30, 3, 2
+    q_off = torch.tensor([0, start, start + 100], device=device)
+    sched = torch.tensor([[1, tile, head]], dtype=torch.int32, device=device)
+    out = torch.zeros(16, 16, dtype=torch.int64, device=device)
+    _index_probe[(1,)](q_off, q_off, sched, out, stride_t, stride_h, BLOCK=16, D=16)
+    expected = [[(start + tile * 16 + r) * stride_t + head * stride_h + d for d in range(16)] for r in range(16)]
+    assert out.cpu().tolist() == expected
+
+
+@on_devices
+def test_flop_counter_sees_atomic_backward_flops(device):
+    case = {"q_lens": [40, 0, 1, 17], "kv_lens": [40, 0, 1, 17], "cross": False, "causal": True,
+            "window": None, "activation": "softmax", "heads": 2, "qk_scale": None, "out_scale": 1.0, "seed": 4}
+    inputs = make_inputs(case, 16, torch.float32, device)
+    variant = "bwd=atomic,fwd=16x32,dkdv=32x16"
+    with use_variant(variant), FlopCounterMode(display=False) as counter:
+        run("triton", case, *inputs)
+    lengths = torch.tensor(case["q_lens"], device=device)
+    forward, backward = triton_executed_flops(lengths, lengths, 2, 16, True, None, variant=variant)
+    # By hand, causal. Forward, 16-row query tiles over 32-key tiles: length 40 -> the tiles at
+    # rows 0, 16, 32 visit 1, 1, 2 key tiles; length 1 -> 1; length 17 -> 1 + 1: 7 pairs.
+    assert forward == 2 * (2 * 16 * 32 * 16 * 2) * 7
+    # dK/dV, 16-key tiles seen by 32-row query tiles: length 40 -> the key tiles at 0, 16, 32
+    # are seen by 2, 2, 1; length 1 -> 1; length 17 -> 1 + 1: 8 pairs, 5 matmuls, no dQ kernel.
+    assert backward == 5 * (2 * 32 * 16 * 16 * 2) * 8
+    assert counter.get_total_flops() == forward + backward
+
+
+@on_devices
+def test_schedule_cache_reused_across_layers(device):
+    """Three 'layers' on one batch: the first builds the schedules, the others reuse them."""
+    case = {"q_lens": [9, 30, 2], "kv_lens": [9, 30, 2], "cross": False, "causal": True, "window": None,
+            "activation": "silu", "heads": 1, "qk_scale": None, "out_scale": 1.0, "seed": 7}
+    leaves, grad, q_off, _ = make_inputs(case, 16, torch.float32, device)
+    built = []
+    for _ in range(3):
+        before = stats["built"]
+        with use_variant("fwd=32x16"):   # three passes, three tile shapes
+            out = gdpa(*leaves, q_off, activation="silu", causal=True, kernel="triton")
+            torch.autograd.grad(out, leaves, grad)
+        built.append(stats["built"] - before)
+    assert built == [3, 0, 0], built   # forward, dK/dV and dQ schedules, built once
+
+
+@on_devices
 def test_custom_op_registration(device):
-    """Schema, fake (meta) implementation and autograd registration of the custom op."""
+    """Schema, fake (meta) implementation and autograd registration of the custom op, with
+    contiguous inputs and with strided ones (a fused projection), for two variants."""
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(21, 2, 16, generator=gen).to(device).requires_grad_(True) for _ in range(3))
     offsets = torch.tensor([0, 17, 17, 21], device=device)
-    torch.library.opcheck(torch.ops.gemref.gdpa_triton_fwd.default,
-                          (q, k, v, offsets, offsets, "softmax", True, 0, 0.25, 1.0),
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
-
-
-# ------------------------------------------------------- schedule and tile ranges (plain torch)
-@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 5), (False, 7)])
-@pytest.mark.parametrize("block_m,block_n", [(16, 16), (32, 16), (16, 64)])
-def test_visited_tiles_cover_every_allowed_pair(causal, window, block_m, block_n):
-    """Brute force: every (query tile, key tile) holding an allowed pair lies in the range
-    the kernel visits, in both directions (forward/dQ over keys, dK/dV over queries)."""
-    q_lens = torch.tensor([0, 1, 16, 17, 70, 33])
-    kv_lens = q_lens if causal else torch.tensor([5, 0, 16, 40, 70, 1])
-    mask = allowed_mask(q_lens, kv_lens, 80, 80, causal=causal, window=window)
-    for b in range(q_lens.numel()):
-        for kind, outer, inner in (("keys", block_m, block_n), ("queries", block_n, block_m)):
-            pairs = mask[b] if kind == "keys" else mask[b].T  # (outer positions, inner positions)
-            for start in range(0, 80, outer):
-                hit = pairs[start:start + outer].any(0).nonzero().flatten()
-                t_lo, t_hi = tile_range(kind, torch.tensor([start]), q_lens[b:b + 1], kv_lens[b:b + 1],
-                                        block_m, block_n, causal, window)
-                if hit.numel():
-                    first, last = int(hit[0]) // inner, int(hit[-1]) // inner
-                    assert int(t_lo) <= first and last < int(t_hi), (kind, b, start, t_lo, t_hi, first, last)
-
-def test_schedule_lists_every_tile_once_costliest_first():
-    q_off = torch.tensor([0, 100, 100, 101, 140, 400])
-    for kind, offsets in (("keys", q_off), ("queries", q_off)):
-        sched = build_schedule(offsets, q_off, q_off, kind, 16, 32, True, None, int(q_off[-1]))
-        block = 16 if kind == "keys" else 32
-        lengths = (q_off[1:] - q_off[:-1]).tolist()
-        expected = sorted((b, t) for b, L in enumerate(lengths) for t in range(-(-L // block)))
-        real = sched[sched[:, 0] >= 0]
-        assert sorted(map(tuple, real.tolist())) == expected
-        assert (sched[len(real):, 0] == -1).all()
-        starts = real[:, 1].long() * block
-        lens = torch.tensor(lengths)[real[:, 0].long()]
-        cost = visited_tiles(kind, starts, lens, lens, 16, 32, True, None)
-        assert (cost[:-1] >= cost[1:]).all()
-        if kind == "keys":  # causal: the last tile of the longest sequence is the costliest
-            assert tuple(real[0].tolist()) == (4, 16)  # rows 256..259 of the 260-long one
+    q, k, v = (torch.randn(21, 2, 16, generator=gen).to(device).requires_grad_(True) for _ in range(3))
+    fused = torch.randn(21, 2, 48, generator=gen).to(device).requires_grad_(True)
+    for args, variant in (((q, k, v), ""), (fused.split(16, dim=-1), "bwd=atomic,fold_scale")):
+        torch.library.opcheck(torch.ops.gemref.gdpa_triton_fwd.default,
+                              (*args, offsets, offsets, "softmax", True, 0, 0.25, 1.0, Variant.parse(variant).spec()),
+                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))

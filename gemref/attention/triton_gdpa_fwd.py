@@ -8,12 +8,23 @@ end) are never visited; the visited tiles are split into three runs: masked tile
 *full* tiles that need no mask at all (the bulk of the work at long lengths), then masked
 tiles again; masks and bounds checks are compiled only into the masked runs.
 
-Imported lazily (triton_gdpa.py) so that TRITON_INTERPRET=1 can be set before the kernels
+Each program reads its (sequence, tile, head) from the schedule (triton_gdpa_schedule.py).
+Variant constexprs (triton_gdpa_variant.py): FOLD_SCALE multiplies the score scale into the
+resident Q tile once instead of into every score tile; SILU_TANH picks SiLU's sigmoid
+(triton_gdpa_act.py).
+
+Imported lazily (triton_gdpa_launch.py) so that TRITON_INTERPRET=1 can be set before the kernels
 are decorated. Integer divisions only ever see non-negative operands (Triton's integer `//`
 truncates toward zero on GPU, the interpreter floors).
 """
 import triton
 import triton.language as tl
+
+from .triton_gdpa_act import _act
+
+# Runtime ints that vary between calls but never change the code: not specialised, so one
+# compiled kernel serves every head count and window (and a warm cache serves them all).
+NO_SPECIALIZE = ["n_heads", "window"]
 
 
 @triton.jit
@@ -33,48 +44,6 @@ def _dot_acc(a, b, acc, PRECISION: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc, input_precision=PRECISION)
-
-
-@triton.jit
-def _act(x, ACT: tl.constexpr):
-    if ACT == "silu":
-        return x * tl.sigmoid(x)
-    elif ACT == "gelu":
-        return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
-    elif ACT == "gelu_tanh":
-        t = 2.0 * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x)) - 1.0  # tanh(z) = 2 sigmoid(2z) - 1
-        return 0.5 * x * (1.0 + t)
-    elif ACT == "relu":
-        return tl.maximum(x, 0.0)
-    elif ACT == "relu2":
-        r = tl.maximum(x, 0.0)
-        return r * r
-    elif ACT == "leaky_relu":
-        return tl.where(x > 0, x, 0.01 * x)
-    else:  # identity
-        return x
-
-
-@triton.jit
-def _act_grad(x, ACT: tl.constexpr):
-    """d act / dx, matching torch's autograd (relu'(0) = 0, leaky_relu'(0) = 0.01)."""
-    if ACT == "silu":
-        sig = tl.sigmoid(x)
-        return sig * (1.0 + x * (1.0 - sig))
-    elif ACT == "gelu":
-        cdf = 0.5 * (1.0 + tl.erf(x * 0.7071067811865476))
-        return cdf + x * tl.exp(-0.5 * x * x) * 0.3989422804014327
-    elif ACT == "gelu_tanh":
-        t = 2.0 * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x)) - 1.0
-        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * x * x)
-    elif ACT == "relu":
-        return tl.where(x > 0, 1.0, 0.0)
-    elif ACT == "relu2":
-        return 2.0 * tl.maximum(x, 0.0)
-    elif ACT == "leaky_relu":
-        return tl.where(x > 0, 1.0, 0.01)
-    else:
-        return tl.full(x.shape, 1.0, tl.float32)
 
 
 @triton.jit
@@ -104,7 +73,7 @@ def _split(lo, hi, full_lo, full_hi_start, BLOCK: tl.constexpr):
 @triton.jit
 def _key_tiles(m0, len_q, len_k, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    """Key tiles a query tile [m0, m0+BLOCK_M) visits (mirrored by triton_gdpa.visited_tiles)."""
+    """Key tiles a query tile [m0, m0+BLOCK_M) visits (mirrored by triton_gdpa_schedule.tile_range)."""
     lo = m0 * 0
     hi = len_k
     full_lo = m0 * 0
@@ -125,7 +94,7 @@ def _key_tiles(m0, len_q, len_k, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 @triton.jit
 def _query_tiles(n0, len_q, len_k, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    """Query tiles that see a key tile [n0, n0+BLOCK_N) (mirrored by triton_gdpa.visited_tiles)."""
+    """Query tiles that see a key tile [n0, n0+BLOCK_N) (mirrored by triton_gdpa_schedule.tile_range)."""
     lo = n0 * 0
     hi = len_q
     full_lo = n0 * 0
@@ -144,17 +113,26 @@ def _query_tiles(n0, len_q, len_k, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
-def _sequence(QOff, KOff, Sched, slot):
-    """(seq, tile, q_start, len_q, k_start, len_k) of a schedule slot; padding slots get no rows."""
-    seq = tl.load(Sched + 2 * slot)
-    tile = tl.load(Sched + 2 * slot + 1)
+def _sequence(QOff, KOff, Sched, pid):
+    """(tile, head, q_start, len_q, k_start, len_k) of schedule row `pid`; padding rows get no
+    rows. q_start/k_start come from int64 offsets and the head is widened to int64, so every
+    element offset below is int64: tensors with T * H * D >= 2^31 elements index correctly."""
+    seq = tl.load(Sched + 3 * pid)
+    tile = tl.load(Sched + 3 * pid + 1)
+    head = tl.load(Sched + 3 * pid + 2).to(tl.int64)
     valid = seq >= 0
     seq = tl.maximum(seq, 0)
     q_start = tl.load(QOff + seq)
     k_start = tl.load(KOff + seq)
     len_q = tl.where(valid, tl.load(QOff + seq + 1) - q_start, 0)
     len_k = tl.where(valid, tl.load(KOff + seq + 1) - k_start, 0)
-    return tile, q_start, len_q, k_start, len_k
+    return tile, head, q_start, len_q, k_start, len_k
+
+
+@triton.jit
+def _offsets(start, rows, stride_t, h, stride_h, offs_d):
+    """Element offsets of a (len(rows), len(offs_d)) tile of a (T, H, D) tensor (int64)."""
+    return (start + rows)[:, None] * stride_t + h * stride_h + offs_d[None, :]
 
 
 @triton.jit
@@ -162,20 +140,22 @@ def _fwd_tiles(acc, m_i, l_i, q, K, V, k_start, len_q, len_k, h, stride_kt, stri
                stride_vt, stride_vh, rows, t_begin, t_end, scale, window,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr,
                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, MASKED: tl.constexpr,
-               PRECISION: tl.constexpr):
+               PRECISION: tl.constexpr, SILU_TANH: tl.constexpr, FOLD_SCALE: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     for t in range(t_begin, t_end):
         cols = t * BLOCK_N + offs_n
         kt_ptrs = K + (k_start + cols)[None, :] * stride_kt + h * stride_kh + offs_d[:, None]
-        v_ptrs = V + (k_start + cols)[:, None] * stride_vt + h * stride_vh + offs_d[None, :]
+        v_ptrs = V + _offsets(k_start, cols, stride_vt, h, stride_vh, offs_d)
         if MASKED:
             kt = tl.load(kt_ptrs, mask=(cols < len_k)[None, :], other=0.0)
             v = tl.load(v_ptrs, mask=(cols < len_k)[:, None], other=0.0)
         else:
             kt = tl.load(kt_ptrs)
             v = tl.load(v_ptrs)
-        s = _dot(q, kt, PRECISION) * scale
+        s = _dot(q, kt, PRECISION)
+        if not FOLD_SCALE:
+            s = s * scale
         if ACT == "softmax":  # s is in log2 units: scale includes log2(e)
             if MASKED:
                 s = tl.where(_allowed(rows, cols, len_q, len_k, window, CAUSAL, HAS_WINDOW), s, float("-inf"))
@@ -186,44 +166,43 @@ def _fwd_tiles(acc, m_i, l_i, q, K, V, k_start, len_q, len_k, h, stride_kt, stri
             acc = acc * alpha[:, None]
             m_i = m_new
         else:
-            p = _act(s, ACT)
+            p = _act(s, ACT, SILU_TANH)
             if MASKED:
                 p = tl.where(_allowed(rows, cols, len_q, len_k, window, CAUSAL, HAS_WINDOW), p, 0.0)
         acc = _dot_acc(p.to(v.dtype), v, acc, PRECISION)
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
 def gdpa_fwd_kernel(Q, K, V, Out, Lse, QOff, KOff, Sched, n_heads, scale, out_scale, window,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                     stride_ot, stride_oh,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                    PRECISION: tl.constexpr):
-    pid = tl.program_id(0)
-    slot = pid // n_heads
-    h = pid % n_heads
-    tile, q_start, len_q, k_start, len_k = _sequence(QOff, KOff, Sched, slot)
+                    PRECISION: tl.constexpr, SILU_TANH: tl.constexpr, FOLD_SCALE: tl.constexpr):
+    tile, h, q_start, len_q, k_start, len_k = _sequence(QOff, KOff, Sched, tl.program_id(0))
     m0 = tile * BLOCK_M
     rows = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = rows < len_q
-    q = tl.load(Q + (q_start + rows)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
+    q = tl.load(Q + _offsets(q_start, rows, stride_qt, h, stride_qh, offs_d), mask=row_ok[:, None], other=0.0)
+    if FOLD_SCALE:  # once per program instead of once per score tile (in fp32, then rounded)
+        q = (q.to(tl.float32) * scale).to(Q.dtype.element_ty)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)  # finite: fully masked rows stay NaN-free
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     t_lo, t_full_lo, t_full_hi, t_hi = _key_tiles(m0, len_q, len_k, window, BLOCK_M, BLOCK_N,
                                                   CAUSAL, HAS_WINDOW)
+    # Masked tiles, then full tiles (no mask code compiled in), then masked tiles again.
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, k_start, len_q, len_k, h, stride_kt, stride_kh,
-                               stride_vt, stride_vh, rows, t_lo, t_full_lo, scale, window,
-                               HEAD_DIM, BLOCK_N, ACT, CAUSAL, HAS_WINDOW, True, PRECISION)
+                               stride_vt, stride_vh, rows, t_lo, t_full_lo, scale, window, HEAD_DIM,
+                               BLOCK_N, ACT, CAUSAL, HAS_WINDOW, True, PRECISION, SILU_TANH, FOLD_SCALE)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, k_start, len_q, len_k, h, stride_kt, stride_kh,
-                               stride_vt, stride_vh, rows, t_full_lo, t_full_hi, scale, window,
-                               HEAD_DIM, BLOCK_N, ACT, CAUSAL, HAS_WINDOW, False, PRECISION)
+                               stride_vt, stride_vh, rows, t_full_lo, t_full_hi, scale, window, HEAD_DIM,
+                               BLOCK_N, ACT, CAUSAL, HAS_WINDOW, False, PRECISION, SILU_TANH, FOLD_SCALE)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, K, V, k_start, len_q, len_k, h, stride_kt, stride_kh,
-                               stride_vt, stride_vh, rows, t_full_hi, t_hi, scale, window,
-                               HEAD_DIM, BLOCK_N, ACT, CAUSAL, HAS_WINDOW, True, PRECISION)
+                               stride_vt, stride_vh, rows, t_full_hi, t_hi, scale, window, HEAD_DIM,
+                               BLOCK_N, ACT, CAUSAL, HAS_WINDOW, True, PRECISION, SILU_TANH, FOLD_SCALE)
     if ACT == "softmax":
         l_safe = tl.where(l_i > 0, l_i, 1.0)  # rows with no allowed key output 0
         acc = acc / l_safe[:, None]
@@ -231,5 +210,5 @@ def gdpa_fwd_kernel(Q, K, V, Out, Lse, QOff, KOff, Sched, n_heads, scale, out_sc
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("inf"))
         tl.store(Lse + (q_start + rows) * n_heads + h, lse, mask=row_ok)
     out = acc * out_scale
-    tl.store(Out + (q_start + rows)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(Out + _offsets(q_start, rows, stride_ot, h, stride_oh, offs_d), out.to(Out.dtype.element_ty),
+             mask=row_ok[:, None])

@@ -1,0 +1,90 @@
+"""What the GPU check's child scripts share: arguments, the incremental result file, the
+device, a timer, and the Triton GDPA variants every section runs (see scripts/gpu_check.py).
+
+VARIANTS are texts for gemref.attention.triton_gdpa_variant.Variant, all at fixed tiles
+(autotune=0) except "autotune" (the library's default). The correctness section runs each
+one first, which also fills Triton's compile cache for the timing section.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "tests"):          # gemref, and the tests' attention case helpers
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+VARIANTS = {
+    "base": "autotune=0",                                          # DEFAULT_TILES, every flag off
+    "silu_tanh": "autotune=0,silu_tanh",
+    "fold_scale": "autotune=0,fold_scale",
+    "grouped": "autotune=0,schedule=grouped",
+    "atomic_bwd": "autotune=0,bwd=atomic",
+    "no_sched_cache": "autotune=0,cache_schedule=0",
+    "tiles_big": "autotune=0,fwd=128x128x8x2,dkdv=64x128x8x2,dq=128x64x8x2",
+    "all_flags": "autotune=0,silu_tanh,fold_scale,schedule=grouped,bwd=atomic",
+    "autotune": "autotune=1",                                      # the library default
+}
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--result", required=True, help="JSON file rewritten after every finished item")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny shapes")
+    parser.add_argument("--shard", default="0/1", help="i/n: run every n-th item starting at i")
+    args = parser.parse_args()
+    args.shard_index, args.shard_count = (int(x) for x in args.shard.split("/"))
+    if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":
+        os.environ["TRITON_INTERPRET"] = "1"    # before any kernel is decorated
+    return args
+
+
+class Result:
+    """A dict written to `path` (atomically) whenever `save` is called."""
+
+    def __init__(self, path: str, **fields) -> None:
+        self.path = Path(path)
+        self.data = dict(fields)
+        self.save()
+
+    def save(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        os.replace(tmp, self.path)
+
+    def append(self, key: str, item: dict) -> None:
+        self.data.setdefault(key, []).append(item)
+        self.save()
+
+
+def device(dry_run: bool):
+    import torch
+
+    if dry_run:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA device (use --dry-run on CPU)")
+    return torch.device("cuda")
+
+
+def bench_ms(fn: Callable[[], object], device) -> float:
+    """Median milliseconds of fn: triton.testing.do_bench on CUDA (L2 flushed between calls),
+    else one perf_counter call (the dry run: it tests the plumbing, and interpreted kernels
+    are too slow to repeat; callers have run fn once already)."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=10, rep=60, return_mode="median"))
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"

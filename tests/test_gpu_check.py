@@ -1,0 +1,146 @@
+"""The GPU check (scripts/gpu_check.sh) on CPU: the whole --dry-run end to end, the wheel
+step, and the process-group handling (timeouts kill grandchildren, killed sections keep
+their finished items). The GPU run itself cannot happen here; this keeps it from rotting."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gpu_check  # noqa: E402
+from gpu_check_common import VARIANTS  # noqa: E402
+from gpu_check_correctness import items, shard  # noqa: E402
+from gpu_check_timing import DRY_VARIANTS  # noqa: E402
+
+
+def _run_check(out: Path, wheel_dir: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "WHEEL_DIR": str(wheel_dir),
+           "OMP_NUM_THREADS": "1"}
+    env.pop("GEMREF_DATA_DIR", None)      # the check uses its own scratch data folder
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    return proc, json.loads((out / "gpu_check.json").read_text())
+
+
+def test_dry_run_end_to_end(tmp_path):
+    (tmp_path / "wheels").mkdir()
+    proc, summary = _run_check(tmp_path / "out", tmp_path / "wheels", "--dry-run")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_check.json", "gpu_check.log"]
+    assert summary["dry_run"] and summary["finished"]
+    assert summary["environment"]["wheels"].startswith("missing")
+    sections = summary["sections"]
+    assert list(sections) == ["ceilings", "correctness", "timing", "rungs"]
+    assert {name: s["status"] for name, s in sections.items()} == dict.fromkeys(sections, "ok")
+
+    ceilings = sections["ceilings"]["result"]
+    assert ceilings["gemm_bf16"]["tflops"] > 0 and ceilings["copy_d2d"]["gb_per_s"] > 0
+
+    correctness = sections["correctness"]["result"]
+    records = correctness["cases"] + correctness["determinism"]
+    assert correctness["failed"] == 0 and correctness["passed"] == len(records) == len(items(dry_run=True))
+    assert {r["variant"] for r in records} == set(VARIANTS)          # every variant ran somewhere
+    assert all(max(r["errors"].values()) <= r["tolerance"] for r in records)
+    split = next(r for r in correctness["determinism"] if r["variant"] == "base")
+    assert all(split["repeat"]["bitwise_equal"].values())
+
+    rows = sections["timing"]["result"]["rows"]
+    timed = {(r["activation"], r["kernel"]) for r in rows if "fwd_ms" in r}
+    assert {(a, v) for a in ("silu", "softmax") for v in DRY_VARIANTS} | {("softmax", "sdpa (gemref kernel)")} <= timed
+    for r in rows:
+        if "fwd_ms" in r:
+            assert r["fwd_ms"] > 0 and r["bwd_ms"] > 0 and r["fwd_model_tflops"] > 0
+            assert r["bwd_executed_tflops"] >= r["bwd_model_tflops"] or "ceiling" in r
+
+    rungs = sections["rungs"]["result"]["rungs"]
+    assert [r["rung"][0] for r in rungs] == ["0", "1", "2"]
+    assert all(r["status"] == "ran" and r["mfu"] > 0 for r in rungs)
+    log = (tmp_path / "out" / "gpu_check.log").read_text()
+    assert all(f"===== {name}:" in log for name in sections)
+
+
+def _wheel(path: Path, valid: bool) -> Path:
+    """A minimal pure-Python wheel (or a corrupt file with a wheel's name)."""
+    wheel = path / "gemref_probe-1.0-py3-none-any.whl"
+    if not valid:
+        wheel.write_bytes(b"not a zip")
+        return wheel
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("gemref_probe/__init__.py", "VALUE = 1\n")
+        z.writestr("gemref_probe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: gemref-probe\nVersion: 1.0\n")
+        z.writestr("gemref_probe-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                   "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr("gemref_probe-1.0.dist-info/RECORD", "")
+    return wheel
+
+
+@pytest.mark.parametrize("valid", [True, False])
+def test_wheels_install_into_a_scratch_folder_or_the_check_goes_on(tmp_path, valid):
+    (tmp_path / "wheels").mkdir()
+    _wheel(tmp_path / "wheels", valid)
+    proc, summary = _run_check(tmp_path / "out", tmp_path / "wheels", "--dry-run", "--sections")
+    assert proc.returncode == 0 and summary["finished"] and summary["sections"] == {}
+    env = summary["environment"]
+    if valid:
+        assert env["wheels"] == "installed: gemref_probe-1.0-py3-none-any.whl"
+        assert "gemref_probe" in env["wheel_site"]
+    else:
+        assert env["wheels"].startswith("failed to install") and env["wheel_site"] == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("leader_waits", [True, False])
+def test_children_are_killed_as_a_group(tmp_path, leader_waits):
+    """A timed-out child's background grandchild dies with it; so does one a child that
+    exited normally left behind."""
+    pid_file = tmp_path / "pid"
+    script = f"sleep 300 & echo $! > {pid_file}" + ("; sleep 300" if leader_waits else "")
+    start = time.monotonic()
+    (result,) = gpu_check.run_children([["bash", "-c", script]], [tmp_path / "log"], 2.0, dict(os.environ))
+    assert time.monotonic() - start < 30
+    assert result["status"].startswith("timeout") if leader_waits else result["status"] == "ok"
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(grandchild)
+
+
+def test_killed_section_keeps_its_finished_items(tmp_path):
+    script = tmp_path / "slow_section.py"
+    script.write_text("import json, sys, time\n"
+                      "path = sys.argv[sys.argv.index('--result') + 1]\n"
+                      "open(path, 'w').write(json.dumps({'rows': [{'done': 1}]}))\n"
+                      "print('first item done', flush=True)\n"
+                      "time.sleep(300)\n")
+    section = gpu_check.Section("slow", str(script), budget_s=3, dry_budget_s=3)
+    log = tmp_path / "log"
+    record = gpu_check.run_section(section, 100.0, True, tmp_path, log, dict(os.environ))
+    assert record["status"].startswith("timeout after 3 s") and record["result"] == {"rows": [{"done": 1}]}
+    assert "first item done" in log.read_text()
+
+
+def test_shards_split_the_items_and_results_merge():
+    all_items = items(dry_run=False)
+    for n in (1, 3, 8):
+        parts = [shard(all_items, i, n) for i in range(n)]
+        assert sorted(it["name"] for p in parts for it in p) == sorted(it["name"] for it in all_items)
+    merged = gpu_check.merge_shards([{"cases": [1], "passed": 2, "failed": 0, "note": "a"},
+                                     {"cases": [2, 3], "passed": 1, "failed": 1, "note": "b"}])
+    assert merged == {"cases": [1, 2, 3], "passed": 3, "failed": 1, "note": "a"}
