@@ -27,8 +27,8 @@ def main() -> None:
 
     from gemref.config import get_preset, override
     from gemref.data.shards import ensure_dataset
-    from gemref.train import dataset_dir
-    from gemref.waterfall import LADDER, Rung, run_waterfall
+    from gemref.data.shards import dataset_dir
+    from gemref.waterfall import LADDER, run_waterfall
 
     dev = device(args.dry_run)
     preset = get_preset("tiny" if args.dry_run else "base")
@@ -43,39 +43,34 @@ def main() -> None:
     result.data["data_seconds"] = round(time.perf_counter() - t0, 1)
     result.save()
 
-    for i in range(RUNGS):
-        def configure(train, ctx, upto=i):   # rungs 0..i applied in turn, as the waterfall does
-            for rung in LADDER[:upto + 1]:
-                nxt = rung.configure(train, ctx)
-                train = train if isinstance(nxt, str) else nxt
-            return train
-
-        batch, tried, record = preset.train.batch_size, [], {"rung": LADDER[i].title}
-        t0 = time.perf_counter()
-        while True:
-            tried.append(batch)
-            attempt = dataclasses.replace(preset, train=override(preset.train, batch_size=batch))
-            try:
-                row = run_waterfall(attempt, device=dev.type, ranks=1, repeats=repeats, steps=steps, warmup=warmup,
-                                    ladder=[Rung(LADDER[i].key, LADDER[i].title, configure)])[0]
-                record.update(row)
-                break
-            except torch.OutOfMemoryError:
-                error = f"out of memory at batch {batch}"
-            except Exception as e:   # noqa: BLE001  (recorded; the next rung still runs)
-                record.update(status="failed", error=error_text(e))
-                break
-            gc.collect()
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
-            if batch // 2 < MIN_BATCH:
-                record.update(status="failed", error=error)
-                break
-            batch //= 2
-        record.update(batches_tried=tried, seconds=round(time.perf_counter() - t0, 1))
-        result.append("rungs", record)
-        print(f"{record['rung']}: {record.get('status')} batch {tried[-1]} MFU {record.get('mfu')}", flush=True)
-
+    # Rungs 0..RUNGS-1 in one interleaved waterfall (window k of every rung before window k+1);
+    # out of memory: the whole ladder again at half the batch, down to MIN_BATCH.
+    batch, tried = preset.train.batch_size, []
+    t0 = time.perf_counter()
+    while True:
+        tried.append(batch)
+        attempt = dataclasses.replace(preset, train=override(preset.train, batch_size=batch))
+        try:
+            record = run_waterfall(attempt, device=dev.type, ranks=1, windows=repeats, steps_per_window=steps,
+                                   warmup=warmup, ladder=list(LADDER[:RUNGS]))
+            for row in record["rungs"]:
+                result.append("rungs", row)
+                print(f"{row.get('rung')}: E2E MFU {row.get('e2e_mfu')} (local {row.get('local_mfu')})", flush=True)
+            break
+        except torch.OutOfMemoryError:
+            error = f"out of memory at batch {batch}"
+        except Exception as e:   # noqa: BLE001  (recorded in the summary)
+            result.append("rungs", {"status": "failed", "error": error_text(e)})
+            break
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        if batch // 2 < MIN_BATCH:
+            result.append("rungs", {"status": "failed", "error": error})
+            break
+        batch //= 2
+    result.data.update(batches_tried=tried, seconds=round(time.perf_counter() - t0, 1))
+    result.save()
 
 if __name__ == "__main__":
     main()

@@ -63,7 +63,9 @@ def test_dry_run_end_to_end(tmp_path):
 
     rungs = sections["rungs"]["result"]["rungs"]
     assert [r["rung"][0] for r in rungs] == ["0", "1", "2"]
-    assert all(r["status"] == "ran" and r["mfu"] > 0 for r in rungs)
+    assert all(r["status"] == "ran" for r in rungs)
+    # A rung's MFU is None only when every window was contended (a shared machine): then the row says so.
+    assert all((r["mfu"] or 0) > 0 or r["windows_kept"] == 0 for r in rungs)
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert all(f"===== {name}:" in log for name in sections)
 
