@@ -61,8 +61,7 @@ from ..ladder import KEYS, rung as ladder_rung
 from ..mfu.flops import executed_flops, model_flops, sample_cost_coefficients
 from ..mfu.peak import gpu_peak
 from ..parallel.memory import projected_rank_bytes
-from .cost_model import HardwareProfile, get_profile
-from .cost_model import KINDS
+from .cost_model import KINDS, HardwareProfile, get_profile
 from .step_model import comm_rows, predict_step, step_collectives, with_sm_shares
 
 GPU_COUNTS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)

@@ -103,10 +103,10 @@ def with_sm_shares(rows: list[dict], hw: HardwareProfile, transport: str = "nccl
     """Priced rows with `sms` (SMs the collective holds while it runs, by kind on `transport`, or
     `collective_sms` for every kind) and `sm_share` = sms / the GPU's SM count. A given
     `sm_share` (a measured slowdown, say) is every row's share instead, with `sms` None."""
+    sms = [kind_sms(r["kind"], transport, collective_sms) for r in rows]    # checks transport and k
     if sm_share is not None:
         return [{**r, "sms": None, "sm_share": check_share(sm_share)} for r in rows]
-    return [{**r, "sms": kind_sms(r["kind"], transport, collective_sms),
-             "sm_share": kind_share(r["kind"], hw, transport, collective_sms)} for r in rows]
+    return [{**r, "sms": k, "sm_share": kind_share(r["kind"], hw, transport, collective_sms)} for r, k in zip(rows, sms)]
 
 
 def check_share(value, what: str = "sm_share") -> float:

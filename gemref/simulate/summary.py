@@ -158,7 +158,8 @@ def findings(rows: list[dict], band=GEM_MFU_BAND) -> list[str]:
         f"grows most with scale: {m['grows_most']['rung']} ({m['grows_most']['delta_at_min']:+.1%} at "
         f"{min(r['gpus'] for r in rows)} GPUs, {m['grows_most']['delta']:+.1%} at {gpus}).",
         f"Full ladder at {gpus} GPUs: compute {top['compute_s']:.3g} s, imbalance bubble {top['bubble_s']:.3g} s, "
-        f"exposed comm {top['exposed_s']:.3g} s (largest: {by_kind[0][0]} {by_kind[0][1]:.3g} s).",
+        f"exposed comm {top['exposed_s']:.3g} s (largest: {by_kind[0][0]} {by_kind[0][1]:.3g} s), SM slowdown of the "
+        f"overlapped compute {top['sm_slowdown_s']:.3g} s.",
         "Dominant inputs: the local MFU per rung (assumed unless measured), the batch per GPU (it amortises "
         "the per-step communication), the inter-node bandwidth, "
         f"the table replicas' all-reduce (every {top['table_sync_every']} step(s) here), and the overlap of FSDP's "
