@@ -14,11 +14,11 @@ from gemref.balance import SampleCost, rank_loads, round_robin
 from gemref.cli import main
 from gemref.config import MeshShape, get_preset
 from gemref.mfu.flops import sample_cost_coefficients
-from gemref.simulate.cost_model import HardwareProfile, LinkTier, collective_time, get_profile
+from gemref.simulate.cost_model import HardwareProfile, LinkTier, collective_time, get_profile, sm_count
 from gemref.simulate.projection import LADDER, Options, draw_batches, project, split_loads
-from gemref.simulate.step_model import comm_rows, exposed_only, one_step, predict_step
-from gemref.simulate.summary import (findings, load_waterfall, measured_mfu, mfu_at, parse_mfu_assumption,
-                                     required_local_mfu, rung_deltas)
+from gemref.simulate.step_model import comm_rows, exposed_only, one_step, predict_step, with_sm_shares
+from gemref.simulate.summary import (compare_transports, contention_findings, findings, load_waterfall, measured_mfu,
+                                     mfu_at, parse_mfu_assumption, required_local_mfu, rung_deltas)
 from gemref.simulate.validate import fit_tier
 
 FREE = LinkTier("free", 0.0, math.inf, "no cost")
@@ -166,6 +166,102 @@ def test_ladder_at_scale_large_preset():
     assert len(findings(rows)) == 5
 
 
+# ----------------------------------------------------------------------------- SM contention
+
+
+def _overlapped(ms: float, share: float, kind: str = "all_gather") -> dict:
+    return {"kind": kind, "dim": "shard", "seconds": ms / 1e3, "overlappable_s": ms / 1e3, "sm_share": share}
+
+
+def test_sm_contention_when_compute_outlasts_the_collective_by_hand():
+    # compute 10 ms; an 8 ms all-gather runs under it holding 24 of the H100's 132 SMs.
+    # During those 8 ms the compute has 108 of 132 SMs: it does 8 * 108/132 = 6.5454 ms of its
+    # work, the other 10 - 6.5454 = 3.4545 ms runs alone afterwards: step 8 + 3.4545 = 11.4545 ms,
+    # i.e. 1512/132 ms; the slowdown is 8 * 24/132 = 1.4545 ms, nothing is exposed.
+    out = predict_step(0.010, 1.0, [_overlapped(8, 24 / 132)])
+    assert out["step_s"] == pytest.approx(0.0114545454545, rel=1e-9)
+    assert out["sm_slowdown_s"] == pytest.approx(0.00145454545454, rel=1e-9)
+    assert out["exposed_s"] == pytest.approx(0.0, abs=1e-15) and out["overlapped_s"] == pytest.approx(0.008)
+    # SM-free, 1 SM: 10 + 8/132 = 10.0606 ms (1328/132 ms). QPS gain = 1512/1328 - 1 = +13.855%
+    free = predict_step(0.010, 1.0, [_overlapped(8, 1 / 132)])
+    assert free["step_s"] == pytest.approx(0.0100606060606, rel=1e-9)
+    assert out["step_s"] / free["step_s"] - 1 == pytest.approx(0.138554216867, rel=1e-9)
+    # all 132 SMs: the compute makes no progress under the collective, step 10 + 8 = 18 ms
+    assert predict_step(0.010, 1.0, [_overlapped(8, 1.0)])["step_s"] == pytest.approx(0.018, rel=1e-12)
+
+
+def test_sm_contention_when_the_collective_outlasts_compute_by_hand():
+    # compute 2 ms under an 8 ms collective holding 24 of 132 SMs: at 108/132 of its rate the
+    # compute takes 2 * 132/108 = 2.4444 ms, all inside the 8 ms: step 8 ms; 2.4444 ms of the
+    # collective hidden, 8 - 2.4444 = 5.5556 ms exposed, slowdown 2.4444 - 2 = 0.4444 ms
+    out = predict_step(0.002, 1.0, [_overlapped(8, 24 / 132)])
+    assert out["step_s"] == pytest.approx(0.008, rel=1e-12)
+    assert out["overlapped_s"] == pytest.approx(0.00244444444444, rel=1e-9)
+    assert out["exposed_s"] == pytest.approx(0.00555555555556, rel=1e-9)
+    assert out["sm_slowdown_s"] == pytest.approx(0.000444444444444, rel=1e-9)
+    # so an SM-free transport buys nothing there: the step is the collective either way
+    assert predict_step(0.002, 1.0, [_overlapped(8, 1 / 132)])["step_s"] == pytest.approx(0.008, rel=1e-12)
+    # no compute at all: the collective is the step whatever SMs it holds
+    assert predict_step(0.0, 1.0, [_overlapped(8, 1.0)])["step_s"] == pytest.approx(0.008, rel=1e-12)
+
+
+def test_ncclx_smfree_frees_the_all_gather_and_keeps_the_reduction_by_hand():
+    # H100 (132 SMs), NCCLX's SM-free transport: all-gather 1 SM, reduce-scatter keeps NCCL's 24.
+    # compute 10 ms with 4 ms of each overlapped: lost = (4 * 1 + 4 * 24) / 132 = 100/132 = 0.7576 ms,
+    # step 10.7576 ms; with NCCL both at 24: 10 + 8 * 24/132 = 11.4545 ms
+    hw = get_profile("h100_ib_ndr")
+    rows = [_overlapped(4, 0.0, "all_gather"), _overlapped(4, 0.0, "reduce_scatter")]
+    smfree = with_sm_shares(rows, hw, "ncclx_smfree")
+    assert [r["sms"] for r in smfree] == [1, 24]
+    assert predict_step(0.010, 1.0, smfree)["step_s"] == pytest.approx(0.0107575757576, rel=1e-9)
+    assert predict_step(0.010, 1.0, with_sm_shares(rows, hw, "nccl"))["step_s"] == pytest.approx(0.0114545454545,
+                                                                                                  rel=1e-9)
+    # one k for every kind (collective_sms=1): 10 + 8/132 = 10.0606 ms; a given share wins over both
+    assert predict_step(0.010, 1.0, with_sm_shares(rows, hw, "nccl", 1))["step_s"] == pytest.approx(0.0100606060606,
+                                                                                                     rel=1e-9)
+    assert predict_step(0.010, 1.0, with_sm_shares(rows, hw, "nccl", 1, sm_share=0.5))["step_s"] == pytest.approx(
+        0.014, rel=1e-12)                                                       # 10 + 8 * 0.5
+
+
+def test_sm_counts_of_the_profiles():
+    # H100 SXM5: 132 SMs (NVIDIA H100 whitepaper); H200: the same GH100; B200: 2 x 74 = 148
+    assert [sm_count(get_profile(n)) for n in ("h100_ib_ndr", "h200_ib_ndr", "h100_roce_400", "gb200_nvl72")] == [
+        132, 132, 132, 148]
+    assert sm_count(HardwareProfile("x", 8, FREE, FREE, "H100", sm_count=114)) == 114
+
+
+def test_projection_slowdown_is_the_overlapped_time_times_the_sm_share():
+    rows = {t: project(TINY, [16], options=Options(transport=t, batches=1)) for t in ("nccl", "ncclx_smfree")}
+    for nccl, smfree in zip(rows["nccl"], rows["ncclx_smfree"]):
+        if nccl["overlapped_s"] < nccl["compute_s"] * nccl["imbalance"]:   # compute outlasts the overlap
+            assert nccl["sm_slowdown_s"] == pytest.approx(nccl["overlapped_s"] * 24 / 132, rel=1e-12)
+        assert smfree["step_s"] <= nccl["step_s"] and smfree["mfu"] >= nccl["mfu"]
+        assert mfu_at(nccl, nccl["local_mfu"]) == pytest.approx(nccl["mfu"], rel=1e-12)   # rows keep their shares
+
+
+def test_more_sms_per_collective_is_never_faster():
+    steps = [[r["step_s"] for r in project(TINY, [16], options=Options(collective_sms=k, batches=1))]
+             for k in (0, 1, 24, 132)]
+    for a, b in zip(steps, steps[1:]):
+        assert all(x <= y * (1 + 1e-12) for x, y in zip(a, b))       # equal where the comm outlasts compute
+    assert steps[-1] > steps[0]
+    assert steps[0] == [r["step_s"] for r in project(TINY, [16], options=Options(sm_share=0.0, batches=1))]
+
+
+def test_compare_transports_gain_and_contention():
+    options = Options(batches=1)
+    rows = compare_transports(TINY, [8, 16], options)
+    for r in rows:
+        assert r["qps_gain_ncclx_smfree"] == pytest.approx(r["step_s_nccl"] / r["step_s_ncclx_smfree"] - 1)
+        assert 0 <= r["qps_gain_ncclx_smfree"] <= r["qps_gain_all_smfree"]
+        assert r["step_s_nccl"] * r["mfu_nccl"] == pytest.approx(r["step_s_all_smfree"] * r["mfu_all_smfree"])
+    assert any(r["contention"] > 0 for r in rows)
+    assert len(contention_findings(rows, options)) == 3
+    # no links to pay for: nothing to overlap, nothing to gain
+    free = compare_transports(TINY, [8], Options(hardware=FREE_HW, batches=1))
+    assert all(r["qps_gain_all_smfree"] == 0 and r["contention"] == 0 for r in free)
+
+
 # ----------------------------------------------------------------------------- inputs from a waterfall
 
 
@@ -196,6 +292,14 @@ def test_measured_mfu_takes_local_mfu_and_carries_rungs_that_did_not_run(tmp_pat
     (lambda: load_waterfall("/nonexistent/waterfall.json"), "no such file"),
     (lambda: one_step(TINY.model, MeshShape(1, 8), FREE_HW, batch=1, tokens=1, model_flops=1.0, local_mfu=0.0),
      r"local_mfu must be in \(0, 1\]"),
+    (lambda: project(TINY, [8], options=Options(collective_sms=133)), "collective_sms=133 exceeds the 132 SMs of H100"),
+    (lambda: project(TINY, [8], options=Options(collective_sms=-1)), "collective_sms must be an integer >= 0, got -1"),
+    (lambda: project(TINY, [8], options=Options(collective_sms=2.5)), "collective_sms must be an integer >= 0"),
+    (lambda: project(TINY, [8], options=Options(transport="rccl")), "transport='rccl'; valid: nccl, ncclx_smfree"),
+    (lambda: project(TINY, [8], options=Options(sm_share=1.5)), r"sm_share must be a number in \[0, 1\], got 1.5"),
+    (lambda: predict_step(1.0, 1.0, [_overlapped(1, -0.1)]), r"all_gather sm_share must be a number in \[0, 1\]"),
+    (lambda: sm_count(HardwareProfile("x", 8, FREE, FREE, "A100")), "no SM count for GPU 'A100'"),
+    (lambda: with_sm_shares([_overlapped(1, 0)], FREE_HW, "nccl", 200), "collective_sms=200 exceeds the 132 SMs"),
 ])
 def test_bad_inputs_raise_value_error(call, message):
     with pytest.raises(ValueError, match=message):
@@ -217,6 +321,29 @@ def test_cli_prints_the_projection_and_writes_json(tmp_path, capsys):
 ])
 def test_cli_user_mistakes_exit_2(capsys, args, message):
     assert main(["simulate", "--preset", "tiny", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_sm_contention_bench_prints_the_comparison(tmp_path, capsys):
+    out = tmp_path / "sm.json"
+    assert main(["bench", "sm_contention", "--preset", "tiny", "--gpus", "8", "16", "--rungs", "jagged", "fsdp_2d",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "QPS gain of NCCLX's SM-free transport" in text and "GEM reported ~5%" in text
+    record = json.loads(out.read_text())
+    assert record["sm_count"] == 132 and record["nccl_sms"] == 24
+    assert [(r["gpus"], r["key"]) for r in record["rows"]] == [(8, "jagged"), (8, "fsdp_2d"), (16, "jagged"),
+                                                               (16, "fsdp_2d")]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nccl-sms", "200"], "--nccl-sms 200: SMs per collective must be in 0..132"),
+    (["--smfree-sms", "-1"], "--smfree-sms -1: SMs per collective must be in 0..132"),
+    (["--rungs", "warp"], "--rungs warp: unknown rung"),
+])
+def test_sm_contention_bench_mistakes_exit_2(capsys, args, message):
+    assert main(["bench", "sm_contention", "--preset", "tiny", "--gpus", "8", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
 

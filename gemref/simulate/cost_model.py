@@ -22,6 +22,13 @@ leaves the node). Hierarchical algorithms and congestion are not modelled.
 
 `HARDWARE` profiles, `collective_time` and `group_tier` are what the step-time model
 (step_model.py) prices a step's collectives with.
+
+SMs a collective occupies (what its overlap costs the compute, step_model.py): NCCL runs a
+collective as a GPU kernel whose thread blocks hold SMs for the whole transfer; a transport
+driven from the host (NCCLX's CTran: RDMA from a CPU thread, zero-copy) keeps one. `TRANSPORTS`
+gives the SMs per collective kind, `GPU_SMS` the SMs of each profile's GPU, and
+`sm_share(kind, hw, transport)` = k / SM count, the share of the SMs an overlapped collective
+takes from the compute.
 """
 from __future__ import annotations
 
@@ -49,6 +56,7 @@ class HardwareProfile:
     inter: LinkTier
     gpu: str = ""         # name matched against gemref/mfu/peak.py's table for compute peaks
     notes: str = ""
+    sm_count: int | None = None   # streaming multiprocessors per GPU; None: GPU_SMS[gpu]
 
 
 # Bandwidths: vendor per-GPU link figures (one direction) x 0.8, the share of link bandwidth
@@ -131,3 +139,60 @@ def group_tier(dim: str, mesh: MeshShape, hw: HardwareProfile) -> LinkTier:
     else:
         raise ValueError(f"unknown mesh dim {dim!r}; valid: shard, replicate, world")
     return hw.intra if inside else hw.inter
+
+
+# Streaming multiprocessors per GPU (the profiles' `gpu` names).
+GPU_SMS: dict[str, int] = {
+    "H100": 132,   # NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): H100 SXM5, 132 SMs
+    "H200": 132,   # NVIDIA H200 datasheet: the H100's GH100 with HBM3e, same SM count and clocks (same FLOP/s)
+    "B200": 148,   # Chips and Cheese, "Nvidia's B200: Keeping the CUDA Juggernaut Rolling" (2025): 2 dies x 74 SMs
+}
+
+# SMs one collective occupies while it runs, per transport and collective kind.
+# nccl: 24, the figure Meta gives for NCCL's all-gather in GEM's training (Meta's 2026 write-up
+#   of GEM's training: NCCLX's SM-free all-gather took the SMs a collective occupies from 24 to
+#   1); NCCL sizes every kind by the same channel count (NCCL_MIN/MAX_NCHANNELS), so all kinds.
+# ncclx_smfree: NCCLX's host-driven CTran transport (Si et al., "Collective Communication for
+#   100k+ GPUs", arXiv:2510.20171): collectives that only move bytes (all-gather, all-to-all,
+#   broadcast) keep 1 SM (stream ordering). ASSUMPTION: reductions (reduce-scatter,
+#   all-reduce) add numbers on the GPU and keep NCCL's 24; Meta's 24 -> 1 is the all-gather's.
+#   `collective_sms` (Options, `gemref bench sm_contention`) sets one k for every kind.
+NCCL_COLLECTIVE_SMS = 24
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
+TRANSPORTS: dict[str, dict[str, int]] = {
+    "nccl": dict.fromkeys(KINDS, NCCL_COLLECTIVE_SMS),
+    "ncclx_smfree": {"all_gather": 1, "all_to_all": 1, "broadcast": 1,
+                     "reduce_scatter": NCCL_COLLECTIVE_SMS, "all_reduce": NCCL_COLLECTIVE_SMS},
+}
+
+
+def sm_count(hw: HardwareProfile) -> int:
+    """SMs per GPU of a hardware profile (its own `sm_count`, else the GPU_SMS entry of its GPU)."""
+    count = hw.sm_count if hw.sm_count is not None else GPU_SMS.get(hw.gpu)
+    if count is None:
+        raise ValueError(f"hardware profile {hw.name!r}: no SM count for GPU {hw.gpu!r} (known: "
+                         f"{', '.join(GPU_SMS)}); give HardwareProfile(sm_count=...)")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"hardware profile {hw.name!r}: sm_count must be an integer >= 1, got {count!r}")
+    return count
+
+
+def collective_sms(kind: str, transport: str = "nccl", override: int | None = None) -> int:
+    """SMs a collective of `kind` occupies on `transport`; `override` (k for every kind) wins."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport={transport!r}; valid: {', '.join(TRANSPORTS)}")
+    if kind not in KINDS:
+        raise ValueError(f"unknown collective kind {kind!r}; valid: {', '.join(KINDS)}")
+    if override is None:
+        return TRANSPORTS[transport][kind]
+    if isinstance(override, bool) or not isinstance(override, int) or override < 0:
+        raise ValueError(f"collective_sms must be an integer >= 0, got {override!r}")
+    return override
+
+
+def sm_share(kind: str, hw: HardwareProfile, transport: str = "nccl", override: int | None = None) -> float:
+    """k / SM count: the share of the GPU's SMs a collective of `kind` holds while it runs."""
+    k, n = collective_sms(kind, transport, override), sm_count(hw)
+    if k > n:
+        raise ValueError(f"collective_sms={k} exceeds the {n} SMs of {hw.gpu or hw.name}")
+    return k / n

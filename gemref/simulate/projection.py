@@ -30,8 +30,11 @@ the same two factors the waterfall measures (gemref/waterfall/stats.py).
   compute (FSDP prefetches the next gather and reduces asynchronously); the root unit's
   and the table replicas' collectives sit at the start or the end of the step with nothing
   to hide under, and the embedding all-to-alls are on the forward's critical path: exposed.
-  Overlap hides at most the step's compute; `sm_share` slows the compute it overlaps
-  (NCCL's kernels take SMs; NCCLX's host-driven transport ~0).
+  Overlap hides at most the step's compute.
+* SM contention: an overlapped collective holds k of the GPU's SMs and slows the compute
+  under it by k / SM count (step_model.py). Options.transport sets k per collective kind
+  (cost_model.TRANSPORTS: "nccl" 24, "ncclx_smfree" 1 for the collectives that only move
+  bytes); `collective_sms` sets one k for every kind, `sm_share` the share directly.
 * table replicas: gemref all-reduces the held table rows every step; `table_sync_every` K
   is a what-if that synchronises the replicas every K steps instead (1/K per step).
 * fits: parameters + gradients + AdamW state per rank (parallel/memory.py) below the GPU's
@@ -58,11 +61,15 @@ from ..ladder import KEYS, rung as ladder_rung
 from ..mfu.flops import executed_flops, model_flops, sample_cost_coefficients
 from ..mfu.peak import gpu_peak
 from ..parallel.memory import projected_rank_bytes
-from .cost_model import HardwareProfile, get_profile
-from .step_model import comm_rows, predict_step, step_collectives
+from .cost_model import KINDS, HardwareProfile, get_profile
+from .step_model import comm_rows, predict_step, step_collectives, with_sm_shares
 
 GPU_COUNTS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 GEM_MFU_BAND = (0.20, 0.25)   # Meta, GEM announcement (2025): end-to-end training MFU, thousands of GPUs
+# Meta's 2026 write-up of GEM's training: NCCLX's SM-free all-gather (24 SMs -> 1) gave ~5% end-to-end
+# QPS, where compute/communication SM contention had cost up to 15%.
+GEM_SMFREE_QPS_GAIN = 0.05
+GEM_SM_CONTENTION_MAX = 0.15
 KK_WORK = 200_000             # n x R above which the projection partitions with lpt instead of kk
 DRAW_SAMPLES = 1 << 18        # a global batch this large is drawn once per GPU count
 # GPU memory (bytes) for the "fits" column; datasheets.
@@ -124,7 +131,9 @@ class Options:
                                          # when a global batch holds > DRAW_SAMPLES samples
     shard_group: int | None = None       # fsdp_2d shard group S (None: GPUs per node)
     table_sync_every: int = 1            # table replica all-reduce every K steps
-    sm_share: float = 0.0                # SMs a collective takes from overlapped compute
+    transport: str = "nccl"              # SMs each collective kind holds (cost_model.TRANSPORTS): nccl | ncclx_smfree
+    collective_sms: int | None = None    # what-if: SMs every collective holds, 0..SM count (overrides transport)
+    sm_share: float | None = None        # what-if: share of overlapped compute lost, [0, 1] (overrides both)
     bandwidth_scale: float = 1.0         # multiplies every link's bandwidth (sensitivity)
     seed: int = 0
 
@@ -243,6 +252,8 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
     base_batch = options.batch_per_gpu or preset.train.batch_size
     if base_batch < 1:
         raise ValueError(f"batch_per_gpu must be >= 1, got {base_batch}")
+    with_sm_shares([{"kind": k} for k in KINDS], hw, options.transport, options.collective_sms,
+                   options.sm_share)     # bad contention options fail here, before any work
     local = local_mfu(preset, ladder, mfu, seed=options.seed)
     mean_len = float(np.mean(draw_batches(preset, 4096, 1, options.seed)[0]))   # history events per sample
     memory = next((v for k, v in GPU_MEMORY.items() if k in hw.gpu), None)
@@ -257,14 +268,16 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
             coll = comm_rows(step_collectives(preset.model, mesh, b, tokens, not r.padded,
                                               r.gather_bytes, sparse), mesh, hw,
                              table_sync_every=options.table_sync_every)
+            coll = with_sm_shares(coll, hw, options.transport, options.collective_sms, options.sm_share)
             m, source = local[r.key]
             compute_s = st["rank_flops"] / (peak.flops * m)
-            step = predict_step(compute_s, st["imbalance"], coll, options.sm_share)
+            step = predict_step(compute_s, st["imbalance"], coll)
             state = state_bytes(preset.model, mesh.shard, sparse)
             rows.append({"gpus": W, "rung": r.title, "key": r.key, "mesh": str(mesh), "batch_per_gpu": b,
                          "local_mfu": m, "local_mfu_source": source, "imbalance": st["imbalance"], **step,
                          "mfu": st["rank_flops"] / (step["step_s"] * peak.flops), "rank_flops": st["rank_flops"],
-                         "peak_flops": peak.flops, "sm_share": options.sm_share,
+                         "peak_flops": peak.flops, "transport": options.transport,
+                         "collective_sms": options.collective_sms, "sm_share": options.sm_share,
                          "table_sync_every": options.table_sync_every,
                          "state_gb": state / 1e9, "fits": None if memory is None else state < memory,
                          "collectives": coll})

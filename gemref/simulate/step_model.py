@@ -1,6 +1,6 @@
 """The one step-time model: a rank's step from its compute, the load imbalance and its collectives.
 
-    step = compute x imbalance + exposed comm (+ the SM slowdown of the overlapped part)
+    step = compute x imbalance + exposed comm + SM slowdown of the overlapped compute
 
 * compute: seconds of one rank's work at its local MFU (model FLOPs / (peak x local MFU)).
 * imbalance: max/mean rank work; every rank waits for the slowest at the next collective.
@@ -8,9 +8,16 @@
   model of cost_model.py. A row's `overlappable_s` is the part that can run under compute:
   the layer units' FSDP gathers and reduce-scatters (prefetched, reduced asynchronously).
   The root unit's and the table replicas' collectives and the embedding all-to-alls have
-  nothing to hide under: exposed. Overlap hides at most the step's busy time; `sm_share`
-  slows the compute it overlaps by that fraction of the hidden time (NCCL's kernels take
-  SMs; NCCLX's host-driven transport about none).
+  nothing to hide under: exposed.
+* SM contention: a collective holding k of the GPU's N SMs (cost_model.sm_share, by
+  transport: NCCL's kernels 24, NCCLX's SM-free transport 1) leaves the compute it overlaps
+  N - k of them, so compute runs at rate 1 - s (s = k/N) while it is overlapped. With O
+  seconds overlappable, D = sum of O_i x s_i of the compute's work lost under them, and
+  B = compute x imbalance:
+      B >= O - D (compute outlasts the comm):  all of O hidden, step += D
+      B <  O - D (comm outlasts the compute):  the compute, B / (1 - D/O) long, hides that
+                                               much of O; the rest of O is exposed
+  i.e. the overlapped window lasts max(O, B + D). Overlap hides at most the step's busy time.
 
     scaling ratio = compute / step = E2E MFU / local MFU
 
@@ -25,7 +32,7 @@ from ..config import MeshShape
 from ..parallel.fsdp import padded_numel
 from ..parallel.sparse import plan_tables
 from ..parallel.volume import model_units, step_volume, table_shapes
-from .cost_model import HardwareProfile, collective_time, group_tier
+from .cost_model import HardwareProfile, collective_sms as kind_sms, collective_time, group_tier, sm_share as kind_share
 
 
 @functools.lru_cache(maxsize=256)
@@ -91,34 +98,63 @@ def exposed_only(rows: list[dict]) -> list[dict]:
     return [{**r, "overlappable_s": 0.0} for r in rows]
 
 
-def predict_step(compute_s: float, imbalance_factor: float, rows: list[dict], sm_share: float = 0.0) -> dict:
-    """step = compute x imbalance + exposed comm; overlap hides at most the step's busy time."""
+def with_sm_shares(rows: list[dict], hw: HardwareProfile, transport: str = "nccl",
+                   collective_sms: int | None = None, sm_share: float | None = None) -> list[dict]:
+    """Priced rows with `sms` (SMs the collective holds while it runs, by kind on `transport`, or
+    `collective_sms` for every kind) and `sm_share` = sms / the GPU's SM count. A given
+    `sm_share` (a measured slowdown, say) is every row's share instead, with `sms` None."""
+    sms = [kind_sms(r["kind"], transport, collective_sms) for r in rows]    # checks transport and k
+    if sm_share is not None:
+        return [{**r, "sms": None, "sm_share": check_share(sm_share)} for r in rows]
+    return [{**r, "sms": k, "sm_share": kind_share(r["kind"], hw, transport, collective_sms)} for r, k in zip(rows, sms)]
+
+
+def check_share(value, what: str = "sm_share") -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{what} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def predict_step(compute_s: float, imbalance_factor: float, rows: list[dict], sm_share: float | None = None) -> dict:
+    """step = compute x imbalance + exposed comm + SM slowdown (module doc), in seconds.
+
+    Each row's `sm_share` (0 when absent) is the share of the SMs it holds; `sm_share` given
+    here applies to every row instead."""
     if compute_s < 0 or imbalance_factor < 1 - 1e-12:
         raise ValueError(f"need compute_s >= 0 and imbalance >= 1, got {compute_s}, {imbalance_factor}")
-    if not 0 <= sm_share <= 1:
-        raise ValueError(f"sm_share must be in [0, 1], got {sm_share}")
+    if sm_share is not None:
+        check_share(sm_share)
+    shares = [check_share(sm_share if sm_share is not None else r.get("sm_share", 0.0), f"{r['kind']} sm_share")
+              for r in rows]
     busy = compute_s * imbalance_factor
     comm = sum(r["seconds"] for r in rows)
     want = sum(r["overlappable_s"] for r in rows)
-    hidden = min(want, busy)
+    lost = sum(r["overlappable_s"] * s for r, s in zip(rows, shares))   # compute lost if all of `want` is hidden
+    if busy > 0 and busy >= want - lost:         # the compute outlasts the overlapped comm
+        hidden, slowdown, window = want, lost, busy + lost
+    else:                                        # the comm outlasts the compute, slowed to 1 - lost/want under it
+        hidden = busy / (1 - lost / want) if busy > 0 else 0.0
+        slowdown, window = hidden - busy, want
     scale = hidden / want if want else 0.0
     exposed = {}
     for r in rows:
         name = f"{r['kind']} ({r['dim']})"
         exposed[name] = exposed.get(name, 0.0) + r["seconds"] - r["overlappable_s"] * scale
-    step = busy + (comm - hidden) + hidden * sm_share
+    step = window + (comm - want)               # = busy + exposed + slowdown
     return {"compute_s": compute_s, "bubble_s": busy - compute_s, "comm_s": comm, "exposed_s": comm - hidden,
-            "sm_slowdown_s": hidden * sm_share, "exposed_by_kind": exposed, "step_s": step,
+            "overlapped_s": hidden, "sm_slowdown_s": slowdown, "exposed_by_kind": exposed, "step_s": step,
             "scaling_ratio": compute_s / step if step > 0 else 1.0}
 
 
 def one_step(cfg, mesh: MeshShape, hw: HardwareProfile, *, batch: int, tokens: int, model_flops: float,
              local_mfu: float, jagged: bool = True, sparse_sharding: str = "row", gather_bytes: int = 2,
-             imbalance: float = 1.0, sm_share: float = 0.0, table_sync_every: int = 1) -> dict:
+             imbalance: float = 1.0, transport: str = "nccl", collective_sms: int | None = None,
+             sm_share: float | None = None, table_sync_every: int = 1) -> dict:
     """One rank's step on `mesh` of `hw` GPUs: compute = model_flops / (bf16 peak x local_mfu),
-    its collectives priced and overlapped as in the module doc. `batch`/`tokens`: samples and
-    history events per rank. Adds the collectives and `comm_share_no_overlap`: the comm share
-    of the step when nothing overlaps."""
+    its collectives priced and overlapped as in the module doc, each holding the SMs of its
+    kind on `transport` (or `collective_sms`; `sm_share` overrides both). `batch`/`tokens`:
+    samples and history events per rank. Adds the collectives and `comm_share_no_overlap`:
+    the comm share of the step when nothing overlaps."""
     from ..mfu.peak import gpu_peak
 
     if not 0 < local_mfu <= 1:
@@ -128,8 +164,9 @@ def one_step(cfg, mesh: MeshShape, hw: HardwareProfile, *, batch: int, tokens: i
         raise ValueError(f"hardware profile {hw.name!r}: no bf16 peak for GPU {hw.gpu!r}")
     rows = comm_rows(step_collectives(cfg, mesh, batch, tokens, jagged, gather_bytes, sparse_sharding), mesh, hw,
                      table_sync_every=table_sync_every)
+    rows = with_sm_shares(rows, hw, transport, collective_sms, sm_share)
     compute_s = model_flops / (peak.flops * local_mfu)
-    step = predict_step(compute_s, imbalance, rows, sm_share)
+    step = predict_step(compute_s, imbalance, rows)
     serial = predict_step(compute_s, imbalance, exposed_only(rows))
     return {**step, "comm_share_no_overlap": serial["exposed_s"] / serial["step_s"],
             "peak_source": peak.source, "collectives": rows}

@@ -1,13 +1,19 @@
-"""What the scale projection says: measured inputs from a waterfall, rung deltas, where GEM's band lands.
+"""What the scale projection says: measured inputs from a waterfall, rung deltas, where GEM's band lands,
+and what an SM-free transport is worth against GEM's reported ~5% QPS (`compare_transports`).
 
-`gemref simulate` and notebook 11 print these; the projection itself is gemref/simulate/projection.py.
+`gemref simulate`, `gemref bench sm_contention` and notebooks 08/11 print these; the projection
+itself is gemref/simulate/projection.py.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from .projection import GEM_MFU_BAND, LADDER, RungModel, check_mfu
+from dataclasses import replace
+
+from .cost_model import NCCL_COLLECTIVE_SMS, sm_count
+from .projection import (GEM_MFU_BAND, GEM_SM_CONTENTION_MAX, GEM_SMFREE_QPS_GAIN, LADDER, Options, RungModel,
+                         check_mfu, hardware_of, project)
 from .step_model import predict_step
 
 TABLE_COLUMNS = ("gpus", "rung", "mesh", "batch_per_gpu", "local_mfu", "scaling_ratio", "mfu", "compute_s",
@@ -56,7 +62,7 @@ def gem_band(rows: list[dict], gpus: int, band=GEM_MFU_BAND) -> dict:
 def mfu_at(row: dict, local_mfu: float) -> float:
     """The row's projected E2E MFU had its local MFU been `local_mfu` (same collectives, same imbalance)."""
     compute = row["rank_flops"] / (row["peak_flops"] * local_mfu)
-    step = predict_step(compute, row["imbalance"], row["collectives"], row["sm_share"])["step_s"]
+    step = predict_step(compute, row["imbalance"], row["collectives"])["step_s"]   # each holds its sm_share
     return row["rank_flops"] / (step * row["peak_flops"])
 
 
@@ -152,10 +158,73 @@ def findings(rows: list[dict], band=GEM_MFU_BAND) -> list[str]:
         f"grows most with scale: {m['grows_most']['rung']} ({m['grows_most']['delta_at_min']:+.1%} at "
         f"{min(r['gpus'] for r in rows)} GPUs, {m['grows_most']['delta']:+.1%} at {gpus}).",
         f"Full ladder at {gpus} GPUs: compute {top['compute_s']:.3g} s, imbalance bubble {top['bubble_s']:.3g} s, "
-        f"exposed comm {top['exposed_s']:.3g} s (largest: {by_kind[0][0]} {by_kind[0][1]:.3g} s).",
+        f"exposed comm {top['exposed_s']:.3g} s (largest: {by_kind[0][0]} {by_kind[0][1]:.3g} s), SM slowdown of the "
+        f"overlapped compute {top['sm_slowdown_s']:.3g} s.",
         "Dominant inputs: the local MFU per rung (assumed unless measured), the batch per GPU (it amortises "
         "the per-step communication), the inter-node bandwidth, "
         f"the table replicas' all-reduce (every {top['table_sync_every']} step(s) here), and the overlap of FSDP's "
         "collectives.",
     ]
     return lines
+
+
+def transport_variants(nccl_sms: int | None = None, smfree_sms: int = 1) -> dict[str, dict]:
+    """Options overrides of the three transports compared: NCCL (`nccl_sms` per collective, None:
+    its 24), NCCLX's SM-free transport (cost_model.TRANSPORTS), every collective at `smfree_sms`."""
+    return {"nccl": dict(transport="nccl", collective_sms=nccl_sms, sm_share=None),
+            "ncclx_smfree": dict(transport="ncclx_smfree", collective_sms=None, sm_share=None),
+            "all_smfree": dict(transport="nccl", collective_sms=smfree_sms, sm_share=None)}
+
+
+def compare_transports(preset, gpus, options: Options = Options(), variants: dict[str, dict] | None = None,
+                       mfu=None, ladder=None) -> list[dict]:
+    """One row per (GPU count, rung): step seconds and E2E MFU under each variant (the first is
+    the reference), the QPS gain of each other one (same samples per step: step ratio - 1),
+    and under the reference the compute seconds overlapped by collectives and the share of the
+    step lost to SM contention (`contention`)."""
+    variants = variants or transport_variants()
+    runs = {name: project(preset, gpus, options=replace(options, **v), mfu=mfu, ladder=ladder)
+            for name, v in variants.items()}
+    ref_name, *others = runs
+    out = []
+    for i, ref in enumerate(runs[ref_name]):
+        row = {"gpus": ref["gpus"], "rung": ref["rung"], "key": ref["key"], "mesh": ref["mesh"],
+               "compute_s": ref["compute_s"], "overlapped_s": ref["overlapped_s"],
+               "contention": ref["sm_slowdown_s"] / ref["step_s"]}
+        for name, rows in runs.items():
+            row[f"step_s_{name}"], row[f"mfu_{name}"] = rows[i]["step_s"], rows[i]["mfu"]
+        for name in others:
+            row[f"qps_gain_{name}"] = ref["step_s"] / runs[name][i]["step_s"] - 1
+        out.append(row)
+    return out
+
+
+def contention_findings(rows: list[dict], options: Options = Options(), nccl_sms: int | None = None,
+                        smfree_sms: int = 1, gem_gain: float = GEM_SMFREE_QPS_GAIN,
+                        gem_cost: float = GEM_SM_CONTENTION_MAX) -> list[str]:
+    """Plain sentences from `compare_transports` rows (the variants of `transport_variants(nccl_sms,
+    smfree_sms)`): the SM-free gain at the largest GPU count against GEM's, the largest
+    contention, and the share of the step under overlapped collectives GEM's gain implies."""
+    sms = sm_count(hardware_of(options))
+    k = NCCL_COLLECTIVE_SMS if nccl_sms is None else nccl_sms
+    gpus = max(r["gpus"] for r in rows)
+    top = at(rows, gpus)[-1]
+    worst = max(rows, key=lambda r: r["contention"])
+    best = max(rows, key=lambda r: r["qps_gain_ncclx_smfree"])
+    freed = (k - smfree_sms) / sms        # share of the SMs a collective gives back going from k to smfree_sms
+    overlap = top["overlapped_s"] / top["step_s_all_smfree"]
+    implied = (f"so GEM's ~{gem_gain:.0%} needs about {gem_gain / freed:.0%} of the step under overlapped "
+               "collectives" if freed > 0 else "so it buys nothing")
+    return [
+        f"At {gpus} GPUs the last rung ({top['rung']}) steps in {top['step_s_nccl']:.4g} s with NCCL's "
+        f"{k} of {sms} SMs per collective and {top['step_s_ncclx_smfree']:.4g} s with NCCLX's SM-free transport: "
+        f"{top['qps_gain_ncclx_smfree']:+.2%} QPS ({top['qps_gain_all_smfree']:+.2%} with every collective at "
+        f"{smfree_sms} SM); GEM reported ~{gem_gain:.0%}.",
+        f"SM contention costs NCCL at most {worst['contention']:.2%} of a step here ({worst['rung']}, "
+        f"{worst['gpus']} GPUs; GEM: up to {gem_cost:.0%}); the largest SM-free gain is "
+        f"{best['qps_gain_ncclx_smfree']:+.2%} ({best['rung']}, {best['gpus']} GPUs).",
+        f"A collective going from {k} SMs to {smfree_sms} gives back {freed:.1%} of the SMs for as long as it "
+        f"overlaps compute, {implied}; the projected {top['rung']} rung has {overlap:.1%} "
+        f"({top['overlapped_s']:.3g} s of {top['step_s_all_smfree']:.3g} s): only the layer units' FSDP collectives "
+        "overlap in this model, the embedding all-to-alls and the table replicas' all-reduce are exposed.",
+    ]
