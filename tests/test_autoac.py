@@ -280,7 +280,7 @@ def test_bench_autoac_command(data_root, tmp_path, capsys):
 
     out = tmp_path / "autoac.json"
     assert main(["bench", "autoac", "--preset", "tiny", "--batch-size", "16", "--budgets", "1.0,0.5,0.01",
-                 "--steps", "1", "--warmup", "0", "--no-pt2", "--json", str(out)]) == 0
+                 "--steps-per-strategy", "1", "--warmup", "0", "--no-pt2", "--json", str(out)]) == 0
     record = json.loads(out.read_text())
     rows = {(r["budget"], r["strategy"]): r for r in record["rows"]}
     assert set(rows) == {(b, s) for b in (1.0, 0.5, 0.01) for s in ("none", "full", "auto")}

@@ -43,10 +43,12 @@ from torch import nn
 from ..data.batches import batch_with_lengths
 from ..data.jagged import offsets_to_lengths
 from ..balance import POLICIES, SampleCost, calibrate, compare_policies, partition
-from ..config import LENGTH_PROFILES, get_preset
+from ..commands.args import check_local_ranks, nonnegative_int, output_file, positive_float, positive_int
+from ..config import LENGTH_PROFILES, PRESETS, get_preset
 from ..data.synthetic import draw_lengths
 from ..mfu.flops import sample_cost_coefficients
-from ..parallel.launch import spawn_gloo
+from ..errors import UsageError
+from ..parallel.launch import spawn
 from ..report import format_table, write_json
 from ..env import versions
 
@@ -171,23 +173,29 @@ def calibrate_gem(preset: str, max_len: int, pool: np.ndarray, n_batches: int = 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     small = get_preset("small")
-    p.add_argument("--ranks", type=int, default=8, help="data-parallel ranks R")
-    p.add_argument("--batch", type=int, default=512, help="global batch size (samples)")
+    p.add_argument("--ranks", type=positive_int, default=8,
+                   help="data-parallel ranks R (with --measure: gloo processes; at most 4 per core unless "
+                        "GEMREF_MAX_RANKS=N)")
+    p.add_argument("--batch", type=positive_int, default=512, help="global batch size (samples)")
     p.add_argument("--profile", choices=LENGTH_PROFILES, default="skewed")
-    p.add_argument("--max-len", type=int, default=small.model.max_len)
-    p.add_argument("--median", type=int, default=small.data.median_len, help="median (skewed) / every (fixed) length")
-    p.add_argument("--sigma", type=float, default=small.data.len_sigma, help="log-normal sigma of the skewed profile")
-    p.add_argument("--batches", type=int, default=20, help="global batches to evaluate (medians over them)")
-    p.add_argument("--preset", default="small", help="model whose per-sample FLOPs price the samples")
+    p.add_argument("--max-len", type=positive_int, default=small.model.max_len)
+    p.add_argument("--median", type=positive_int, default=small.data.median_len,
+                   help="median (skewed) / every (fixed) length")
+    p.add_argument("--sigma", type=positive_float, default=small.data.len_sigma,
+                   help="log-normal sigma of the skewed profile")
+    p.add_argument("--batches", type=positive_int, default=20, help="global batches to evaluate (medians over them)")
+    p.add_argument("--preset", default="small", choices=list(PRESETS),
+                   help="model whose per-sample FLOPs price the samples")
     p.add_argument("--cost", type=float, nargs=3, metavar=("C0", "C1", "C2"),
                    help="override: cost per sample, per event, per event^2 (default: the preset's FLOPs)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--measure", action="store_true",
                    help="also run R gloo ranks on CPU: the --preset GEM training step, round_robin vs kk")
-    p.add_argument("--measure-steps", type=int, default=10, help="measured steps per policy (after 2 warm-up)")
+    p.add_argument("--steps-per-policy", type=positive_int, default=10,
+                   help="--measure: measured steps per policy (after 2 warm-up)")
     p.add_argument("--calibrate", action="store_true",
                    help="--measure: split by seconds fitted to this machine's GEM step times, not by FLOPs")
-    p.add_argument("--json", metavar="PATH", help="write the record here")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
 
 
 def _projected(args, cost: SampleCost) -> list[dict]:
@@ -211,11 +219,11 @@ def _measure(args, cost: SampleCost) -> tuple[dict | None, list[dict], list[dict
         fit = calibrate_gem(args.preset, args.max_len, pool, seed=args.seed)
         cost = fit.cost
     steps = [draw_lengths(args.profile, args.batch, args.max_len, args.median, args.sigma, args.seed + s)
-             for s in range(warmup + args.measure_steps)]
+             for s in range(warmup + args.steps_per_policy)]
     policies = ["round_robin", "kk"]
-    results = spawn_gloo(_measure_rank, args.ranks,
-                         (args.preset, args.max_len, steps, (cost.per_sample, cost.per_token, cost.per_token_sq),
-                          policies, warmup), timeout_s=540)
+    results = spawn(_measure_rank, args.ranks,
+                    (args.preset, args.max_len, steps, (cost.per_sample, cost.per_token, cost.per_token_sq),
+                     policies, warmup), backend="gloo", timeout_s=540)
     per_rank, summary = [], []
     for policy in policies:
         per_step = torch.stack([res[policy] for res in results])    # (R, steps, 4)
@@ -239,8 +247,12 @@ def _measure(args, cost: SampleCost) -> tuple[dict | None, list[dict], list[dict
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.ranks < 1 or args.batch < args.ranks or args.batches < 1 or args.measure_steps < 1:
-        raise ValueError("need --ranks >= 1, --batch >= --ranks, --batches >= 1, --measure-steps >= 1")
+    if args.batch < args.ranks:
+        raise UsageError(f"--batch {args.batch} is smaller than --ranks {args.ranks}: every rank needs a sample")
+    if args.median > args.max_len:
+        raise UsageError(f"--median {args.median} exceeds --max-len {args.max_len}")
+    if args.measure:
+        check_local_ranks(args.ranks, "cpu")
     coefficients = args.cost or sample_cost_coefficients(get_preset(args.preset).model)
     cost = SampleCost(*coefficients)
     rows = _projected(args, cost)

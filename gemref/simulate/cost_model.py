@@ -55,7 +55,7 @@ class HardwareProfile:
 # NCCL's bus bandwidth typically reaches in nccl-tests at large messages. Latencies: order
 # of magnitude of a small-message step (NVLink ~ a few us; RDMA over InfiniBand/RoCE ~ 5-10 us
 # per step including software). Both are assumptions to calibrate with nccl-tests on the
-# real cluster; `with_efficiency` changes the 0.8.
+# real cluster (`gemref simulate project --bandwidth-scale` scales them).
 _EFF = 0.8
 HARDWARE: dict[str, HardwareProfile] = {
     "h100_ib_ndr": HardwareProfile(
@@ -153,14 +153,6 @@ def comm_share(compute_s: float, comm_s: float, overlapped_share: float = 0.0) -
     return exposed / total if total > 0 else 0.0
 
 
-def with_efficiency(hw: HardwareProfile, efficiency: float) -> HardwareProfile:
-    """The same profile with bandwidths rescaled from the default 0.8 link efficiency."""
-    if not 0 < efficiency <= 1:
-        raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
-
-    def tier(t: LinkTier) -> LinkTier:
-        return LinkTier(t.name, t.alpha_s, t.bandwidth_bytes_per_s / _EFF * efficiency, t.source)
-    return HardwareProfile(hw.name, hw.gpus_per_node, tier(hw.intra), tier(hw.inter), hw.gpu, hw.notes)
 
 
 def step_time(compute_s: float, comm_s: float, overlapped_share: float, sm_share: float = 0.0) -> float:
