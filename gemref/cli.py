@@ -44,11 +44,15 @@ class LazyParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._configure = configure
 
-    def parse_known_args(self, args=None, namespace=None):
+    def configured(self) -> "LazyParser":
+        """This parser with its options added (configure runs once)."""
         if self._configure is not None:
             configure, self._configure = self._configure, None
             configure(self)
-        self.set_defaults(command_parser=self)
+        return self
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.configured().set_defaults(command_parser=self)
         return super().parse_known_args(args, namespace)
 
     def unknown(self, extra: list[str]) -> None:
@@ -61,6 +65,9 @@ class LazyParser(argparse.ArgumentParser):
                    + (f" (did you mean {', '.join(hints)}?)" if hints else f" (see {self.prog} --help)"))
 
     def error(self, message: str):
+        for action in self._actions:      # a missing subcommand: say which there are
+            if isinstance(action, argparse._SubParsersAction) and message.endswith(f"required: {action.metavar}"):
+                message += f" (choose from {', '.join(action.choices)})"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

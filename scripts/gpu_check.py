@@ -34,15 +34,15 @@ def checks(out: Path) -> list[tuple[str, list[str], int]]:
                              *j("bench_attention")], 60),
         ("bench_precision", [PY, "-m", "gemref", "bench", "precision", "--device", "cuda",
                              "--precisions", "bf16", "float8_rowwise", "float8_tensorwise", "mxfp8",
-                             "--preset", "base", "--steps", "12", *j("bench_precision")], 60),
+                             "--preset", "base", "--steps-per-precision", "12", *j("bench_precision")], 60),
         ("bench_autoac", [PY, "-m", "gemref", "bench", "autoac", "--preset", "base", "--device", "cuda",
-                          "--compile", "--budgets", "1.0,0.5", "--steps", "5", "--warmup", "2", "--find-batch",
+                          "--compile", "--budgets", "1.0,0.5", "--steps-per-strategy", "5", "--warmup", "2", "--find-batch",
                           "--max-batch", "2048", *j("bench_autoac")], 90),
         ("fsdp_1x1_nccl", [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m",
                            "gemref", "train", "--preset", "tiny", "--device", "cuda", "--mesh", "1x1",
                            "--sparse-sharding", "row", "--steps", "6", "--quiet", *j("fsdp_1x1_nccl")], 40),
         ("waterfall", [PY, "-m", "gemref", "waterfall", "--device", "cuda", "--preset", "base",
-                       "--repeats", "3", "--steps", "3", "--warmup", "2", "--out", str(out / "waterfall")], 90),
+                       "--repeats", "3", "--steps-per-window", "3", "--warmup", "2", "--out", str(out / "waterfall")], 90),
     ]
 
 

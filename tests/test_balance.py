@@ -242,7 +242,7 @@ def _grads(model):
 def _grad_rank(rank, world):
     """Per rank: gradient with DDP (average) + rank_loss_scale 'mean', with all_reduce SUM + 'sum', and naive mean."""
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from gemref.bench.balance import ToyJaggedModel, sample_losses, select_samples, toy_batch
+    from toy_jagged import ToyJaggedModel, sample_losses, select_samples, toy_batch
     batch = toy_batch(LENGTHS, 4, seed=0)
     mine = partition(SampleCost(1.0, 1.0, 1.0).cost(LENGTHS), world, "kk", min_per_rank=1)[rank]
     values, offsets, labels = select_samples(*batch, mine)
@@ -265,7 +265,7 @@ def _grad_rank(rank, world):
 
 @pytest.mark.multiproc
 def test_two_rank_gradient_equals_single_process_full_batch():
-    from gemref.bench.balance import ToyJaggedModel, sample_losses, toy_batch
+    from toy_jagged import ToyJaggedModel, sample_losses, toy_batch
     from gemref.parallel.launch import spawn
     torch.manual_seed(0)
     model = ToyJaggedModel(4, 8, attention=False)

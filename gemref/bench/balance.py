@@ -22,9 +22,6 @@ Per rank: compute time, and wait (+comm) time in the all-reduce; per step: step 
 over ranks), imbalance of compute wall time and of compute CPU time, idle share. With more
 ranks than CPU cores, or other jobs on the machine, ranks time-share cores and wall times
 stretch: then cpu_imbalance (thread CPU time, blind to time-sharing) is the figure to read.
-
-The toy jagged model below (ToyJaggedModel & co.) is kept for tests/test_balance.py's
-gradient check on a model small enough to reason about by hand.
 """
 from __future__ import annotations
 
@@ -38,10 +35,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from ..data.batches import batch_with_lengths
-from ..data.jagged import offsets_to_lengths
 from ..balance import POLICIES, SampleCost, calibrate, compare_policies, partition
 from ..commands.args import check_local_ranks, nonnegative_int, output_file, positive_float, positive_int
 from ..config import LENGTH_PROFILES, PRESETS, get_preset
@@ -51,55 +46,6 @@ from ..errors import UsageError
 from ..parallel.launch import spawn
 from ..report import format_table, write_json
 from ..env import versions
-
-
-# ----------------------------------------------------------------------------- toy jagged model
-
-
-class ToyJaggedModel(nn.Module):
-    """A stand-in for GEM's sequence tower: per-event projection, optional per-sequence softmax
-    attention (the L^2 term), jagged mean pool, linear head -> one logit per sample."""
-
-    def __init__(self, d_in: int = 8, d_hidden: int = 64, attention: bool = True):
-        super().__init__()
-        self.proj = nn.Linear(d_in, d_hidden)
-        self.head = nn.Linear(d_hidden, 1)
-        self.attention = attention
-
-    def forward(self, values_TD: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        h_TH = torch.tanh(self.proj(values_TD))
-        lengths = offsets_to_lengths(offsets)
-        if self.attention:
-            h_TH = torch.cat([torch.softmax(h @ h.T / h.shape[1] ** 0.5, dim=-1) @ h
-                              for h in torch.split(h_TH, lengths.tolist())] or [h_TH])
-        seg = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
-        pooled_BH = h_TH.new_zeros(lengths.numel(), h_TH.shape[1]).index_add_(0, seg, h_TH)
-        pooled_BH = pooled_BH / lengths.clamp(min=1)[:, None].to(h_TH.dtype)
-        return self.head(pooled_BH).squeeze(-1)
-
-
-def toy_batch(lengths, d_in: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Deterministic random (values (T, d_in), offsets (B+1,), labels (B,)) for given lengths."""
-    g = torch.Generator().manual_seed(seed)
-    lengths_t = torch.as_tensor(np.asarray(lengths), dtype=torch.int64)
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths_t, 0)])
-    values = torch.randn(int(offsets[-1]), d_in, generator=g)
-    labels = torch.randint(0, 2, (len(lengths_t),), generator=g).float()
-    return values, offsets, labels
-
-
-def select_samples(values, offsets, labels, idx):
-    """The samples `idx` of a toy batch, as a new jagged batch."""
-    idx = list(idx)
-    lengths = offsets_to_lengths(offsets)[idx]
-    rows = [values[offsets[i]:offsets[i + 1]] for i in idx]
-    new_offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
-    return torch.cat(rows) if rows else values[:0], new_offsets, labels[idx]
-
-
-def sample_losses(model, values, offsets, labels) -> torch.Tensor:
-    """(B,) per-sample binary cross-entropy."""
-    return nn.functional.binary_cross_entropy_with_logits(model(values, offsets), labels, reduction="none")
 
 
 # ----------------------------------------------------------------------------- the GEM step on gloo ranks
