@@ -207,6 +207,9 @@ class Preset:
         if self.data.median_len > self.model.max_len:
             raise UsageError(f"DataConfig.median_len={self.data.median_len} exceeds the {self.name} preset's "
                              f"max_len={self.model.max_len} (histories are at most max_len events)")
+        if self.train.batch_size > self.data.n_train:
+            raise UsageError(f"TrainConfig.batch_size={self.train.batch_size} exceeds the {self.name} preset's "
+                             f"n_train={self.data.n_train} (each step draws batch_size distinct training samples)")
 
 
 PRESETS: dict[str, Preset] = {

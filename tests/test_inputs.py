@@ -64,6 +64,8 @@ def cli(capsys):
     (["train", "--set", "kernel=fastest"], "--set kernel=fastest: valid: auto, reference"),
     (["data", "generate", "--set", "zipf_a=-3"], "DataConfig.zipf_a must be > 0, got -3.0"),
     (["data", "generate", "--set", "median_len=100"], "median_len=100 exceeds the tiny preset's max_len=64"),
+    (["train", "--batch-size", "100000"], "batch_size=100000 exceeds the tiny preset's n_train=24576"),
+    (["flops", "--batch-size", "0"], "TrainConfig.batch_size must be >= 1, got 0"),
 ])
 def test_values_are_parsed_by_the_field_type(cli, args, message):
     assert message in error_line(cli(*args))
@@ -271,6 +273,8 @@ def test_ranks_are_checked_against_the_machine_in_the_user_s_terms():
     assert f"set {MAX_RANKS_ENV}=N" in line
     assert "argument --ranks: expected an integer >= 1, got '0'" in error_line(gemref("train", "--ranks", "0"))
     assert "--mesh 1x3 needs 3 ranks, but --ranks 2" in error_line(gemref("train", "--ranks", "2", "--mesh", "1x3"))
+    assert "--batch-size 1 is the global batch: --ranks 2 needs at least one sample per rank" in error_line(
+        gemref("train", "--ranks", "2", "--batch-size", "1"))
     assert "--ranks 100000: at most 3" in error_line(gemref("waterfall", "--ranks", "100000",
                                                             env={MAX_RANKS_ENV: "3"}))
     assert "--ranks 9: at most 8" in error_line(gemref("simulate", "validate", "--ranks", "2", "9",

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from dataclasses import replace
+
 from ..config import get_preset
 from .args import add_device_arg, add_preset_arg, device_of, output_file
 from .switches import add_train_switches, train_config_from_args
@@ -27,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
 
     preset = get_preset(args.preset)
     train = train_config_from_args(args, preset.train)
+    replace(preset, train=train)        # the preset's checks of the config against its data
     device_of(args.device)
     report = flops_report(preset, train, device=args.device, verify=args.verify)
     print(format_table(report["components"], title=f"FLOPs of one training step ({preset.name}, "

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from dataclasses import replace
+
 from ..config import TrainConfig, get_preset, override, parse_mesh
 from ..errors import UsageError
 from .args import add_device_arg, add_preset_arg, check_local_ranks, device_of, output_dir, output_file, positive_int
@@ -38,6 +40,9 @@ def plan_ranks(train: TrainConfig, ranks: int | None, torchrun: int | None, devi
     if ranks is not None:
         check_local_ranks(ranks, device_type)
     given = f"--ranks {ranks}" if ranks is not None else f"torchrun started {world} ranks"
+    if train.batch_size < world:
+        raise UsageError(f"--batch-size {train.batch_size} is the global batch: {given} needs at least one "
+                         "sample per rank and step")
     if not mesh_given and mesh.world == 1:          # default: FSDP over all ranks
         return override(train, mesh=f"1x{world}"), world
     if mesh.world != world:
@@ -76,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     device = device_of(args.device)
     train, world = plan_ranks(train_config_from_args(args, preset.train), args.ranks, torchrun_world(),
                               device.type, mesh_given="mesh" in train_changes(args))
+    replace(preset, train=train)        # the preset's checks of the config against its data
     out = Path(args.out) if args.out else None
     json_path = args.json or (out / "run.json" if out else None)
     if world is None:
