@@ -4,9 +4,11 @@ against them.
 The cell is read with `ast` (papermill's own reader skips any line with two '=' in it, such
 as `RANKS = 1  # 1, or >= 2`, and warns). A value must have the type of the declared
 default: bool, int, float (an int is accepted), str, or a list whose items have the type of
-the default's items; a default of None, or one that is not a literal, accepts anything.
+the default's items; a default of None, or one that is not a literal, accepts anything. None
+is accepted for any parameter (the notebooks use it for "the preset's value" and say so).
 Values from the command line (`--param NAME=TEXT`) are parsed by that type (gemref/fields.py
-for scalars, a YAML flow list like [8, 64] for lists).
+for scalars, a YAML flow list like [8, 64] for lists); None/null gives None unless the
+default is a string.
 """
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ def _describe(default: Any) -> str:
 
 
 def _matches(value: Any, default: Any) -> bool:
-    if default is None or default is ANY:
+    if value is None or default is None or default is ANY:
         return True
     if isinstance(default, list):
         item = _item_type(default)
@@ -80,6 +82,8 @@ def check_params(notebook: str, params: dict[str, Any], declared: dict[str, Any]
 def parse_param(name: str, text: str, default: Any) -> Any:
     """`--param name=text` as a value of the default's type (UsageError otherwise)."""
     what = f"--param {name}"
+    if text.strip() in ("None", "none", "null") and not isinstance(default, str):
+        return None
     if isinstance(default, (bool, int, float, str)):
         return parse_as(type(default), text, what)
     try:
@@ -87,8 +91,6 @@ def parse_param(name: str, text: str, default: Any) -> Any:
     except yaml.YAMLError as e:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise UsageError(f"{what}={text}: not a value ({problem})") from None
-    if text.strip() in ("None", "none"):
-        value = None
     if isinstance(default, list) and not _matches(value, default):
         raise UsageError(f"{what} expects {_describe(default)} like {default!r}, got {text!r}")
     return value

@@ -136,6 +136,7 @@ def test_notebook_param_values_are_typed_by_the_declared_default():
     assert parse_param("RANKS", "[8, 64, 1024]", [8, 64]) == [8, 64, 1024]
     assert parse_param("BUDGETS", "[1, 0.5]", [1.0, 0.5]) == [1, 0.5]
     assert parse_param("BATCH_SIZE", "None", None) is None and parse_param("BATCH_SIZE", "64", None) == 64
+    assert parse_param("BATCH_PER_GPU", "null", 128) is None and parse_param("PRESET", "None", "tiny") == "None"
     for name, text, default, message in [("STEPS", "abc", 30, "--param STEPS expects an integer"),
                                          ("RANKS", "[8, x]", [8, 64], "--param RANKS expects a list of int"),
                                          ("RANKS", "[8,", [8, 64], "--param RANKS=\\[8,: not a value"),
@@ -330,3 +331,11 @@ def test_json_record_of_a_command_is_written_only_when_the_path_is_good(tmp_path
                "--json", str(tmp_path / "sim.json"))
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "sim.json").read_text())["kind"] == "simulate"
+
+
+@pytest.mark.parametrize("profile", ["ci", "cpu", "gpu"])
+def test_every_profile_fits_the_notebooks_declared_types(profile):
+    from gemref.notebooks import profile_params, select_notebooks
+
+    for nb in select_notebooks(None):
+        check_params(nb.stem, profile_params(profile, nb.stem), declared_parameters(nb))
