@@ -1,3 +1,4 @@
+"""`python -m gemref`: the gemref command (gemref/cli.py)."""
 import sys
 
 from .cli import main

@@ -1,14 +1,18 @@
 """Configuration: model presets (tiny, small, base, large), data and training switches.
 
 Everything a run depends on is a small frozen dataclass, so a run record can store it with
-`dataclasses.asdict` and a test can build a variant with `dataclasses.replace`.
+`dataclasses.asdict` and a test can build a variant with `dataclasses.replace`. Every
+dataclass checks its fields' types (gemref/fields.py) and ranges when built: a bad value is a
+UsageError (a ValueError) naming the field, never a silent clamp.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-import re
+from .errors import UsageError
+from .fields import check_field_types
 
 ATTENTION_ACTIVATIONS = (
     "softmax", "silu", "gelu", "gelu_tanh", "relu", "relu2", "leaky_relu", "identity",
@@ -20,6 +24,23 @@ BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/comm
 AC_MODES = ("none", "full", "auto", "pt2")
 PRECISIONS = ("fp32", "bf16", "float8_rowwise", "float8_tensorwise", "mxfp8")   # gemref/precision/apply.py
 PRECISION_KERNELS = ("auto", "native", "emulated")                            # float8/MXFP8 GEMM paths
+
+
+def _at_least(cfg: Any, low: int, *names: str) -> None:
+    for name in names:
+        if getattr(cfg, name) < low:
+            raise UsageError(f"{type(cfg).__name__}.{name} must be >= {low}, got {getattr(cfg, name)}")
+
+
+def _positive(cfg: Any, *names: str) -> None:
+    for name in names:
+        if not getattr(cfg, name) > 0:
+            raise UsageError(f"{type(cfg).__name__}.{name} must be > 0, got {getattr(cfg, name)}")
+
+
+def _one_of(cfg: Any, name: str, valid: tuple[str, ...]) -> None:
+    if getattr(cfg, name) not in valid:
+        raise UsageError(f"{name}={getattr(cfg, name)!r}; valid: {', '.join(valid)}")
 
 
 @dataclass(frozen=True)
@@ -42,10 +63,10 @@ class MeshShape:
 
 
 def parse_mesh(spec: str) -> MeshShape:
-    """"RxS" -> MeshShape; anything else is a ValueError naming the field."""
+    """"RxS" -> MeshShape; anything else is a UsageError naming the field."""
     m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(spec))
     if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-        raise ValueError(f"mesh={spec!r} must look like RxS with R, S >= 1 (e.g. 1x4, 2x2, 4x1)")
+        raise UsageError(f"mesh={spec!r} must look like RxS with R, S >= 1 (e.g. 1x4, 2x2, 4x1)")
     return MeshShape(int(m.group(1)), int(m.group(2)))
 
 
@@ -67,16 +88,14 @@ class ModelConfig:
     activation: str = "silu"  # GDPA activation in the sequence tower ("softmax" = standard)
 
     def __post_init__(self) -> None:
+        check_field_types(self)
+        _at_least(self, 1, "d_model", "n_heads", "n_layers", "ffn_mult", "max_len", "item_vocab",
+                  "action_vocab", "time_buckets", "n_dense", "fm_rank")
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        if self.activation not in ATTENTION_ACTIVATIONS:
-            raise ValueError(f"activation={self.activation!r}; valid: {', '.join(ATTENTION_ACTIVATIONS)}")
-        for name in ("d_model", "n_heads", "n_layers", "ffn_mult", "max_len", "item_vocab",
-                     "action_vocab", "time_buckets", "n_dense", "fm_rank"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            raise UsageError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        _one_of(self, "activation", ATTENTION_ACTIVATIONS)
         if not self.sparse_vocab or min(self.sparse_vocab) < 1:
-            raise ValueError(f"sparse_vocab needs >= 1 table of vocab >= 1, got {self.sparse_vocab}")
+            raise UsageError(f"sparse_vocab needs >= 1 table of vocab >= 1, got {self.sparse_vocab}")
 
     @property
     def head_dim(self) -> int:
@@ -107,12 +126,15 @@ class DataConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.length_profile not in LENGTH_PROFILES:
-            raise ValueError(f"length_profile={self.length_profile!r}; valid: {', '.join(LENGTH_PROFILES)}")
-        if self.n_train < 1 or self.n_eval < 1 or self.shard_rows < 1 or self.median_len < 1:
-            raise ValueError("n_train, n_eval, shard_rows and median_len must be >= 1")
-        if not (0.0 < self.pos_rate < 1.0):
-            raise ValueError(f"pos_rate must be in (0, 1), got {self.pos_rate}")
+        check_field_types(self)
+        _one_of(self, "length_profile", LENGTH_PROFILES)
+        _at_least(self, 1, "n_train", "n_eval", "shard_rows", "median_len")
+        _at_least(self, 0, "seed")              # numpy's generators take seeds >= 0
+        # log-normal lengths need sigma > 0; the truncated-Pareto id sampler needs a > 0 (a = 0
+        # would be uniform ids, a < 0 would favour the rarest ids: not a Zipf law)
+        _positive(self, "len_sigma", "zipf_a")
+        if not 0.0 < self.pos_rate < 1.0:
+            raise UsageError(f"DataConfig.pos_rate must be in (0, 1), got {self.pos_rate}")
 
 
 @dataclass(frozen=True)
@@ -148,37 +170,29 @@ class TrainConfig:
     precision_min_dim: int = 64     # Linear layers with min(in, out) below this stay high precision
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "steps", "eval_batches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "eval_every", "num_workers"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        check_field_types(self)
+        _at_least(self, 1, "batch_size", "steps", "eval_batches")
+        _at_least(self, 0, "warmup_steps", "eval_every", "num_workers", "seed", "checkpoint_every",
+                  "precision_min_dim")
+        _positive(self, "lr")
+        if self.weight_decay < 0:
+            raise UsageError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")
         if self.precision not in ("auto",) + PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}; valid: auto, {', '.join(PRECISIONS)}")
+            raise UsageError(f"unknown precision {self.precision!r}; valid: auto, {', '.join(PRECISIONS)}")
         if self.precision_kernel not in PRECISION_KERNELS:
-            raise ValueError(f"unknown precision_kernel {self.precision_kernel!r}; "
+            raise UsageError(f"unknown precision_kernel {self.precision_kernel!r}; "
                              f"valid: {', '.join(PRECISION_KERNELS)}")
-        if self.precision_min_dim < 0:
-            raise ValueError(f"precision_min_dim must be >= 0, got {self.precision_min_dim}")
         for name, valid in (("balance", BALANCE_POLICIES), ("sparse_sharding", SPARSE_SHARDINGS),
-                            ("backend", BACKENDS)):
-            if getattr(self, name) not in valid:
-                raise ValueError(f"{name}={getattr(self, name)!r}; valid: {', '.join(valid)}")
+                            ("backend", BACKENDS), ("ac", AC_MODES)):
+            _one_of(self, name, valid)
         parse_mesh(self.mesh)
-        if self.checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
-            raise ValueError("checkpoint_every and resume need checkpoint_dir")
-        if self.ac not in AC_MODES:
-            raise ValueError(f"ac={self.ac!r}; valid: {', '.join(AC_MODES)}")
+            raise UsageError("checkpoint_every and resume need checkpoint_dir")
         if not 0.0 < self.ac_budget <= 1.0:
-            raise ValueError(f"ac_budget must be in (0, 1] (a fraction of the no-AC activation bytes), "
+            raise UsageError(f"ac_budget must be in (0, 1] (a fraction of the no-AC activation bytes), "
                              f"got {self.ac_budget}")
         if self.ac == "pt2" and not self.compile:
-            raise ValueError("ac='pt2' (PyTorch 2's activation memory budget) acts inside compiled "
+            raise UsageError("ac='pt2' (PyTorch 2's activation memory budget) acts inside compiled "
                              "regions: it needs compile=True")
 
 
@@ -188,6 +202,14 @@ class Preset:
     model: ModelConfig
     data: DataConfig
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        if self.data.median_len > self.model.max_len:
+            raise UsageError(f"DataConfig.median_len={self.data.median_len} exceeds the {self.name} preset's "
+                             f"max_len={self.model.max_len} (histories are at most max_len events)")
+        if self.train.batch_size > self.data.n_train:
+            raise UsageError(f"TrainConfig.batch_size={self.train.batch_size} exceeds the {self.name} preset's "
+                             f"n_train={self.data.n_train} (each step draws batch_size distinct training samples)")
 
 
 PRESETS: dict[str, Preset] = {
@@ -235,17 +257,17 @@ PRESETS: dict[str, Preset] = {
 
 
 def get_preset(name: str) -> Preset:
-    """Look up a preset by name; unknown names raise ValueError listing the valid ones."""
+    """Look up a preset by name; unknown names raise UsageError listing the valid ones."""
     try:
         return PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}") from None
+        raise UsageError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}") from None
 
 
 def override(cfg: Any, **changes: Any) -> Any:
-    """`dataclasses.replace` that rejects unknown field names with a ValueError listing valid ones."""
+    """`dataclasses.replace` that rejects unknown field names with a UsageError listing valid ones."""
     valid = {f.name for f in fields(cfg)}
     unknown = sorted(set(changes) - valid)
     if unknown:
-        raise ValueError(f"unknown {type(cfg).__name__} field(s) {unknown}; valid: {', '.join(sorted(valid))}")
+        raise UsageError(f"unknown {type(cfg).__name__} field(s) {unknown}; valid: {', '.join(sorted(valid))}")
     return replace(cfg, **changes)

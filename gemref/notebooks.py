@@ -6,8 +6,10 @@ to the cell output under the MIME type `METRICS_MIME`, so any executed copy of t
 
 `run_notebooks(...)` executes notebooks through papermill with a parameter profile
 (notebooks/params/<profile>.yaml) and optional grid, then gathers every notebook's recorded
-metrics into one table (CSV + HTML). A failing notebook, or a parameter a notebook does not
-declare in its `parameters` cell, is an error naming the notebook (and the cell).
+metrics into one table (CSV + HTML). A failing notebook is a NotebookFailure naming the
+notebook and the cell; a parameter a notebook does not declare in its `parameters` cell, a
+value of another type than the declared default's, or a grid/profile file that is missing
+or not valid YAML is a UsageError naming it, raised before the first notebook runs.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import csv
 import html
 import itertools
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from .errors import UsageError
+from .notebook_params import check_params, declared_parameters, parse_param
 from .report import atomic_write_text, format_table
 
 METRICS_MIME = "application/vnd.gemref.metrics+json"
@@ -47,17 +52,42 @@ def read_metrics(executed_notebook: str | Path) -> dict[str, Any]:
     return found
 
 
+def read_yaml(path: Path, what: str) -> Any:
+    """A YAML file the user named; UsageError naming the file (and the line of a parse error)."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise UsageError(f"{what} {path}: no such file") from None
+    except OSError as e:
+        raise UsageError(f"{what} {path}: cannot read it ({e.strerror})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UsageError(f"{what} {path}:{where} invalid YAML: {problem}") from None
+
+
+def load_grid(path: str | Path) -> dict:
+    """The --grid file: a mapping parameter -> list of values."""
+    grid = read_yaml(Path(path), "--grid")
+    if not isinstance(grid, dict):
+        raise UsageError(f"--grid {path}: a grid is a mapping of parameter -> list of values")
+    return grid
+
+
 def load_profile(profile: str, params_dir: Path | None = None) -> dict:
     """{"global": {...}, "notebooks": {name: {...}}} from notebooks/params/<profile>.yaml."""
     params_dir = params_dir or NOTEBOOK_DIR / "params"
     path = params_dir / f"{profile}.yaml"
     if not path.exists():
         valid = sorted(p.stem for p in params_dir.glob("*.yaml"))
-        raise ValueError(f"unknown profile {profile!r}; valid: {', '.join(valid)}")
-    data = yaml.safe_load(path.read_text()) or {}
-    unknown = set(data) - {"global", "notebooks"}
+        raise UsageError(f"unknown profile {profile!r}; valid: {', '.join(valid)}")
+    data = read_yaml(path, "profile") or {}
+    unknown = set(data) - {"global", "notebooks"} if isinstance(data, dict) else {"(not a mapping)"}
     if unknown:
-        raise ValueError(f"{path}: unknown top-level keys {sorted(unknown)}; expected global, notebooks")
+        raise UsageError(f"{path}: unknown top-level keys {sorted(unknown)}; expected global, notebooks")
     return {"global": data.get("global") or {}, "notebooks": data.get("notebooks") or {}}
 
 
@@ -69,19 +99,69 @@ def profile_params(profile: str, name: str, notebook_dir: Path | None = None) ->
     return {**{k: v for k, v in prof["global"].items() if k in declared}, **prof["notebooks"].get(name, {})}
 
 
-def declared_parameters(notebook: Path) -> set[str]:
-    import papermill
-
-    return set(papermill.inspect_notebook(str(notebook)))
-
-
 def expand_grid(grid: dict[str, list]) -> list[dict]:
     """{"A": [1, 2], "B": [3]} -> [{"A": 1, "B": 3}, {"A": 2, "B": 3}]."""
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
-            raise ValueError(f"grid entry {key!r} must be a non-empty list, got {values!r}")
+            raise UsageError(f"grid entry {key!r} must be a non-empty list, got {values!r}")
     keys = list(grid)
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))] or [{}]
+
+
+def select_notebooks(names: list[str] | None, notebook_dir: Path | None = None) -> list[Path]:
+    """The numbered notebooks of the folder, or the named ones (UsageError for an unknown name)."""
+    available = sorted((notebook_dir or NOTEBOOK_DIR).glob("[0-9]*.ipynb"))
+    if not names:
+        return available
+    by_name = {p.stem: p for p in available}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise UsageError(f"unknown notebook(s) {missing}; valid: {', '.join(by_name)}")
+    return [by_name[n] for n in names]
+
+
+def parse_params(texts: dict[str, str], notebooks: list[Path]) -> dict[str, Any]:
+    """--param values (text) typed by the default of the first of `notebooks` declaring each."""
+    declared = [declared_parameters(nb) for nb in notebooks]
+    out = {}
+    for name, text in texts.items():
+        defaults = [d[name] for d in declared if name in d]
+        if not defaults:
+            known = sorted(set().union(*declared))
+            raise UsageError(f"unknown parameter {name!r}; the selected notebooks declare {', '.join(known)}")
+        out[name] = parse_param(name, text, defaults[0])
+    return out
+
+
+class _DropPapermillNoise(logging.Filter):
+    """papermill's own parameter inference warns about lines it cannot parse and names it does
+    not find; gemref reads the parameters cell with ast and checks every name itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(("Unable to parse line", "Passed unknown parameter"))
+
+
+def execute(notebook: Path, out_path: Path, params: dict, *, progress: bool = False) -> dict:
+    """Run one notebook with papermill; return its metrics. Raises NotebookFailure or UsageError."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    check_params(notebook.stem, params, declared_parameters(notebook))
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    noise, loggers = _DropPapermillNoise(), [logging.getLogger("papermill"), logging.getLogger("papermill.translators")]
+    for lg in loggers:
+        lg.addFilter(noise)
+    try:
+        papermill.execute_notebook(str(notebook), str(out_path), parameters=params,
+                                   cwd=str(notebook.parent), progress_bar=progress,
+                                   kernel_name="python3")
+    except PapermillExecutionError as e:
+        raise NotebookFailure(notebook.stem, f"{_failing_cell(out_path)} raised {e.ename}: {e.evalue} "
+                                             f"(executed copy: {out_path})") from None
+    finally:
+        for lg in loggers:
+            lg.removeFilter(noise)
+    return read_metrics(out_path)
 
 
 @dataclass
@@ -91,27 +171,6 @@ class NotebookFailure(Exception):
 
     def __str__(self) -> str:
         return f"notebook {self.notebook} failed: {self.detail}"
-
-
-def execute(notebook: Path, out_path: Path, params: dict, *, progress: bool = False) -> dict:
-    """Run one notebook with papermill; return its metrics. Raises NotebookFailure or ValueError."""
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
-
-    declared = declared_parameters(notebook)
-    unknown = sorted(set(params) - declared)
-    if unknown:
-        raise ValueError(f"{notebook.stem}: unknown parameter(s) {unknown}; it declares "
-                         f"{', '.join(sorted(declared))}")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        papermill.execute_notebook(str(notebook), str(out_path), parameters=params,
-                                   cwd=str(notebook.parent), progress_bar=progress,
-                                   kernel_name="python3")
-    except PapermillExecutionError as e:
-        raise NotebookFailure(notebook.stem, f"{_failing_cell(out_path)} raised {e.ename}: {e.evalue} "
-                                             f"(executed copy: {out_path})") from None
-    return read_metrics(out_path)
 
 
 def _failing_cell(executed: Path) -> str:
@@ -130,33 +189,31 @@ def _failing_cell(executed: Path) -> str:
 def run_notebooks(profile: str, out_dir: Path, *, names: list[str] | None = None,
                   params: dict | None = None, grid: dict | None = None,
                   notebook_dir: Path | None = None, log=print) -> list[dict]:
-    """Execute notebooks x grid points; write summary.csv/.html into out_dir; return the rows."""
+    """Execute notebooks x grid points; write summary.csv/.html into out_dir; return the rows.
+    Every notebook's parameters (names and types) are checked before the first one runs."""
     notebook_dir = notebook_dir or NOTEBOOK_DIR
     prof = load_profile(profile, notebook_dir / "params")
-    available = sorted(p for p in notebook_dir.glob("[0-9]*.ipynb"))
-    declared = set().union(*(declared_parameters(nb) for nb in available))
+    declared = set().union(*(declared_parameters(nb) for nb in select_notebooks(None, notebook_dir)))
     # A profile's "global" values apply to the notebooks that declare them; a global name no
-    # notebook declares is a typo, as is any per-notebook, --param or grid name (checked in execute).
+    # notebook declares is a typo, as is any per-notebook, --param or grid name (check_params).
     unused = sorted(set(prof["global"]) - declared)
     if unused:
-        raise ValueError(f"profile {profile!r}: global parameter(s) {unused} are declared by no notebook")
-    if names:
-        by_name = {p.stem: p for p in available}
-        missing = [n for n in names if n not in by_name]
-        if missing:
-            raise ValueError(f"unknown notebook(s) {missing}; valid: {', '.join(by_name)}")
-        available = [by_name[n] for n in names]
+        raise UsageError(f"profile {profile!r}: global parameter(s) {unused} are declared by no notebook")
+    selected = select_notebooks(names, notebook_dir)
     points = expand_grid(grid or {})
-    rows = []
-    for nb in available:
+    plan = []
+    for nb in selected:
         for i, point in enumerate(points):
             merged = {**profile_params(profile, nb.stem, notebook_dir), **(params or {}), **point}
-            tag = "" if len(points) == 1 else f"-{i:03d}"
-            start = time.perf_counter()
-            log(f"[{len(rows) + 1}/{len(available) * len(points)}] {nb.stem}{tag} {point or ''}")
-            metrics = execute(nb, out_dir / f"{nb.stem}{tag}.ipynb", merged)
-            rows.append({"notebook": nb.stem, **{f"param.{k}": v for k, v in point.items()},
-                         "seconds": round(time.perf_counter() - start, 2), **metrics})
+            check_params(nb.stem, merged, declared_parameters(nb))
+            plan.append((nb, point, merged, "" if len(points) == 1 else f"-{i:03d}"))
+    rows = []
+    for n, (nb, point, merged, tag) in enumerate(plan, start=1):
+        start = time.perf_counter()
+        log(f"[{n}/{len(plan)}] {nb.stem}{tag} {point or ''}")
+        metrics = execute(nb, out_dir / f"{nb.stem}{tag}.ipynb", merged)
+        rows.append({"notebook": nb.stem, **{f"param.{k}": v for k, v in point.items()},
+                     "seconds": round(time.perf_counter() - start, 2), **metrics})
     write_summary(rows, out_dir)
     return rows
 

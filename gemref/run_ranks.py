@@ -18,6 +18,7 @@ import torch
 
 from .config import Preset, TrainConfig, parse_mesh
 from .env import resolve_device
+from .errors import user_input
 from .parallel import comm, launch
 from .parallel.mesh import check_world, local_device
 from .report import to_jsonable
@@ -40,31 +41,30 @@ def launch_runs(preset: Preset, trains: list[TrainConfig], *, ranks: int | None 
     """
     if not trains:
         raise ValueError("launch_runs needs at least one TrainConfig")
-    dev = resolve_device(device)
-    backends = {comm.resolve_backend(t.backend, dev) for t in trains}
-    if len(backends) > 1:
-        raise ValueError(f"one launch runs one backend; these configs ask for {sorted(backends)}")
-    backend = backends.pop()
-    shapes = [parse_mesh(t.mesh) for t in trains]
-    world = launch.torchrun_world()
-    if world is not None:
+    with user_input():      # device, backend, mesh and world checks: a ValueError here is the user's
+        dev = resolve_device(device)
+        backends = {comm.resolve_backend(t.backend, dev) for t in trains}
+        if len(backends) > 1:
+            raise ValueError(f"one launch runs one backend; these configs ask for {sorted(backends)}")
+        backend = backends.pop()
+        shapes = [parse_mesh(t.mesh) for t in trains]
+        torchrun = launch.torchrun_world()
+        world = torchrun if torchrun is not None else shapes[0].world if ranks is None else ranks
         for shape in shapes:
             check_world(shape, world)
+        if torchrun is None and dev.type == "cuda" and world > torch.cuda.device_count():
+            raise ValueError(f"--ranks {world} needs {world} GPUs, this host has {torch.cuda.device_count()}")
+        if torchrun is None and backend == "ncclx":
+            raise ValueError("backend 'ncclx' is launched with torchrun (torchcomms bootstraps from its variables)")
+    if torchrun is not None:
         launch.init_from_env(backend, local_device(dev.type), shapes[0], timeout_s)
         try:
             records = [run(preset, t, device=dev.type, **run_kwargs) for t in trains]
         finally:
             launch.shutdown()
         return records if int(os.environ["RANK"]) == 0 else None
-    ranks = shapes[0].world if ranks is None else ranks
-    for shape in shapes:
-        check_world(shape, ranks)
-    if dev.type == "cuda" and ranks > torch.cuda.device_count():
-        raise ValueError(f"--ranks {ranks} needs {ranks} GPUs, this host has {torch.cuda.device_count()}")
-    if backend == "ncclx":
-        raise ValueError("backend 'ncclx' is launched with torchrun (torchcomms bootstraps from its variables)")
     kwargs = {"device": dev.type, **run_kwargs}
-    return launch.spawn(_train_ranks, ranks, (preset, list(trains), kwargs), backend=backend, timeout_s=timeout_s)[0]
+    return launch.spawn(_train_ranks, world, (preset, list(trains), kwargs), backend=backend, timeout_s=timeout_s)[0]
 
 
 def launch_train(preset: Preset, train: TrainConfig, **kwargs) -> dict | None:

@@ -16,7 +16,7 @@ from gemref.autoac.profile import (SavedTensors, activation_bytes, existing_stor
                                    profile_blocks)
 from gemref.data.batches import batch_with_lengths
 from gemref.autoac.solver import (BLOCK_KINDS, OPTIONS, ActivationProfile, BlockProfile, ac_blocks, applied_plan,
-                                  apply_plan, full_plan, plan_of, recompute_flops, remove_plan, solve)
+                                  apply_plan, plan_of, recompute_flops, remove_plan, solve)
 from gemref.config import get_preset, override
 from gemref.mfu.flops import executed_flops
 from gemref.model import GEMRef
@@ -134,7 +134,7 @@ def test_solver_rejects_bad_budgets(profiled):
 def test_measured_bytes_of_a_plan_match_the_prediction(profiled):
     model, batch, profile = profiled
     rng = random.Random(0)
-    plans = [solve(profile, int(f * profile.base_bytes)) for f in (0.9, 0.5, 0.25)] + [full_plan(profile)]
+    plans = [solve(profile, int(f * profile.base_bytes)) for f in (0.9, 0.5, 0.25)] + [plan_of(profile, {b.name: "full" for b in profile.blocks})]
     plans += [plan_of(profile, {n: rng.choice(OPTIONS) for n in names}) for _ in range(3)]
     for plan in plans:
         apply_plan(model, plan)
@@ -280,7 +280,7 @@ def test_bench_autoac_command(data_root, tmp_path, capsys):
 
     out = tmp_path / "autoac.json"
     assert main(["bench", "autoac", "--preset", "tiny", "--batch-size", "16", "--budgets", "1.0,0.5,0.01",
-                 "--steps", "1", "--warmup", "0", "--no-pt2", "--json", str(out)]) == 0
+                 "--steps-per-strategy", "1", "--warmup", "0", "--no-pt2", "--json", str(out)]) == 0
     record = json.loads(out.read_text())
     rows = {(r["budget"], r["strategy"]): r for r in record["rows"]}
     assert set(rows) == {(b, s) for b in (1.0, 0.5, 0.01) for s in ("none", "full", "auto")}

@@ -242,7 +242,7 @@ def _grads(model):
 def _grad_rank(rank, world):
     """Per rank: gradient with DDP (average) + rank_loss_scale 'mean', with all_reduce SUM + 'sum', and naive mean."""
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from gemref.bench.balance import ToyJaggedModel, sample_losses, select_samples, toy_batch
+    from toy_jagged import ToyJaggedModel, sample_losses, select_samples, toy_batch
     batch = toy_batch(LENGTHS, 4, seed=0)
     mine = partition(SampleCost(1.0, 1.0, 1.0).cost(LENGTHS), world, "kk", min_per_rank=1)[rank]
     values, offsets, labels = select_samples(*batch, mine)
@@ -265,12 +265,13 @@ def _grad_rank(rank, world):
 
 @pytest.mark.multiproc
 def test_two_rank_gradient_equals_single_process_full_batch():
-    from gemref.bench.balance import ToyJaggedModel, sample_losses, spawn_gloo, toy_batch
+    from toy_jagged import ToyJaggedModel, sample_losses, toy_batch
+    from gemref.parallel.launch import spawn
     torch.manual_seed(0)
     model = ToyJaggedModel(4, 8, attention=False)
     sample_losses(model, *toy_batch(LENGTHS, 4, seed=0)).mean().backward()
     reference = _grads(model)
-    results = spawn_gloo(_grad_rank, 2, timeout_s=120)
+    results = spawn(_grad_rank, 2, backend="gloo", timeout_s=120)
     assert int(results[0]["n"]) != int(results[1]["n"]), "the test needs unequal per-rank counts"
 
     def rel(g):
@@ -290,7 +291,7 @@ def test_bench_balance_runs_and_records(tmp_path, capsys):
     from gemref.cli import main
     path = tmp_path / "balance.json"
     assert main(["bench", "balance", "--ranks", "2", "--batch", "16", "--batches", "2", "--max-len", "64",
-                 "--median", "8", "--measure", "--measure-steps", "1", "--json", str(path)]) == 0
+                 "--median", "8", "--measure", "--steps-per-policy", "1", "--json", str(path)]) == 0
     record = json.loads(path.read_text())
     assert [r["policy"] for r in record["projected"]] == list(POLICIES)
     assert all(r["imbalance"] >= 1.0 and 0.0 <= r["idle"] < 1.0 for r in record["projected"])

@@ -108,7 +108,7 @@ def test_bench_compile_command(data_root, tmp_path):
     from gemref.cli import main
 
     out = tmp_path / "compile.json"
-    assert main(["bench", "compile", "--preset", "tiny", "--batch-size", "16", "--steps", "2", "--warmup", "1",
+    assert main(["bench", "compile", "--preset", "tiny", "--batch-size", "16", "--steps-per-variant", "2", "--warmup", "1",
                  "--region-reps", "1", "--json", str(out)]) == 0
     record = json.loads(out.read_text())
     eager, compiled = record["rows"]

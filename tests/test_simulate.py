@@ -308,7 +308,7 @@ def test_bad_inputs_raise_value_error(call, message):
 
 def test_cli_prints_the_projection_and_writes_json(tmp_path, capsys):
     out = tmp_path / "sim.json"
-    assert main(["simulate", "--preset", "tiny", "--gpus", "8", "16", "--batches", "1", "--json", str(out)]) == 0
+    assert main(["simulate", "project", "--preset", "tiny", "--gpus", "8", "16", "--batches", "1", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "projected MFU" in text and "GEM's 20%-25% band" in text
     record = json.loads(out.read_text())
@@ -320,7 +320,7 @@ def test_cli_prints_the_projection_and_writes_json(tmp_path, capsys):
     (["--gpus", "0"], "GPU counts must be integers >= 1"),
 ])
 def test_cli_user_mistakes_exit_2(capsys, args, message):
-    assert main(["simulate", "--preset", "tiny", *args]) == 2
+    assert main(["simulate", "project", "--preset", "tiny", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
 

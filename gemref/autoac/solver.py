@@ -212,11 +212,6 @@ def plan_of(profile: ActivationProfile, choices: Mapping[str, str], budget_bytes
     return Plan(picked, budget_bytes, profile.base_bytes - freed, flops, len(profile.blocks) // len(BLOCK_KINDS))
 
 
-def full_plan(profile: ActivationProfile) -> Plan:
-    """Every block fully checkpointed (the classic recipe)."""
-    return plan_of(profile, {b.name: "full" for b in profile.blocks})
-
-
 def solve(profile: ActivationProfile, budget_bytes: int) -> Plan:
     """The least-recompute plan whose activation bytes fit `budget_bytes` (see module docstring).
 

@@ -29,7 +29,9 @@ from typing import Callable
 import torch
 
 from ..attention import ACTIVATIONS, KERNELS, attention_model_flops, gdpa
+from ..commands.args import add_device_arg, device_of, output_file
 from ..data.jagged import lengths_to_offsets
+from ..errors import UsageError
 from ..mfu.memory import track_peak_memory
 from ..report import format_table, write_json
 
@@ -136,7 +138,7 @@ def compare_kernels(lengths: list[int], kernels: list[str], activation: str, *, 
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    add_device_arg(parser)
     parser.add_argument("--kernels", nargs="+", default=None,
                         help="kernels to compare (default: every kernel that can run here; reference is always added)")
     parser.add_argument("--activations", nargs="+", default=["softmax", "silu"], choices=ACTIVATIONS)
@@ -155,17 +157,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quick", action="store_true", help="CI-sized: lengths 128 512, skewed only, 2 reps")
-    parser.add_argument("--json", default=None, help="write the record to this path")
+    parser.add_argument("--json", metavar="PATH", type=output_file, default=None, help="write the record to this path")
 
 
 def run(args: argparse.Namespace) -> int:
-    device = torch.device(args.device)
+    device = device_of(args.device)
     if args.threads is not None:
         if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+            raise UsageError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available here")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     if args.quick:
         args.lengths, args.skews = args.lengths or [128, 512], ["skewed"]
@@ -173,14 +173,14 @@ def run(args: argparse.Namespace) -> int:
     for name in ("heads", "head_dim", "reps", "tokens", "window"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.warmup < 0 or (args.lengths and min(args.lengths) < 1):
-        raise ValueError("--warmup must be >= 0 and every --lengths entry >= 1")
+        raise UsageError("--warmup must be >= 0 and every --lengths entry >= 1")
     lengths_sweep = args.lengths or (CUDA_LENGTHS if device.type == "cuda" else CPU_LENGTHS)
     kernels = args.kernels or [k for k in KERNELS if k != "reference"]
     unknown = [k for k in kernels if k not in KERNELS]
     if unknown:
-        raise ValueError(f"unknown kernels {unknown}; valid: {', '.join(KERNELS)}")
+        raise UsageError(f"unknown kernels {unknown}; valid: {', '.join(KERNELS)}")
     kernels = ["reference"] + [k for k in kernels if k != "reference"]
     rows, skipped = [], set()
     for max_len in lengths_sweep:

@@ -32,7 +32,8 @@ import torch
 from ..autoac.profile import backward_flops, find_batch_size, forward_loss, forward_with_bytes, profile_blocks, step_bytes
 from ..autoac.solver import Plan, ac_blocks, apply_plan, recompute_flops, solve
 from ..compile import compile_model
-from ..config import Preset, TrainConfig, get_preset, override
+from ..config import PRESETS, Preset, TrainConfig, get_preset, override
+from ..commands.args import add_device_arg, nonnegative_int, output_file, positive_int
 from ..data.loader import EventDataset, make_loader
 from ..data.shards import ensure_dataset, shard_paths
 from ..mfu.flops import executed_flops, model_flops
@@ -41,6 +42,7 @@ from ..mfu.peak import peak_flops
 from ..report import format_table, write_json
 from ..data.shards import dataset_dir
 from ..env import resolve_device, versions
+from ..errors import UsageError
 from ..train import build_model
 
 DEFAULT_BUDGETS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
@@ -273,20 +275,21 @@ def batch_gain(b: Bench, memory_budget: int | None = None, max_batch: int | None
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="small", help="model/data preset (tiny, small, base, large)")
-    p.add_argument("--batch-size", type=int, help="samples per step (default: the preset's)")
+    p.add_argument("--preset", default="small", choices=list(PRESETS), help="model/data preset")
+    p.add_argument("--batch-size", type=positive_int, help="samples per step (default: the preset's)")
     p.add_argument("--budgets", default=",".join(str(x) for x in DEFAULT_BUDGETS),
                    help="activation budgets, fractions of the no-AC bytes (comma separated)")
-    p.add_argument("--steps", type=int, default=3, help="timed steps per strategy (median reported)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps before them")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--steps-per-strategy", type=positive_int, default=3,
+                   help="timed steps per strategy and budget (median reported)")
+    p.add_argument("--warmup", type=nonnegative_int, default=1, help="untimed steps before them")
+    add_device_arg(p)
     p.add_argument("--compile", action="store_true", help="compile none/full/auto too (AutoAC: none|full)")
     p.add_argument("--no-pt2", action="store_true", help="skip the PyTorch 2 memory-budget strategy")
     p.add_argument("--find-batch", action="store_true", help="also: largest batch per strategy under a budget")
     p.add_argument("--memory-budget-mb", type=float, help="--find-batch budget (default: the no-AC step's)")
-    p.add_argument("--max-batch", type=int, help="--find-batch search cap (default: 16 x the batch size)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
-    p.add_argument("--json", help="write the record here")
+    p.add_argument("--max-batch", type=positive_int, help="--find-batch search cap (default: 16 x the batch size)")
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
 
 
 def run(args) -> int:
@@ -295,10 +298,12 @@ def run(args) -> int:
     try:
         budgets = tuple(float(x) for x in args.budgets.split(","))
     except ValueError:
-        raise ValueError(f"--budgets takes comma-separated fractions, got {args.budgets!r}") from None
+        raise UsageError(f"--budgets takes comma-separated fractions, got {args.budgets!r}") from None
     if not all(0.0 < f <= 1.0 for f in budgets):
-        raise ValueError(f"--budgets are fractions in (0, 1], got {args.budgets}")
-    b = make_bench(args.preset, batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
+        raise UsageError(f"--budgets are fractions in (0, 1], got {args.budgets}")
+    if args.memory_budget_mb is not None and not args.memory_budget_mb > 0:
+        raise UsageError(f"--memory-budget-mb must be > 0, got {args.memory_budget_mb}")
+    b = make_bench(args.preset, batch_size=args.batch_size, steps=args.steps_per_strategy, warmup=args.warmup,
                    device=args.device, compile=args.compile)
     log = lambda s: print(s, flush=True)   # noqa: E731
     sweep = budget_sweep(b, budgets, pt2=not args.no_pt2, log=log)
@@ -312,7 +317,7 @@ def run(args) -> int:
               f"{d['full_recompute_pct']:.2f}% (ratio {d['auto_over_full']:.3f}; target <= 0.5: "
               f"{'met' if d['met'] else 'NOT met'})")
     record = {"kind": "bench_autoac", "preset": b.preset.name, "batch_size": b.train.batch_size,
-              "kernel": b.train.kernel, "compile": b.train.compile, "steps": args.steps, "warmup": args.warmup,
+              "kernel": b.train.kernel, "compile": b.train.compile, "steps": args.steps_per_strategy, "warmup": args.warmup,
               "device": {"type": b.device.type, "threads": torch.get_num_threads(), "machine": platform.machine()},
               "versions": versions(),
               "peak_flops": b.peak, **sweep}

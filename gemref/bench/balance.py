@@ -22,9 +22,6 @@ Per rank: compute time, and wait (+comm) time in the all-reduce; per step: step 
 over ranks), imbalance of compute wall time and of compute CPU time, idle share. With more
 ranks than CPU cores, or other jobs on the machine, ranks time-share cores and wall times
 stretch: then cpu_imbalance (thread CPU time, blind to time-sharing) is the figure to read.
-
-The toy jagged model below (ToyJaggedModel & co.) is kept for tests/test_balance.py's
-gradient check on a model small enough to reason about by hand.
 """
 from __future__ import annotations
 
@@ -38,66 +35,17 @@ from dataclasses import replace
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from ..data.batches import batch_with_lengths
-from ..data.jagged import offsets_to_lengths
 from ..balance import POLICIES, SampleCost, calibrate, compare_policies, partition
-from ..config import LENGTH_PROFILES, get_preset
+from ..commands.args import check_local_ranks, nonnegative_int, output_file, positive_float, positive_int
+from ..config import LENGTH_PROFILES, PRESETS, get_preset
 from ..data.synthetic import draw_lengths
 from ..mfu.flops import sample_cost_coefficients
-from ..parallel.launch import spawn_gloo
+from ..errors import UsageError
+from ..parallel.launch import spawn
 from ..report import format_table, write_json
 from ..env import versions
-
-
-# ----------------------------------------------------------------------------- toy jagged model
-
-
-class ToyJaggedModel(nn.Module):
-    """A stand-in for GEM's sequence tower: per-event projection, optional per-sequence softmax
-    attention (the L^2 term), jagged mean pool, linear head -> one logit per sample."""
-
-    def __init__(self, d_in: int = 8, d_hidden: int = 64, attention: bool = True):
-        super().__init__()
-        self.proj = nn.Linear(d_in, d_hidden)
-        self.head = nn.Linear(d_hidden, 1)
-        self.attention = attention
-
-    def forward(self, values_TD: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        h_TH = torch.tanh(self.proj(values_TD))
-        lengths = offsets_to_lengths(offsets)
-        if self.attention:
-            h_TH = torch.cat([torch.softmax(h @ h.T / h.shape[1] ** 0.5, dim=-1) @ h
-                              for h in torch.split(h_TH, lengths.tolist())] or [h_TH])
-        seg = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
-        pooled_BH = h_TH.new_zeros(lengths.numel(), h_TH.shape[1]).index_add_(0, seg, h_TH)
-        pooled_BH = pooled_BH / lengths.clamp(min=1)[:, None].to(h_TH.dtype)
-        return self.head(pooled_BH).squeeze(-1)
-
-
-def toy_batch(lengths, d_in: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Deterministic random (values (T, d_in), offsets (B+1,), labels (B,)) for given lengths."""
-    g = torch.Generator().manual_seed(seed)
-    lengths_t = torch.as_tensor(np.asarray(lengths), dtype=torch.int64)
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths_t, 0)])
-    values = torch.randn(int(offsets[-1]), d_in, generator=g)
-    labels = torch.randint(0, 2, (len(lengths_t),), generator=g).float()
-    return values, offsets, labels
-
-
-def select_samples(values, offsets, labels, idx):
-    """The samples `idx` of a toy batch, as a new jagged batch."""
-    idx = list(idx)
-    lengths = offsets_to_lengths(offsets)[idx]
-    rows = [values[offsets[i]:offsets[i + 1]] for i in idx]
-    new_offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
-    return torch.cat(rows) if rows else values[:0], new_offsets, labels[idx]
-
-
-def sample_losses(model, values, offsets, labels) -> torch.Tensor:
-    """(B,) per-sample binary cross-entropy."""
-    return nn.functional.binary_cross_entropy_with_logits(model(values, offsets), labels, reduction="none")
 
 
 # ----------------------------------------------------------------------------- the GEM step on gloo ranks
@@ -171,23 +119,29 @@ def calibrate_gem(preset: str, max_len: int, pool: np.ndarray, n_batches: int = 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     small = get_preset("small")
-    p.add_argument("--ranks", type=int, default=8, help="data-parallel ranks R")
-    p.add_argument("--batch", type=int, default=512, help="global batch size (samples)")
+    p.add_argument("--ranks", type=positive_int, default=8,
+                   help="data-parallel ranks R (with --measure: gloo processes; at most 4 per core unless "
+                        "GEMREF_MAX_RANKS=N)")
+    p.add_argument("--batch", type=positive_int, default=512, help="global batch size (samples)")
     p.add_argument("--profile", choices=LENGTH_PROFILES, default="skewed")
-    p.add_argument("--max-len", type=int, default=small.model.max_len)
-    p.add_argument("--median", type=int, default=small.data.median_len, help="median (skewed) / every (fixed) length")
-    p.add_argument("--sigma", type=float, default=small.data.len_sigma, help="log-normal sigma of the skewed profile")
-    p.add_argument("--batches", type=int, default=20, help="global batches to evaluate (medians over them)")
-    p.add_argument("--preset", default="small", help="model whose per-sample FLOPs price the samples")
+    p.add_argument("--max-len", type=positive_int, default=small.model.max_len)
+    p.add_argument("--median", type=positive_int, default=small.data.median_len,
+                   help="median (skewed) / every (fixed) length")
+    p.add_argument("--sigma", type=positive_float, default=small.data.len_sigma,
+                   help="log-normal sigma of the skewed profile")
+    p.add_argument("--batches", type=positive_int, default=20, help="global batches to evaluate (medians over them)")
+    p.add_argument("--preset", default="small", choices=list(PRESETS),
+                   help="model whose per-sample FLOPs price the samples")
     p.add_argument("--cost", type=float, nargs=3, metavar=("C0", "C1", "C2"),
                    help="override: cost per sample, per event, per event^2 (default: the preset's FLOPs)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--measure", action="store_true",
                    help="also run R gloo ranks on CPU: the --preset GEM training step, round_robin vs kk")
-    p.add_argument("--measure-steps", type=int, default=10, help="measured steps per policy (after 2 warm-up)")
+    p.add_argument("--steps-per-policy", type=positive_int, default=10,
+                   help="--measure: measured steps per policy (after 2 warm-up)")
     p.add_argument("--calibrate", action="store_true",
                    help="--measure: split by seconds fitted to this machine's GEM step times, not by FLOPs")
-    p.add_argument("--json", metavar="PATH", help="write the record here")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
 
 
 def _projected(args, cost: SampleCost) -> list[dict]:
@@ -211,11 +165,11 @@ def _measure(args, cost: SampleCost) -> tuple[dict | None, list[dict], list[dict
         fit = calibrate_gem(args.preset, args.max_len, pool, seed=args.seed)
         cost = fit.cost
     steps = [draw_lengths(args.profile, args.batch, args.max_len, args.median, args.sigma, args.seed + s)
-             for s in range(warmup + args.measure_steps)]
+             for s in range(warmup + args.steps_per_policy)]
     policies = ["round_robin", "kk"]
-    results = spawn_gloo(_measure_rank, args.ranks,
-                         (args.preset, args.max_len, steps, (cost.per_sample, cost.per_token, cost.per_token_sq),
-                          policies, warmup), timeout_s=540)
+    results = spawn(_measure_rank, args.ranks,
+                    (args.preset, args.max_len, steps, (cost.per_sample, cost.per_token, cost.per_token_sq),
+                     policies, warmup), backend="gloo", timeout_s=540)
     per_rank, summary = [], []
     for policy in policies:
         per_step = torch.stack([res[policy] for res in results])    # (R, steps, 4)
@@ -239,8 +193,12 @@ def _measure(args, cost: SampleCost) -> tuple[dict | None, list[dict], list[dict
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.ranks < 1 or args.batch < args.ranks or args.batches < 1 or args.measure_steps < 1:
-        raise ValueError("need --ranks >= 1, --batch >= --ranks, --batches >= 1, --measure-steps >= 1")
+    if args.batch < args.ranks:
+        raise UsageError(f"--batch {args.batch} is smaller than --ranks {args.ranks}: every rank needs a sample")
+    if args.median > args.max_len:
+        raise UsageError(f"--median {args.median} exceeds --max-len {args.max_len}")
+    if args.measure:
+        check_local_ranks(args.ranks, "cpu")
     coefficients = args.cost or sample_cost_coefficients(get_preset(args.preset).model)
     cost = SampleCost(*coefficients)
     rows = _projected(args, cost)

@@ -22,6 +22,8 @@ import time
 import torch
 
 from ..autoac.profile import forward_loss
+from ..commands.args import add_device_arg, int_at_least, output_file, positive_int
+from ..config import PRESETS
 from ..compile import REGION_KINDS, compile_stats, region_inputs, run_region
 from ..mfu.meter import percentile, stopwatch
 from ..report import format_table, write_json
@@ -87,22 +89,22 @@ def compare_regions(b: Bench, models: dict, reps: int = 5) -> list[dict]:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="small", help="model/data preset (tiny, small, base, large)")
-    p.add_argument("--batch-size", type=int, help="samples per step (default: the preset's)")
-    p.add_argument("--steps", type=int, default=8, help="timed steps per variant (median reported)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (the compile happens here)")
-    p.add_argument("--region-reps", type=int, default=5, help="calls per region timing")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
-    p.add_argument("--json", help="write the record here")
+    p.add_argument("--preset", default="small", choices=list(PRESETS), help="model/data preset")
+    p.add_argument("--batch-size", type=positive_int, help="samples per step (default: the preset's)")
+    p.add_argument("--steps-per-variant", type=positive_int, default=8,
+                   help="timed steps of eager and of compiled (median reported)")
+    p.add_argument("--warmup", type=int_at_least(1), default=2,
+                   help="untimed steps first (>= 1: the first compiled step compiles)")
+    p.add_argument("--region-reps", type=positive_int, default=5, help="calls per region timing")
+    add_device_arg(p)
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
 
 
 def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.warmup < 1:
-        raise ValueError("--warmup must be >= 1: the first compiled step compiles")
-    b = make_bench(args.preset, batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
+    b = make_bench(args.preset, batch_size=args.batch_size, steps=args.steps_per_variant, warmup=args.warmup,
                    device=args.device)
     steps = compare_steps(b)
     regions = compare_regions(b, steps.pop("models"), args.region_reps)
@@ -114,7 +116,7 @@ def run(args) -> int:
           f"recompiles after warm-up: {steps['rows'][1]['recompiles_after_warmup']}")
     if args.json:
         write_json(args.json, {"kind": "bench_compile", "preset": b.preset.name, "batch_size": b.train.batch_size,
-                               "kernel": b.train.kernel, "steps": args.steps, "warmup": args.warmup,
+                               "kernel": b.train.kernel, "steps": args.steps_per_variant, "warmup": args.warmup,
                                "device": {"type": b.device.type, "threads": torch.get_num_threads(),
                                           "machine": platform.machine()},
                                "versions": versions(),

@@ -21,7 +21,9 @@ import time
 import torch
 from torch import nn
 
-from ..config import get_preset, override
+from ..commands.args import add_device_arg, device_of, nonnegative_int, output_file, positive_int
+from ..config import PRESETS, get_preset, override
+from ..errors import UsageError
 from ..precision.sqnr import compare_linear
 from ..config import PRECISION_KERNELS as KERNELS, PRECISIONS
 from ..precision.apply import apply_precision
@@ -35,24 +37,26 @@ DEFAULT_DIMS = {
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    add_device_arg(parser)
     defaults = "; ".join(f"{device}: {' '.join(dims)}" for device, dims in DEFAULT_DIMS.items())
     parser.add_argument("--dims", nargs="+", metavar="MxKxN", help=f"GEMM shapes (default: {defaults})")
     parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     parser.add_argument("--kernel", choices=KERNELS, default="auto")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--preset", help="also time whole training steps of this preset per precision")
-    parser.add_argument("--steps", type=int, default=30, help="training steps per precision (--preset)")
-    parser.add_argument("--min-dim", type=int, default=64, help="precision_min_dim for --preset runs")
-    parser.add_argument("--json", metavar="PATH", help="write the record here")
+    parser.add_argument("--warmup", type=nonnegative_int, default=3)
+    parser.add_argument("--reps", type=positive_int, default=10)
+    parser.add_argument("--seed", type=nonnegative_int, default=0)
+    parser.add_argument("--preset", choices=list(PRESETS),
+                        help="also time whole training steps of this preset per precision")
+    parser.add_argument("--steps-per-precision", type=positive_int, default=30,
+                        help="optimisation steps of each --preset training run")
+    parser.add_argument("--min-dim", type=nonnegative_int, default=64, help="precision_min_dim for --preset runs")
+    parser.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
 
 
 def parse_dims(text: str) -> tuple[int, int, int]:
     parts = text.lower().split("x")
     if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"--dims {text!r}: expected MxKxN with positive integers, e.g. 1024x256x1024")
+        raise UsageError(f"--dims {text!r}: expected MxKxN with positive integers, e.g. 1024x256x1024")
     m, k, n = (int(p) for p in parts)
     return m, k, n
 
@@ -92,7 +96,7 @@ def bench_shape(m: int, k: int, n: int, precisions: list[str], device: torch.dev
         model.load_state_dict({"0.weight": base.weight.detach()})
         report = apply_precision(model, precision, device=device, kernel=kernel, min_dim=0)
         if report.skipped:
-            raise ValueError(f"{m}x{k}x{n} cannot run {precision}: {report.skipped[0].reason}")
+            raise UsageError(f"{m}x{k}x{n} cannot run {precision}: {report.skipped[0].reason}")
         seconds = time_linear(model, x, grad, report.autocast(), warmup, reps)
         q = compare_linear(base, precision, x, grad_output=grad, kernel=kernel)
         rows.append({"shape": f"{m}x{k}x{n}", "precision": precision, "kernel": report.kernel,
@@ -108,11 +112,7 @@ def bench_shape(m: int, k: int, n: int, precisions: list[str], device: torch.dev
 
 
 def run(args: argparse.Namespace) -> int:
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda, but CUDA is not available")
-    if args.warmup < 0 or args.reps < 1:
-        raise ValueError(f"--warmup must be >= 0 and --reps >= 1, got {args.warmup}, {args.reps}")
+    device = device_of(args.device)
     shapes = [parse_dims(d) for d in (args.dims or DEFAULT_DIMS[device.type])]
     logging.getLogger("gemref.precision.apply").setLevel(logging.ERROR)  # the table states the path
     rows = []
@@ -143,7 +143,7 @@ def whole_steps(args: argparse.Namespace, device: torch.device) -> list[dict]:
     preset = get_preset(args.preset)
     rows = []
     for precision in args.precisions:
-        train = override(preset.train, steps=args.steps, precision=precision, precision_kernel=args.kernel,
+        train = override(preset.train, steps=args.steps_per_precision, precision=precision, precision_kernel=args.kernel,
                          precision_min_dim=args.min_dim, seed=args.seed)
         r = train_run(preset, train, device=device.type, progress=False, measure_memory=False)
         rows.append({"precision": precision, "path": r["precision"]["kernel"],
@@ -153,6 +153,6 @@ def whole_steps(args: argparse.Namespace, device: torch.device) -> list[dict]:
     for r in rows:
         ref = t_ref.get("bf16", t_ref.get("fp32"))
         r["speedup"] = "emulated" if r["path"] == "emulated" else (ref / r["median_step_s"] if ref else None)
-    print(format_table(rows, title=f"whole training steps, {args.preset} preset, {args.steps} steps "
+    print(format_table(rows, title=f"whole training steps, {args.preset} preset, {args.steps_per_precision} steps "
                                    f"per precision (speedup vs bf16, else fp32)"))
     return rows

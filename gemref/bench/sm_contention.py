@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import PRESETS, get_preset
+from ..errors import UsageError
 from ..report import format_table, write_json
 from ..simulate.cost_model import HARDWARE, NCCL_COLLECTIVE_SMS, sm_count
 from ..simulate.projection import (GEM_SM_CONTENTION_MAX, GEM_SMFREE_QPS_GAIN, GPU_COUNTS, LADDER, Options,
@@ -56,7 +57,7 @@ def select_rungs(keys: list[str] | None) -> list:
     valid = [r.key for r in LADDER]
     unknown = [k for k in keys if k not in valid]
     if unknown:
-        raise ValueError(f"--rungs {' '.join(unknown)}: unknown rung; valid: {', '.join(valid)}")
+        raise UsageError(f"--rungs {' '.join(unknown)}: unknown rung; valid: {', '.join(valid)}")
     return [r for r in LADDER if r.key in keys]
 
 
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     n = sm_count(hw)
     for flag, k in (("--nccl-sms", args.nccl_sms), ("--smfree-sms", args.smfree_sms)):
         if k is not None and not 0 <= k <= n:
-            raise ValueError(f"{flag} {k}: SMs per collective must be in 0..{n} (the SMs of an {hw.gpu})")
+            raise UsageError(f"{flag} {k}: SMs per collective must be in 0..{n} (the SMs of an {hw.gpu})")
     preset = get_preset(args.preset)
     rows = compare_transports(preset, args.gpus or list(GPU_COUNTS), options,
                               transport_variants(args.nccl_sms, args.smfree_sms),

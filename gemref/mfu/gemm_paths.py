@@ -122,6 +122,25 @@ def check_fp32(path: str) -> tuple[bool, str]:
     return True, ""
 
 
+def _register_onednn_linear_flops() -> None:
+    """FlopCounterMode knows aten.mm/addmm but not oneDNN's linear: count it as the GEMM it is,
+    2 * rows * in * out FLOPs, so `gemref flops --verify` sees the GEMMs the fast Linear ran."""
+    from torch.utils.flop_counter import register_flop_formula
+
+    if not _has("mkldnn", "_linear_pointwise"):
+        return
+
+    @register_flop_formula(torch.ops.mkldnn._linear_pointwise)
+    def _flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+        rows = 1
+        for d in x_shape[:-1]:
+            rows *= d
+        return 2 * rows * x_shape[-1] * w_shape[0]
+
+
+_register_onednn_linear_flops()
+
+
 # The three GEMMs of a Linear y = x W^T (x (M, K), W (N, K), grad g (M, N)):
 #   forward      y  = x @ W^T    (M, K) x (K, N)
 #   grad_input   dx = g @ W      (M, N) x (N, K)

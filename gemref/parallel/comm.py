@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib.util
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -100,7 +100,6 @@ _INPUT_ARG = {"all_gather": ("input_tensor", "input_tensors", "inputs", "input_l
 
 @dataclass
 class Collective:
-    step: int             # measuring step index (CollectiveRecorder.next_step)
     kind: str             # all_gather | reduce_scatter | all_reduce | all_to_all | broadcast | other c10d op
     dim: str              # replicate | shard | world | group:<name>
     group_size: int
@@ -128,11 +127,7 @@ class CollectiveRecorder(TorchDispatchMode):
         super().__init__()
         self.group_dims = group_dims or {}
         self.collectives: list[Collective] = []
-        self.step = 0
         self.t0 = time.perf_counter()
-
-    def next_step(self) -> None:
-        self.step += 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -150,12 +145,11 @@ class CollectiveRecorder(TorchDispatchMode):
             return
         inputs = next((named[n] for n in _INPUT_ARG[kind] if n in named), named[payload])
         self.collectives.append(Collective(
-            self.step, kind, self.group_dims.get(group.group_name, f"group:{group.group_name}"), group.size(),
+            kind, self.group_dims.get(group.group_name, f"group:{group.group_name}"), group.size(),
             _bytes(named[payload]), _numel(inputs), time.perf_counter() - self.t0))
 
-    def summary(self, steps: int | None = None) -> list[dict]:
-        """Per (kind, dim): collectives and payload bytes per step (means over the recorded steps)."""
-        steps = steps or max(1, len({c.step for c in self.collectives}))
+    def summary(self, steps: int = 1) -> list[dict]:
+        """Per (kind, dim): collectives and payload bytes per step (totals / `steps`, the steps recorded)."""
         rows: dict[tuple, dict] = defaultdict(lambda: {"count": 0, "bytes": 0, "seconds": 0.0})
         for c in self.collectives:
             row = rows[(c.kind, c.dim, c.group_size)]
@@ -165,9 +159,6 @@ class CollectiveRecorder(TorchDispatchMode):
         return [{"kind": k, "dim": d, "group_size": g, "count_per_step": v["count"] / steps,
                  "bytes_per_step": v["bytes"] / steps, "seconds_per_step": v["seconds"] / steps}
                 for (k, d, g), v in sorted(rows.items())]
-
-    def as_dicts(self) -> list[dict]:
-        return [asdict(c) for c in self.collectives]
 
 
 # ----------------------------------------------------------------------------- overlap

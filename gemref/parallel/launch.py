@@ -8,8 +8,9 @@ Two ways in, one process group at the end:
     N processes on this host, each with one CPU thread (OMP_NUM_THREADS=1), a process group
     on a free TCP port, and a timeout on every collective and on the whole run.
 
-Nothing may hang: a rank that raises fails the call with that rank's error (a ValueError
-stays a ValueError, so the CLI still exits 2 with one line); a rank that dies kills the
+Nothing may hang: a rank that raises fails the call with that rank's error (a UsageError
+stays a UsageError, so the CLI exits 2 with one line; a ValueError stays a ValueError, with
+the rank's traceback in its message); a rank that dies kills the
 others; past `timeout_s` every rank is killed and TimeoutError raised. Backends are
 checked before any process starts (gemref/parallel/comm.py).
 """
@@ -29,6 +30,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from ..errors import UsageError
 
 DEFAULT_TIMEOUT_S = 300.0
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -109,7 +112,7 @@ def _rank_entry(rank: int, fn: Callable, world: int, port: int, backend: str, ti
 def _rank_failure(out_dir: Path, processes: list, fallback: BaseException) -> BaseException:
     """The cause of a failed launch: a rank that died without a Python error (killed, crashed,
     os._exit), else the error raised first (later ones are ranks losing their peer). A
-    ValueError stays a ValueError."""
+    UsageError stays a UsageError; a ValueError stays a ValueError carrying the rank's traceback."""
     errors = {r: json.loads(path.read_text()) for r in range(len(processes))
               if (path := out_dir / f"rank{r}.err.json").exists()}
     stopped_by_us = (0, None, -signal.SIGTERM, -signal.SIGKILL)
@@ -121,8 +124,10 @@ def _rank_failure(out_dir: Path, processes: list, fallback: BaseException) -> Ba
     if not errors:
         return RuntimeError(f"a rank died: {fallback}")
     r, err = min(errors.items(), key=lambda item: (item[1]["time"], item[0]))
+    if err["type"] == "UsageError":
+        return UsageError(err["message"])
     if err["type"] == "ValueError":
-        return ValueError(err["message"])
+        return ValueError(f"rank {r}: {err['message']}\n{err['traceback']}")
     return RuntimeError(f"rank {r} failed with {err['type']}: {err['message']}\n{err['traceback']}")
 
 
@@ -155,8 +160,3 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
                     p.kill()
         return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(world)]
 
-
-# Kept for callers of the first version (gemref.bench.balance, tests/test_balance.py).
-def spawn_gloo(fn: Callable[..., Any], world: int, args: tuple = (), timeout_s: float = 120.0) -> list:
-    """`spawn` on gloo (CPU ranks)."""
-    return spawn(fn, world, args, backend="gloo", timeout_s=timeout_s)

@@ -47,10 +47,6 @@ def build_mesh(shape: MeshShape, device_type: str) -> DeviceMesh:
     return _meshes[key]
 
 
-def mesh_shape_of(mesh: DeviceMesh) -> MeshShape:
-    return MeshShape(mesh.size(0), mesh.size(1))
-
-
 def group_dims(mesh: DeviceMesh) -> dict[str, str]:
     """Process-group name -> mesh dim ("replicate", "shard"), plus the world group ("world").
 

@@ -63,7 +63,7 @@ class HardwareProfile:
 # NCCL's bus bandwidth typically reaches in nccl-tests at large messages. Latencies: order
 # of magnitude of a small-message step (NVLink ~ a few us; RDMA over InfiniBand/RoCE ~ 5-10 us
 # per step including software). Both are assumptions to calibrate with nccl-tests on the
-# real cluster (`gemref simulate --bandwidth-scale` varies every bandwidth).
+# real cluster (`gemref simulate project --bandwidth-scale` varies every bandwidth).
 _EFF = 0.8
 HARDWARE: dict[str, HardwareProfile] = {
     "h100_ib_ndr": HardwareProfile(

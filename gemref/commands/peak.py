@@ -7,32 +7,38 @@
   gemref peak --name "NVIDIA H200 NVL"   a GPU name looked up without a GPU (exact names)
 
 Bad input (unknown device or dtype, --name with --device cpu, no CUDA for --device cuda, an
-unwritable --json path) is a ValueError: `gemref` prints one line and exits 2. A GPU name
+unwritable --json path) is a UsageError: `gemref` prints one line and exits 2. A GPU name
 that is not in the table is not an error: its peak is N/A, as it would be in an MFU.
 """
 from __future__ import annotations
 
 import argparse
 
-import torch
-
+from ..config import PRESETS
+from ..errors import UsageError
+from ..mfu.gpu_table import DTYPES   # a plain table: no torch at import
 from ..report import fmt, format_table, write_json
-from .gpu_table import DTYPES, GPU_TABLE, PROFILE_GPUS, lookup
-from .peak import cpu_peak, cpu_peak_report, gpu_peak
+from .args import add_device_arg, output_file
 
-DEVICES = ("cpu", "cuda")
+NAME = "peak"
+HELP = "the peak FLOP/s MFU divides by: its source, every CPU GEMM path's rate, the ISA ceiling"
 
 
-def configure_peak_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", help="cpu (default) or cuda (this machine's GPU)")
+def configure(p: argparse.ArgumentParser) -> None:
+    add_device_arg(p)
     p.add_argument("--name", help="look this exact GPU name up in the datasheet table (no GPU needed)")
-    p.add_argument("--dtype", help=f"one of {', '.join(DTYPES)} (default: fp32 on CPU, bf16 on GPU)")
-    p.add_argument("--preset", help="CPU: also show the GEMM path each Linear shape of this preset uses")
+    p.add_argument("--dtype", choices=DTYPES, help="default: fp32 on CPU, bf16 on GPU")
+    p.add_argument("--preset", choices=list(PRESETS),
+                   help="CPU: also show the GEMM path each Linear shape of this preset uses")
     p.add_argument("--refresh", action="store_true", help="CPU: probe again (the cache keeps the best)")
-    p.add_argument("--json", help="write the report here")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="write the report here")
+    p.set_defaults(func=run)
 
 
 def _gpu_report(name: str, dtype: str) -> dict:
+    from ..mfu.gpu_table import GPU_TABLE, PROFILE_GPUS, lookup
+    from ..mfu.peak import gpu_peak
+
     peak = gpu_peak(name, dtype)
     found = lookup(name)
     row = {d: (found[1].flops(d) if found else None) for d in DTYPES}
@@ -48,6 +54,8 @@ def _gpu_report(name: str, dtype: str) -> dict:
 
 
 def _cpu_report(dtype: str, preset: str | None, refresh: bool) -> dict:
+    from ..mfu.peak import cpu_peak, cpu_peak_report
+
     report = cpu_peak_report(refresh)
     peak = cpu_peak()
     shapes = sorted({s for rates in report["rates"].values() for s in rates},
@@ -95,29 +103,26 @@ def _preset_plan(preset: str) -> dict:
     return use_fastest_cpu_gemms(GEMRef(cfg, jagged=True), "cpu")
 
 
-def peak_command(args) -> int:
-    device = (args.device or ("cuda" if args.name else "cpu")).lower()
-    if device not in DEVICES:
-        raise ValueError(f"--device {args.device!r}; valid: {', '.join(DEVICES)}")
-    dtype = (args.dtype or ("fp32" if device == "cpu" else "bf16")).lower()
-    if dtype not in DTYPES:
-        raise ValueError(f"--dtype {args.dtype!r}; valid: {', '.join(DTYPES)}")
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    device = "cuda" if args.name is not None and args.device == "auto" else args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = args.dtype or ("fp32" if device == "cpu" else "bf16")
     if args.name is not None and device == "cpu":
-        raise ValueError("--name looks a GPU up in the datasheet table; it does not combine with --device cpu")
+        raise UsageError("--name looks a GPU up in the datasheet table; it does not combine with --device cpu")
     if args.name is not None and not args.name.strip():
-        raise ValueError("--name is empty; give a device name as torch.cuda.get_device_name() prints it")
+        raise UsageError("--name is empty; give a device name as torch.cuda.get_device_name() prints it")
     if device == "cuda" and args.name is None and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device here; --name NAME looks a GPU name up without one")
+        raise UsageError("--device cuda: no CUDA device here; --name NAME looks a GPU name up without one")
     if args.preset and device != "cpu":
-        raise ValueError("--preset shows the CPU GEMM path per Linear shape; it needs --device cpu")
+        raise UsageError("--preset shows the CPU GEMM path per Linear shape; it needs --device cpu")
     if device == "cpu":
         report = _cpu_report(dtype, args.preset, args.refresh)
     else:
         report = _gpu_report(args.name if args.name is not None else torch.cuda.get_device_name(), dtype)
     print("\n".join(report.pop("lines")))
     if args.json:
-        try:
-            write_json(args.json, report)
-        except OSError as e:
-            raise ValueError(f"--json {args.json!r}: cannot write ({e.strerror or e})") from None
+        write_json(args.json, report)
     return 0

@@ -1,0 +1,44 @@
+"""`gemref notebooks run`: execute the notebooks headless (papermill) with a parameter profile and grid."""
+from __future__ import annotations
+
+import argparse
+
+from .args import check_output_dir, output_dir, split_pairs
+
+NAME = "notebooks"
+HELP = "run the notebooks headless (papermill)"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    which = p.add_subparsers(dest="notebooks_command", metavar="ACTION", required=True)
+    r = which.add_parser("run", help="execute notebooks with a parameter profile (and grid)")
+    r.add_argument("notebooks", nargs="*", help="notebook names (default: all), e.g. 00_mfu_baseline")
+    r.add_argument("--profile", default="ci", help="notebooks/params/<profile>.yaml: ci, cpu, gpu")
+    r.add_argument("--param", action="append", metavar="KEY=VALUE",
+                   help="override a parameter; typed like its default in the notebook, e.g. STEPS=20 or RANKS=[8,64]")
+    r.add_argument("--grid", metavar="FILE", help="YAML mapping parameter -> list of values (cartesian product)")
+    r.add_argument("--out", metavar="DIR", type=output_dir, help="output folder (default: artifacts/notebooks/<profile>-<date>)")
+    r.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import datetime
+    import sys
+    from pathlib import Path
+
+    from ..notebooks import NotebookFailure, load_grid, parse_params, run_notebooks, select_notebooks
+    from ..report import format_table
+
+    params = parse_params(split_pairs(args.param, "--param"), select_notebooks(args.notebooks))
+    grid = load_grid(args.grid) if args.grid else None
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out or check_output_dir(f"artifacts/notebooks/{args.profile}-{stamp}", "--out"))
+    try:
+        rows = run_notebooks(args.profile, out, names=args.notebooks, params=params, grid=grid)
+    except NotebookFailure as e:
+        print(f"gemref notebooks: {e}", file=sys.stderr)
+        return 1
+    long = [{"notebook": r["notebook"], "metric": k, "value": v} for r in rows for k, v in r.items()
+            if k != "notebook"]
+    print(format_table(long, title=f"notebook metrics ({args.profile}); wide table: {out}/summary.csv"))
+    return 0

@@ -1,0 +1,103 @@
+"""`gemref train`: train a preset with the chosen switches, print throughput/MFU/NE, write the run record."""
+from __future__ import annotations
+
+import argparse
+
+from dataclasses import replace
+
+from ..config import TrainConfig, get_preset, override, parse_mesh
+from ..errors import UsageError
+from .args import add_device_arg, add_preset_arg, check_local_ranks, device_of, output_dir, output_file, positive_int
+from .switches import add_train_switches, train_changes, train_config_from_args
+
+NAME = "train"
+HELP = "train a preset, print throughput/MFU/NE, write the run record"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_preset_arg(p)
+    add_device_arg(p)
+    p.add_argument("--ranks", type=positive_int,
+                   help="spawn this many local ranks (gloo on CPU, one per GPU on CUDA; torchrun sets its own). "
+                        "CPU: at most 4 per core unless GEMREF_MAX_RANKS=N allows N")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="write the run record here")
+    p.add_argument("--out", metavar="DIR", type=output_dir, help="folder for run.json and run.html")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_train_switches(p, checkpoints=True)
+    p.set_defaults(func=run)
+
+
+def plan_ranks(train: TrainConfig, ranks: int | None, torchrun: int | None, device_type: str,
+               mesh_given: bool) -> tuple[TrainConfig, int | None]:
+    """(the config with its mesh, the world size or None for one process), checked in the user's terms."""
+    mesh = parse_mesh(train.mesh)
+    world = ranks if ranks is not None else torchrun
+    if world is None:
+        if mesh.world > 1:
+            raise UsageError(f"--mesh {train.mesh} needs {mesh.world} ranks: add --ranks {mesh.world} "
+                             "(or launch with torchrun)")
+        return train, None
+    if ranks is not None:
+        check_local_ranks(ranks, device_type)
+    given = f"--ranks {ranks}" if ranks is not None else f"torchrun started {world} ranks"
+    if train.batch_size < world:
+        raise UsageError(f"--batch-size {train.batch_size} is the global batch: {given} needs at least one "
+                         "sample per rank and step")
+    if not mesh_given and mesh.world == 1:          # default: FSDP over all ranks
+        return override(train, mesh=f"1x{world}"), world
+    if mesh.world != world:
+        raise UsageError(f"--mesh {train.mesh} needs {mesh.world} ranks, but {given}")
+    return train, world
+
+
+def _print_parallel(record: dict) -> None:
+    """Rank 0's extra tables for a multi-rank run: per-rank times and bytes, collectives."""
+    from ..report import fmt, format_table
+
+    par, comm = record["parallel"], record["comm"]
+    rows = [{**t, "param_bytes": m["params"], "optimizer_bytes": m["optimizer"]}
+            for t, m in zip(record["ranks"], record["memory_per_rank"])]
+    print(format_table(rows, title=f"per rank: mesh {par['mesh']} on {par['backend']}, balance {par['balance']}, "
+                                   f"tables {par['sparse_sharding']} (medians over timed steps)"))
+    print(format_table(comm["by_kind"], columns=["kind", "dim", "recorded_count", "recorded_bytes", "analytic_bytes",
+                                                 "ratio", "seconds"],
+                       title="collectives of one step, all ranks (recorded vs analytic payload bytes)"))
+    ov = comm["overlap_per_rank"][0]
+    print(f"rank 0: comm {fmt(ov['comm_s'])} s, exposed {fmt(ov['exposed_comm_s'])} s, "
+          f"overlapped {fmt(ov['overlapped_share'])}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..parallel.launch import torchrun_world
+    from ..report import fmt, format_table
+    from ..report.figures import run_figure, save_figure
+    from ..report.rows import run_row
+    from ..run_ranks import launch_train
+    from ..train import run as train_run
+
+    preset = get_preset(args.preset)
+    device = device_of(args.device)
+    train, world = plan_ranks(train_config_from_args(args, preset.train), args.ranks, torchrun_world(),
+                              device.type, mesh_given="mesh" in train_changes(args))
+    replace(preset, train=train)        # the preset's checks of the config against its data
+    out = Path(args.out) if args.out else None
+    json_path = args.json or (out / "run.json" if out else None)
+    if world is None:
+        record = train_run(preset, train, device=args.device, json_path=json_path, progress=not args.quiet)
+    else:
+        record = launch_train(preset, train, ranks=args.ranks, device=args.device, json_path=json_path,
+                              progress=not args.quiet)
+        if record is None:          # a torchrun rank other than 0: rank 0 reports
+            return 0
+    print(format_table([run_row(record)], title=f"gemref train ({record['device']['name']}, {record['dtype']})"))
+    print(f"peak FLOP/s {fmt(record['peak_flops'])} ({record['mfu_basis']}): {record['peak_source']}")
+    if "parallel" in record:
+        _print_parallel(record)
+    if out:
+        written = save_figure(run_figure(record), out / "run")
+        print(f"wrote {json_path}, " + ", ".join(map(str, written)))
+    elif json_path:
+        print(f"wrote {json_path}")
+    return 0

@@ -1,0 +1,62 @@
+"""`gemref waterfall`: the ladder of techniques, one rung at a time: table, markdown and figure."""
+from __future__ import annotations
+
+import argparse
+
+from ..config import get_preset
+from .args import (add_device_arg, add_preset_arg, check_local_ranks, device_of, int_at_least, nonnegative_int,
+                   output_dir, positive_int)
+
+NAME = "waterfall"
+HELP = "the ladder of techniques, one rung at a time: table + figure"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_preset_arg(p, default="small")
+    add_device_arg(p)
+    p.add_argument("--ranks", type=positive_int, default=1,
+                   help="data-parallel ranks (gloo on CPU; CPU: at most 4 per core unless GEMREF_MAX_RANKS=N)")
+    p.add_argument("--windows", type=int_at_least(3), default=3, help="timed windows per rung (>= 3), interleaved across rungs")
+    p.add_argument("--steps-per-window", type=positive_int, default=4, help="optimisation steps per timed window")
+    p.add_argument("--warmup", type=positive_int, default=2, help="warm-up steps per rung once built (not timed)")
+    p.add_argument("--window-warmup", type=nonnegative_int, default=1,
+                   help="untimed steps of a rung before each of its windows")
+    p.add_argument("--max-retries", type=nonnegative_int, default=None,
+                   help="contended rounds re-measured over the whole run (default: --windows)")
+    p.add_argument("--profile-steps", type=nonnegative_int, default=1,
+                   help="profiled steps per rung for the step-time breakdown (0: none)")
+    p.add_argument("--out", metavar="DIR", type=output_dir, default="artifacts/waterfall", help="folder for records and figures")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..report import atomic_write_text, format_table, markdown_table
+    from ..report.figures import save_figure, waterfall_breakdown_figure, waterfall_figure
+    from ..waterfall import BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, notes, run_waterfall, table_rows
+
+    preset = get_preset(args.preset)
+    device = device_of(args.device).type
+    if args.ranks > 1:
+        check_local_ranks(args.ranks, device)
+    out = Path(args.out)
+    record = run_waterfall(preset, device=device, ranks=args.ranks, windows=args.windows,
+                           steps_per_window=args.steps_per_window, warmup=args.warmup,
+                           window_warmup=args.window_warmup, max_retries=args.max_retries,
+                           profile_steps=args.profile_steps, out_dir=out)
+    if not record:          # a torchrun rank other than 0
+        return 0
+    rows = record["rungs"]
+    title = (f"MFU waterfall: {preset.name} preset on {device}, {args.ranks} rank(s); median of {args.windows} "
+             f"interleaved windows x {args.steps_per_window} steps; E2E MFU = local MFU x scaling ratio")
+    table, breakdown, footnotes = table_rows(rows), breakdown_rows(rows), notes(record)
+    print(format_table(table, TABLE_COLUMNS, title=title))
+    print(format_table(breakdown, BREAKDOWN_COLUMNS, title="where each rung's step time goes (seconds per step)"))
+    print("\n".join(footnotes))
+    atomic_write_text(out / "waterfall.md", f"{title}\n\n{markdown_table(table, TABLE_COLUMNS)}\n\n"
+                      f"{markdown_table(breakdown, BREAKDOWN_COLUMNS)}\n\n" + "".join(f"- {n}\n" for n in footnotes))
+    written = save_figure(waterfall_figure(rows), out / "waterfall")
+    written += save_figure(waterfall_breakdown_figure(rows), out / "waterfall_breakdown")
+    print("wrote " + ", ".join(map(str, [out / "waterfall.json", out / "waterfall.md", *written])))
+    return 0
