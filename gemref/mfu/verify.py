@@ -7,7 +7,7 @@ waste (executed - model FLOPs), i.e. what padding and materialised attention cos
 """
 from __future__ import annotations
 
-from ..train import forward_loss, sample_batch, setup
+from ..train import sample_batch, setup
 from .flops import COMPONENTS, count_with_flop_counter, executed_flops, model_flops
 
 TOLERANCE = 0.02
@@ -32,7 +32,7 @@ def flops_report(preset, train, *, device: str = "auto", verify: bool = False) -
                           f"executed {executed.total:.4e}; waste {executed.total - model.total:.4e} "
                           f"({executed.total / model.total:.2f}x model)"]}
     if verify:
-        counted = count_with_flop_counter(lambda: forward_loss(s, batch).backward())
+        counted = count_with_flop_counter(lambda: s.loss(batch).backward())
         error = abs(counted - executed.total) / executed.total
         report.update(counted_flops=counted, relative_error=error, verified=error <= TOLERANCE)
         verdict = "PASS" if error <= TOLERANCE else "FAIL"
