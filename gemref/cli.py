@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -20,6 +21,9 @@ from .config import (AC_MODES, BACKENDS, BALANCE_POLICIES, PRESETS, SPARSE_SHARD
                      override)
 from .config import PRECISIONS
 from .report import atomic_write_text, fmt, format_table, markdown_table, write_json
+
+if TYPE_CHECKING:                 # the run record's schema, typed (imports torch: not at --help time)
+    from .report.records import RunRecord
 
 
 def parse_pairs(pairs: list[str] | None, flag: str) -> dict:
@@ -132,7 +136,7 @@ RUN_COLUMNS = ("preset", "jagged", "kernel", "precision", "median_step_s", "samp
                "model_tflops_per_s", "mfu", "hfu", "peak_memory_mb", "data_share", "ne_click", "auc_click")
 
 
-def run_row(r: dict) -> dict:
+def run_row(r: RunRecord) -> dict:
     """One table row of a run record."""
     return {"preset": r["preset"], "jagged": r["switches"]["jagged"], "kernel": r["switches"]["kernel_resolved"],
             "precision": r["dtype"], **{k: r.get(k) for k in RUN_COLUMNS[4:10]},

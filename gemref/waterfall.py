@@ -30,6 +30,7 @@ from .mfu.meter import Meter, StepRecord
 from .mfu.peak import Peak, device_name
 from .precision.apply import native_support
 from .report import write_json
+from .report.records import RunRecord
 from .env import versions
 from .train import build_model, run
 
@@ -102,7 +103,7 @@ LADDER: list[Rung] = [
 ]
 
 
-def _window_stats(record: dict, repeats: int) -> dict:
+def _window_stats(record: RunRecord, repeats: int) -> dict:
     """Split the timed steps into `repeats` windows; report the median window by tokens/s
     (every figure of a row from that one window, so tokens/s, TFLOP/s and MFU agree) and the
     spread of tokens/s over the windows."""
