@@ -116,11 +116,8 @@ class StepResult:
 
 def build_model(preset: Preset, train: TrainConfig, device: torch.device,
                 parallel: ParallelState | None = None) -> tuple[nn.Module, str, PrecisionReport]:
-    """GEMRef with the switches applied; returns it, the concrete attention kernel and the
-    precision report.
-
-    Order (torchtitan's): model-level switches first, sharding (tables, then FSDP) last.
-    """
+    """GEMRef with the switches applied (model-level switches first, sharding last); returns
+    it, the concrete attention kernel and the precision report."""
     precision = train.precision if train.precision != "auto" else "bf16" if device.type == "cuda" else "fp32"
     dtype = torch.bfloat16 if device.type == "cuda" and precision != "fp32" else torch.float32
     probe = torch.empty(0, preset.model.n_heads, preset.model.head_dim, device=device, dtype=dtype)
@@ -177,11 +174,6 @@ def setup(preset: Preset | str, train: TrainConfig | None = None, *, device: str
 def sample_batch(s: Setup) -> JaggedBatch:
     """The first training batch of the run's seed, on the run's device (for one-off measurements)."""
     return next(iter(make_loader(s.train_set, s.train.batch_size, seed=s.train.seed))).to(s.device)
-
-
-def rank_batch(s: Setup, step: int) -> JaggedBatch:
-    """This rank's part of the run's global batch number `step` (0-based), on the run's device."""
-    return s.train_set.__getitems__(next(iter(StepBatches(s.sampler, step)))).to(s.device)
 
 
 def training_step_breakdown(preset: Preset | str, train: TrainConfig | None = None, *, device: str = "auto",
@@ -314,7 +306,8 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
     evals.append(evaluate(s, tc.eval_batches, tc.steps))
     for work in global_work(s, results):
         meter.record(work)
-    last = rank_batch(s, tc.steps - 1)          # one-off measurements on the run's last batch
+    # one-off measurements on this rank's part of the run's last global batch
+    last = s.train_set.__getitems__(next(iter(StepBatches(s.sampler, tc.steps - 1)))).to(s.device)
     parallel = parallel_record(s, last, results[meter.warmup_steps:]) if s.parallel else None
     memory = measure_step_memory(s, last) if measure_memory else None
     stats = compile_stats(s.model)

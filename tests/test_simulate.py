@@ -1,6 +1,7 @@
 """The scale projection: hand-computed cases, sanity, bad inputs, the CLI, and the check against measured runs."""
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -162,6 +163,8 @@ def test_prediction_of_measured_gloo_runs_within_20_percent(data_root):
     rows = validate("tiny", (2, 4), log=lambda s: None)
     missed = [r["ranks"] for r in rows if abs(r["error"]) > 0.20]
     if missed:
+        warnings.warn(f"simulator validation re-measured {missed} ranks after errors "
+                      f"{[round(r['error'], 3) for r in rows if r['ranks'] in missed]}")
         rows = [r for r in rows if r["ranks"] not in missed] + validate("tiny", missed, log=lambda s: None)
     for r in rows:
         assert abs(r["error"]) <= 0.20, r
