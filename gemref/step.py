@@ -68,8 +68,9 @@ def nonfinite(loss: Tensor, model: nn.Module) -> Tensor:
     """On-device 0-d float: 1.0 when `loss` or any gradient this process holds (its local shard
     under FSDP) contains a NaN or an infinity, else 0.0. Gradients are read through their
     max-abs norm, which cannot overflow, so a large finite gradient is not flagged."""
-    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+    local = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
              for p in model.parameters() if p.grad is not None]
+    grads = [g for g in local if g.numel()]          # an FSDP rank may hold an empty shard
     worst = torch.stack([n.float() for n in torch._foreach_norm(grads, float("inf"))]) if grads \
         else loss.new_zeros(1, dtype=torch.float32)
     finite = torch.isfinite(loss.float()).all() & torch.isfinite(worst).all()

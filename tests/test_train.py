@@ -21,6 +21,7 @@ from gemref.env import resolve_device
 from gemref.mfu.peak import peak_flops
 from gemref.model import GEMRef
 from gemref.parallel.checkpoint import latest_checkpoint, load_checkpoint
+from gemref.parallel.launch import spawn
 from gemref.report.records import RunRecord
 from gemref.train import NonFiniteError, Setup, evaluate, run, setup
 
@@ -162,12 +163,12 @@ def test_jagged_run_records_its_switches(data_root):
 # ----------------------------------------------------------------------------- it stops on NaN/inf
 
 
-def poison_forward(monkeypatch, call: int, where: str) -> None:
-    """From the `call`-th forward of GEMRef on, make the logits NaN ("loss") or, with finite
-    logits, their gradient infinite ("gradient")."""
-    forward, calls = GEMRef.forward, []
+def poisoned(forward, call: int, where: str):
+    """GEMRef.forward that from its `call`-th call on makes the logits NaN ("loss") or, with
+    finite logits, their gradient infinite ("gradient")."""
+    calls = []
 
-    def poisoned(self, batch):
+    def poisoned_forward(self, batch):
         logits = forward(self, batch)
         calls.append(1)
         if len(calls) < call:
@@ -176,7 +177,11 @@ def poison_forward(monkeypatch, call: int, where: str) -> None:
             return logits * math.nan
         logits.register_hook(lambda grad: grad * math.inf)
         return logits
-    monkeypatch.setattr(GEMRef, "forward", poisoned)
+    return poisoned_forward
+
+
+def poison_forward(monkeypatch, call: int, where: str) -> None:
+    monkeypatch.setattr(GEMRef, "forward", poisoned(GEMRef.forward, call, where))
 
 
 def test_a_nan_loss_stops_training_after_the_last_good_checkpoint(data_root, tmp_path, monkeypatch):
@@ -206,6 +211,23 @@ def test_a_non_finite_gradient_stops_training_even_with_a_finite_loss(data_root,
         run(TINY, override(TINY.train, steps=5, warmup_steps=1, eval_batches=1), device="cpu", progress=False,
             measure_memory=False)
     assert error.value.step == 3 and error.value.checkpoint is None
+
+
+def _nan_on_rank_1(rank, world):
+    """2 ranks (FSDP 1x2): rank 1's loss turns NaN at step 3; the step each rank stopped at."""
+    if rank == 1:
+        GEMRef.forward = poisoned(GEMRef.forward, 3, "loss")
+    try:
+        run(TINY, override(TINY.train, steps=5, warmup_steps=1, eval_batches=1, mesh="1x2"), device="cpu",
+            progress=False, measure_memory=False)
+    except NonFiniteError as error:
+        return error.step
+    return None
+
+
+@pytest.mark.multiproc
+def test_every_rank_stops_at_the_step_where_one_rank_went_non_finite(data_root):
+    assert spawn(_nan_on_rank_1, 2, timeout_s=180) == [3, 3]
 
 
 # ----------------------------------------------------------------------------- settings
