@@ -1,63 +1,62 @@
-"""The training step and loop: the one place where the efficiency switches compose.
+"""The training loop: the one place where the efficiency switches compose.
 
 `run()` generates (or reuses) the synthetic data, builds the model with the switches of a
-TrainConfig, trains with AdamW, times every step (gemref/mfu/meter.py), evaluates NE and AUC
-on held-out shards, and returns the run record of docs/design.md (also written as JSON).
+TrainConfig (`build_model`, torchtitan's order: precision, activation checkpointing,
+compile, then sharding: tables, then FSDP), trains with AdamW, times every step
+(gemref/mfu/meter.py), evaluates NE and AUC on held-out shards and returns the run record
+(typed in gemref/report/records.py; docs/design.md), also written as JSON. Default dtype:
+fp32 on CPU, bf16 autocast with fp32 master weights on CUDA; `precision` selects float8/MXFP8.
 
-Device and precision: by default CPU runs fp32 and CUDA runs bf16 autocast with fp32 master
-weights; `precision` switches the Linear GEMMs to float8 / MXFP8 (gemref/precision/apply.py).
-
-Composition order in `build_model` (torchtitan's): precision conversion, then activation
-checkpointing, then torch.compile, then sharding (tables, then FSDP); each wraps the model
-from outside.
-
-Several ranks (gemref/parallel/parallelize.py): inside a process group `setup` builds the 2D mesh
-and applies sparse sharding and FSDP LAST (after the model-level switches); batch_size is
-the global batch, each rank takes its part (balanced by cost with `balance`), losses are
-divided by the global batch size and gradients summed, so a step equals the single-process
-step on the global batch. Rank 0 prints, evaluates for the record and writes it.
+Each step, `measure_step` fetches a batch, runs training's step (gemref/step.py, which the
+benches and the AC profiler run too) under the stopwatch and returns a typed `StepResult`.
+Host syncs per step: the stopwatch's (CUDA: synchronize at both ends) and, right after it,
+one read of (loss, non-finite flag) from the idle device. A NaN/inf loss or gradient stops
+the run (`NonFiniteError`, naming the step and the newest checkpoint of a good state; a bad
+state is never saved). Several ranks (gemref/parallel/parallelize.py): batch_size is the
+global batch, each rank takes its part, losses are divided by the global batch size and
+gradients summed, so a step equals the single-process step on the global batch; the ranks
+all-reduce (loss, flag) every step, so all stop at the same step, and their work counts
+(samples, tokens, FLOPs) once, after the loop. Rank 0 evaluates for the record and writes it.
 """
 from __future__ import annotations
 
-import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterator
 
 import torch
-from torch import nn
-from torch.profiler import record_function
+import torch.distributed as dist
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from .autoac.profile import auto_checkpoint
 from .attention import resolve_kernel
 from .autoac.solver import ac_blocks, applied_plan, apply_plan, plan_record, recompute_flops
-from .compile import compile_model, compile_stats, loss_function
+from .compile import compile_model, compile_stats
 from .config import Preset, TrainConfig, get_preset
 from .data.batches import representative_batch
 from .data.jagged import JaggedBatch
 from .data.loader import EventDataset, make_loader
 from .data.sampler import BalancedDistributedBatchSampler, StepBatches
-from .env import resolve_device, versions
+from .env import resolve_device
 from .data.shards import dataset_dir, ensure_dataset, shard_paths
 from .balance import SampleCost
 from .parallel.parallelize import ParallelState, measure_comm, parallel_state, parallelize, rank_times
 from .report.metrics import normalized_entropy, roc_auc
 from .mfu.flops import executed_flops, model_flops, sample_cost_coefficients
 from .mfu.memory import track_peak_memory
-from .mfu.meter import Meter, StepRecord, stopwatch
+from .mfu.meter import Meter, StepRecord, run_peak, stopwatch
 from .mfu.profile import time_breakdown
-from .mfu.peak import Peak, device_name, peak_flops
 from .model import TASKS, GEMRef, ranking_loss
-from .parallel.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .parallel.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint
 from .parallel.fsdp import reshard_all
 from .parallel.memory import global_parameters, rank_bytes
 from .precision.apply import PrecisionReport, apply_precision
 from .precision.fast_linear import use_fastest_cpu_gemms
 from .report import write_json
-
-log = logging.getLogger(__name__)
-
+from .report.records import EvalResult, MemoryRecord, ParallelRecord, RunRecord, run_record
+from .step import NonFiniteError, backward, forward_loss, nonfinite, train_step  # noqa: F401 (re-exported)
 
 @dataclass
 class Setup:
@@ -79,20 +78,52 @@ class Setup:
     def rank(self) -> int:
         return self.parallel.rank if self.parallel else 0
 
+    @property
+    def world(self) -> int:
+        return self.parallel.world if self.parallel else 1
+
+    @property
+    def normalizer(self) -> int | None:
+        """The loss divisor: the global batch when ranks hold parts of it, else None (the batch's size)."""
+        return self.train.batch_size if self.parallel else None
+
+    def loss(self, batch: JaggedBatch) -> Tensor:
+        """This run's forward loss on a batch (on the run's device)."""
+        return forward_loss(self.model, batch, self.precision.autocast_dtype, self.normalizer)
+
+    def gradients(self, batch: JaggedBatch) -> None:
+        """Forward and backward only, gradients left in place (to measure memory or communication)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        backward(self.model, self.loss(batch), self.parallel.finish_backward if self.parallel else None)
+
+    def step(self, batch: JaggedBatch) -> Tensor:
+        """One training step of this run (gemref/step.py); the detached loss, on the device."""
+        return train_step(self.model, self.optimizer, batch, autocast_dtype=self.precision.autocast_dtype,
+                          normalizer=self.normalizer,
+                          finish_backward=self.parallel.finish_backward if self.parallel else None,
+                          after_optimizer_step=self.precision.after_optimizer_step)
+
+
+@dataclass
+class StepResult:
+    """One training step as the loop sees it (this rank's view; loss and flag are global)."""
+
+    step: int                 # steps completed with this one (1-based, as checkpoints count)
+    loss: float               # the global batch's loss
+    nonfinite: bool           # the loss or a gradient held a NaN/inf, on some rank
+    cpu_seconds: float        # this thread's CPU time in the step (per-rank compute: rank_times)
+    work: StepRecord          # this rank's seconds, data wait, samples, tokens, model/executed FLOPs
+
 
 def resolve_precision(train: TrainConfig, device: torch.device) -> str:
-    if train.precision != "auto":
-        return train.precision
-    return "bf16" if device.type == "cuda" else "fp32"
+    """The precision a run uses: `auto` is fp32 on CPU and bf16 autocast on CUDA."""
+    return train.precision if train.precision != "auto" else "bf16" if device.type == "cuda" else "fp32"
 
 
 def build_model(preset: Preset, train: TrainConfig, device: torch.device,
                 parallel: ParallelState | None = None) -> tuple[nn.Module, str, PrecisionReport]:
-    """GEMRef with the switches applied; returns it, the concrete attention kernel and the
-    precision report.
-
-    Order (torchtitan's): model-level switches first, sharding (tables, then FSDP) last.
-    """
+    """GEMRef with the switches applied (model-level switches first, sharding last); returns
+    it, the concrete attention kernel and the precision report."""
     precision = resolve_precision(train, device)
     dtype = torch.bfloat16 if device.type == "cuda" and precision != "fp32" else torch.float32
     probe = torch.empty(0, preset.model.n_heads, preset.model.head_dim, device=device, dtype=dtype)
@@ -157,38 +188,12 @@ def training_step_breakdown(preset: Preset | str, train: TrainConfig | None = No
     """Seconds per step in each named region (gemref/mfu/profile.py) of one real training step."""
     s = setup(preset, train, device=device)
     batch = sample_batch(s)
-    return time_breakdown(lambda: train_step(s, batch), s.device.type, repeats)
-
-
-def forward_loss(s: Setup, batch: JaggedBatch, normalizer: int | None = None) -> torch.Tensor:
-    """The loss; `normalizer` = the global batch size when ranks hold parts of it."""
-    with s.precision.autocast():
-        logits = s.model(batch)
-    with record_function("loss"):
-        return loss_function(s.model)(logits, batch.labels, normalizer)
-
-
-def backward(s: Setup, loss: torch.Tensor) -> None:
-    with record_function("backward"):
-        loss.backward()
-    if s.parallel:
-        s.parallel.finish_backward(s.model)
-
-
-def train_step(s: Setup, batch: JaggedBatch, normalizer: int | None = None) -> torch.Tensor:
-    """One optimisation step; returns this rank's detached loss (no host sync)."""
-    s.optimizer.zero_grad(set_to_none=True)
-    loss = forward_loss(s, batch, normalizer)
-    backward(s, loss)
-    with record_function("optimizer"):
-        s.optimizer.step()
-        s.precision.after_optimizer_step(s.model)
-    return loss.detach()
+    return time_breakdown(lambda: s.step(batch), s.device.type, repeats)
 
 
 @torch.no_grad()
-def evaluate(s: Setup, batches: int) -> dict:
-    """NE and AUC per task on the first `batches` eval batches (deterministic order)."""
+def evaluate(s: Setup, batches: int, step: int) -> EvalResult:
+    """NE and AUC per task on the first `batches` eval batches (deterministic order), after `step` steps."""
     s.model.eval()
     loader = make_loader(s.eval_set, s.train.batch_size, shuffle=False, drop_last=False)
     logits, labels = [], []
@@ -201,19 +206,18 @@ def evaluate(s: Setup, batches: int) -> dict:
         labels.append(batch.labels.cpu())
     s.model.train()
     logits_t, labels_t = torch.cat(logits), torch.cat(labels)
-    out = {"eval_samples": labels_t.shape[0],
-           "eval_loss": float(ranking_loss(logits_t, labels_t))}
+    out = {"step": step, "eval_samples": labels_t.shape[0], "eval_loss": float(ranking_loss(logits_t, labels_t))}
     for t, task in enumerate(TASKS):
         out[f"ne_{task}"] = normalized_entropy(logits_t[:, t], labels_t[:, t])
         out[f"auc_{task}"] = roc_auc(logits_t[:, t], labels_t[:, t])
     return out
 
 
-def measure_step_memory(s: Setup, batch: JaggedBatch, normalizer: int | None = None) -> dict:
+def measure_step_memory(s: Setup, batch: JaggedBatch) -> MemoryRecord:
     """Peak memory of one forward+backward (CPU: live tensor bytes, a separate slow pass)."""
     s.optimizer.zero_grad(set_to_none=True)
     with track_peak_memory(s.device) as peak:
-        backward(s, forward_loss(s, batch, normalizer))
+        s.gradients(batch)
     s.optimizer.zero_grad(set_to_none=True)
     return {"peak_memory_bytes": peak.bytes, "peak_memory_method": peak.method}
 
@@ -230,121 +234,96 @@ def resume_step(s: Setup) -> int:
     return step
 
 
-def _parallel_record(s: Setup, batch: JaggedBatch, normalizer: int, step_s: list, cpu_s: list,
-                     samples: list) -> dict:
+def measure_step(s: Setup, batches: Iterator[JaggedBatch], step: int) -> StepResult:
+    """Fetch the next batch, run training step `step` (1-based) under the stopwatch, check it.
+
+    Not timed as the step: the data wait (timed apart), the non-finite check and, with
+    several ranks, the all-reduce of (loss, flag)."""
+    cfg, tc = s.preset.model, s.train
+    t0 = time.perf_counter()
+    batch = next(batches)
+    data_s = time.perf_counter() - t0
+    cpu0 = time.thread_time()
+    with stopwatch(s.device) as elapsed:
+        loss = s.step(batch.to(s.device, non_blocking=True))
+    cpu_s = time.thread_time() - cpu0
+    health = torch.stack([loss.float(), nonfinite(loss, s.model)])
+    if s.parallel:
+        dist.all_reduce(health)           # the global loss (parts divided by the global batch); flagged ranks
+    loss_value, flagged = health.tolist()
+    lengths = batch.lengths
+    executed = executed_flops(cfg, lengths, jagged=tc.jagged, kernel=s.kernel, device=s.device).total \
+        + recompute_flops(cfg, lengths, applied_plan(s.model), jagged=tc.jagged, kernel=s.kernel)
+    work = StepRecord(elapsed[0], data_s, batch.batch_size, batch.num_tokens, model_flops(cfg, lengths).total,
+                      executed)
+    return StepResult(step, loss_value, flagged > 0, cpu_s, work)
+
+
+def global_work(s: Setup, results: list[StepResult]) -> list[StepRecord]:
+    """Each step's record for the meter: this rank's times, the global batch's work (one all-reduce)."""
+    if s.parallel is None:
+        return [r.work for r in results]
+    fields = ("samples", "tokens", "model_flops", "executed_flops")
+    sums = iter(int(x) for x in s.parallel.sum([float(getattr(r.work, f)) for r in results for f in fields]))
+    return [replace(r.work, **{f: next(sums) for f in fields}) for r in results]
+
+
+def parallel_record(s: Setup, batch: JaggedBatch, timed: list[StepResult]) -> ParallelRecord:
     """Per-rank times, bytes per rank, and one measured step of communication (collective on all ranks)."""
     par, tc = s.parallel, s.train
-
-    def fwd_bwd() -> None:
-        s.optimizer.zero_grad(set_to_none=True)
-        backward(s, forward_loss(s, batch, normalizer))
-
     reshard_all(s.model)    # evaluation leaves FSDP's root unit gathered
     memory = par.gather(rank_bytes(s.model, s.optimizer))
-    comm = measure_comm(par, s.preset, s.model, batch, fwd_bwd)
+    comm = measure_comm(par, s.preset, s.model, batch, lambda: s.gradients(batch))
     s.optimizer.zero_grad(set_to_none=True)
+    times = rank_times(par, [r.work.seconds for r in timed], [r.cpu_seconds for r in timed],
+                       [r.work.samples for r in timed])
     return {"parallel": {"world": par.world, "mesh": tc.mesh, "backend": par.backend, "balance": tc.balance,
                          "sparse_sharding": tc.sparse_sharding, "reshard_after_forward": tc.reshard_after_forward},
-            "ranks": rank_times(par, step_s, cpu_s, samples), "memory_per_rank": memory, "comm": comm}
-
-
-def precision_label(report: PrecisionReport) -> str:
-    """e.g. "fp32", "bf16-autocast", "mxfp8 (emulated)"."""
-    if report.precision == "bf16":
-        return "bf16-autocast"
-    if report.precision == "fp32":
-        return "fp32"
-    return f"{report.precision} ({report.kernel})"
-
-
-def mfu_basis(record: dict, s: Setup) -> dict:
-    """What the MFU is measured against; for float8/MXFP8 also the fp8-peak utilisation."""
-    precision = s.precision.precision
-    out = {"mfu_basis": {"fp32": "fp32 peak", "bf16": "bf16 peak"}.get(precision, "bf16-equivalent")}
-    if precision.startswith("float8") or precision == "mxfp8":
-        fp8 = peak_flops(s.device, "mxfp8" if precision == "mxfp8" else "fp8")
-        if s.device.type == "cuda" and fp8.flops:
-            world = s.parallel.world if s.parallel else 1
-            out["fp8_peak_utilization"] = record["model_tflops_per_s"] * 1e12 / (fp8.flops * world)
-        out["speed_claim_valid"] = not s.precision.is_emulated
-    return out
+            "ranks": times, "memory_per_rank": memory, "comm": comm}
 
 
 def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str = "auto",
         data_root: str | Path | None = None, json_path: str | Path | None = None,
-        progress: bool = True, measure_memory: bool = True) -> dict:
-    """Train and measure; return the run record (every rank returns it, rank 0 writes it)."""
+        progress: bool = True, measure_memory: bool = True) -> RunRecord:
+    """Train and measure; return the run record (every rank returns it, rank 0 writes it).
+    Raises NonFiniteError at the first step whose loss or gradient is NaN/inf."""
     s = setup(preset, train, device=device, data_root=data_root, progress=progress)
-    cfg, tc, par = s.preset.model, s.train, s.parallel
-    world = par.world if par else 1
-    normalizer = tc.batch_size if par else None        # the global batch (drop_last: always full)
-    # float8/MXFP8 MFU is measured against the bf16 dense peak ("bf16-equivalent", docs/design.md).
-    dtype_name = "fp32" if s.precision.precision == "fp32" else "bf16"
-    peak = peak_flops(s.device, dtype_name) if s.rank == 0 else Peak(None, "reported by rank 0", dtype_name)
-    if world > 1:
-        peak = Peak(peak.flops * world if peak.flops else None, f"{peak.source}, x {world} ranks", peak.dtype)
+    tc = s.train
     start = resume_step(s)
-    meter = Meter(peak, warmup_steps=min(tc.warmup_steps, tc.steps - start - 1))
+    meter = Meter(run_peak(s.device, s.precision.precision, s.rank, s.world),
+                  warmup_steps=min(tc.warmup_steps, tc.steps - start - 1))
     batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, start),
                                num_workers=tc.num_workers, device=s.device))
-    losses, evals, step_s, cpu_s, samples = [], [], [], [], []
-    bar = tqdm(range(start, tc.steps), desc=f"train {s.preset.name}", disable=not progress or s.rank != 0,
-               unit="step")
+    good = checkpoint_path(tc.checkpoint_dir, start) if start else None   # newest checkpoint of a good state
+    results: list[StepResult] = []
+    evals: list[EvalResult] = []
+    bar = tqdm(range(start + 1, tc.steps + 1), desc=f"train {s.preset.name}", unit="step",
+               disable=not progress or s.rank != 0)
     for step in bar:
-        t0 = time.perf_counter()
-        batch = next(batches)
-        data_s = time.perf_counter() - t0
-        lengths = batch.lengths
-        cpu0 = time.thread_time()
-        with stopwatch(s.device) as elapsed:
-            loss = train_step(s, batch.to(s.device, non_blocking=True), normalizer)
-        cpu_s.append(time.thread_time() - cpu0)
-        step_s.append(elapsed[0])
-        samples.append(batch.batch_size)
-        work = [float(loss), batch.batch_size, batch.num_tokens, model_flops(cfg, lengths).total,
-                executed_flops(cfg, lengths, jagged=tc.jagged, kernel=s.kernel, device=s.device).total
-                + recompute_flops(cfg, lengths, applied_plan(s.model), jagged=tc.jagged, kernel=s.kernel)]
-        work = par.sum(work) if par else work          # the global batch's loss, samples, tokens, FLOPs
-        losses.append(work[0])
-        meter.record(StepRecord(elapsed[0], data_s, *(int(w) for w in work[1:])))
-        bar.set_postfix(loss=f"{losses[-1]:.4f}", step_s=f"{elapsed[0]:.3f}")
-        if tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0:
-            save_checkpoint(tc.checkpoint_dir, step + 1, s.model, s.optimizer, global_batch=tc.batch_size,
-                            seed=tc.seed)
-        if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
-            evals.append({"step": step + 1, **evaluate(s, tc.eval_batches)})
-    evals.append({"step": tc.steps, **evaluate(s, tc.eval_batches)})
-    record = {
-        "kind": "train",
-        "preset": s.preset.name,
-        "config": {"model": asdict(cfg), "data": asdict(s.preset.data), "train": asdict(tc)},
-        "switches": {"jagged": tc.jagged, "kernel": tc.kernel, "kernel_resolved": s.kernel,
-                     "compile": tc.compile, "ac": tc.ac, "ac_budget": tc.ac_budget,
-                     "balance": tc.balance, "mesh": tc.mesh, "sparse_sharding": tc.sparse_sharding,
-                     "precision": s.precision.precision},
-        "compile": compile_stats(s.model).as_record() if compile_stats(s.model) else None,
-        "ac_plan": plan_record(s.model),
-        "hfu_counts_recompute": tc.ac != "pt2",   # PT2's partitioner recompute is not counted
-        "device": {"type": s.device.type, "name": device_name(s.device),
-                   "threads": torch.get_num_threads(), "ranks": world},
-        "dtype": precision_label(s.precision),
-        "precision": s.precision.as_record(),
-        "versions": versions(),
-        "parameters": global_parameters(s.model),
-        "start_step": start,
-        **meter.summary(),
-        "loss_curve": losses,
-        "step_log": [asdict(step) for step in meter.steps],   # warm-up steps first
-        "eval": evals[-1],
-        "eval_history": evals,
-    }
-    record.update(mfu_basis(record, s))
-    device_batch = batch.to(s.device)
-    if par:
-        timed = slice(meter.warmup_steps, None)
-        record.update(_parallel_record(s, device_batch, normalizer, step_s[timed], cpu_s[timed], samples[timed]))
-    if measure_memory:
-        record.update(measure_step_memory(s, device_batch, normalizer))
+        result = measure_step(s, batches, step)
+        if result.nonfinite:
+            raise NonFiniteError(step, result.loss, good, bool(tc.checkpoint_dir and tc.checkpoint_every))
+        results.append(result)
+        bar.set_postfix(loss=f"{result.loss:.4f}", step_s=f"{result.work.seconds:.3f}")
+        if tc.checkpoint_every and step % tc.checkpoint_every == 0:
+            good = save_checkpoint(tc.checkpoint_dir, step, s.model, s.optimizer, global_batch=tc.batch_size,
+                                   seed=tc.seed)
+        if tc.eval_every and step % tc.eval_every == 0 and step < tc.steps:
+            evals.append(evaluate(s, tc.eval_batches, step))
+    evals.append(evaluate(s, tc.eval_batches, tc.steps))
+    for work in global_work(s, results):
+        meter.record(work)
+    # one-off measurements on this rank's part of the run's last global batch
+    last = s.train_set.__getitems__(next(iter(StepBatches(s.sampler, tc.steps - 1)))).to(s.device)
+    parallel = parallel_record(s, last, results[meter.warmup_steps:]) if s.parallel else None
+    memory = measure_step_memory(s, last) if measure_memory else None
+    stats = compile_stats(s.model)
+    record = run_record(s.preset, tc, kernel=s.kernel, precision=s.precision, device=s.device,
+                        ranks=s.world,
+                        compile=stats.as_record() if stats else None, ac_plan=plan_record(s.model),
+                        parameters=global_parameters(s.model), start_step=start, summary=meter.summary(),
+                        steps=meter.steps, losses=[r.loss for r in results], evals=evals,
+                        parallel=parallel, memory=memory)
     if json_path and s.rank == 0:
         write_json(json_path, record)
     return record

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from gemref.autoac.profile import (SavedTensors, activation_bytes, existing_storages, find_batch_size, forward_loss,
+from gemref.autoac.profile import (SavedTensors, activation_bytes, existing_storages, find_batch_size,
                                    profile_blocks)
 from gemref.data.batches import batch_with_lengths
 from gemref.autoac.solver import (BLOCK_KINDS, OPTIONS, ActivationProfile, BlockProfile, ac_blocks, applied_plan,
@@ -20,6 +20,7 @@ from gemref.autoac.solver import (BLOCK_KINDS, OPTIONS, ActivationProfile, Block
 from gemref.config import get_preset, override
 from gemref.mfu.flops import executed_flops
 from gemref.model import GEMRef
+from gemref.train import forward_loss
 
 TINY = get_preset("tiny")
 CFG = TINY.model

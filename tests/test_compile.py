@@ -3,7 +3,8 @@ compile composes with activation checkpointing and PyTorch 2's memory budget."""
 import pytest
 import torch
 
-from gemref.autoac.profile import forward_loss, forward_with_bytes
+from gemref.autoac.profile import forward_with_bytes
+from gemref.train import forward_loss
 from gemref.data.batches import batch_with_lengths
 from gemref.autoac.solver import ac_blocks, apply_plan
 from gemref.compile import compile_model, compile_stats

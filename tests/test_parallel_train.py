@@ -110,20 +110,20 @@ def _balanced_grads(rank, world):
     out = {"indices": torch.tensor(indices)}
     for name, normalizer in (("global", BALANCED.batch_size), ("naive", len(indices))):
         s.optimizer.zero_grad(set_to_none=True)
-        backward(s, forward_loss(s, batch, normalizer))
+        backward(s.model, forward_loss(s.model, batch, normalizer=normalizer), s.parallel.finish_backward)
         out[name] = torch.cat([p.grad.full_tensor().flatten() for _, p in s.model.named_parameters()])
     return out
 
 
 def test_balanced_two_ranks_give_the_single_process_gradient(data_root):
-    from gemref.train import forward_loss, setup
+    from gemref.train import setup
 
     results = spawn(_balanced_grads, 2, timeout_s=120)
     counts = [len(r["indices"]) for r in results]
     assert counts[0] != counts[1] and sum(counts) == 40, "kk should split this batch unequally"
     s = setup(TINY, override(BALANCED, mesh="1x1", balance="none"), device="cpu")
     whole = torch.cat([r["indices"] for r in results]).tolist()
-    forward_loss(s, s.train_set.__getitems__(whole)).backward()
+    s.loss(s.train_set.__getitems__(whole)).backward()
     reference = torch.cat([p.grad.flatten() for _, p in s.model.named_parameters()])
 
     def rel(g):

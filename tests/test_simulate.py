@@ -6,6 +6,7 @@ over symbols: each is worked out by hand on concrete numbers in the comment besi
 """
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -362,8 +363,8 @@ def test_prediction_of_measured_gloo_runs_within_20_percent(data_root):
     rows = validate("tiny", (2, 4), log=lambda s: None)
     missed = [r["ranks"] for r in rows if abs(r["error"]) > 0.20]
     if missed:
-        print(f"re-measuring rank count(s) {missed}: first errors "
-              f"{[round(r['error'], 3) for r in rows if r['ranks'] in missed]}")
+        warnings.warn(f"simulator validation re-measured {missed} ranks after errors "
+                      f"{[round(r['error'], 3) for r in rows if r['ranks'] in missed]}")
         rows = [r for r in rows if r["ranks"] not in missed] + validate("tiny", missed, log=lambda s: None)
     for r in rows:
         assert abs(r["error"]) <= 0.20, r

@@ -1,39 +1,156 @@
-"""The training loop: it learns, it measures, it records what docs/design.md's run record lists."""
+"""The training loop: it learns, it measures, it records what docs/design.md's run record lists,
+and it stops at the first non-finite step.
+
+Bounds on trained quantities are statistical (issue 13): a seed-to-seed band from several
+seeds, never a fixed bound on one seeded run, whose value is a property of one CPU's rounding.
+"""
 import json
+import math
+import statistics
+import time
 
 import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from gemref.config import get_preset, override
+from gemref.data.batches import batch_with_lengths
+from gemref.data.loader import make_loader
+from gemref.data.sampler import StepBatches
 from gemref.env import resolve_device
-from gemref.train import run
+from gemref.mfu.peak import peak_flops
+from gemref.model import GEMRef
+from gemref.parallel.checkpoint import latest_checkpoint, load_checkpoint
+from gemref.parallel.launch import spawn
+from gemref.report.records import RunRecord
+from gemref.train import NonFiniteError, Setup, evaluate, run, setup
 
 TINY = get_preset("tiny")
-RECORD_FIELDS = ("config", "switches", "device", "dtype", "versions", "steps_timed", "median_step_s",
-                 "samples_per_s", "tokens_per_s", "model_tflops_per_s", "mfu", "peak_source",
-                 "peak_memory_bytes", "data_share", "eval")
+K_SE = 3.0          # "within k standard errors"
+
+
+def mean_and_se(values: list[float]) -> tuple[float, float]:
+    """Mean over seeds and its standard error (sample standard deviation / sqrt(n))."""
+    return statistics.mean(values), statistics.stdev(values) / math.sqrt(len(values))
+
+
+# ----------------------------------------------------------------------------- it learns
 
 
 @pytest.mark.slow
 def test_tiny_preset_learns_ne_below_095(data_root, tmp_path):
-    """Done-when of the foundation issue: 300 steps on tiny reach eval NE < 0.95."""
-    record = run(TINY, TINY.train, device="cpu", progress=False, measure_memory=False,
-                 json_path=tmp_path / "run.json")
-    assert record["eval"]["ne_click"] < 0.95, record["eval"]
-    assert record["eval"]["auc_click"] > 0.7
-    assert json.loads((tmp_path / "run.json").read_text())["eval"] == record["eval"]
+    """Done-when of the foundation issue: 300 steps on tiny reach eval NE < 0.95 (and AUC > 0.7),
+    in expectation over seeds: the mean of 3 seeds is below 0.95 by 3 standard errors."""
+    records = [run(TINY, override(TINY.train, seed=seed), device="cpu", progress=False, measure_memory=False,
+                   json_path=tmp_path / f"run{seed}.json") for seed in range(3)]
+    ne, ne_se = mean_and_se([r["eval"]["ne_click"] for r in records])
+    auc, auc_se = mean_and_se([r["eval"]["auc_click"] for r in records])
+    assert ne + K_SE * ne_se < 0.95, [r["eval"] for r in records]
+    assert auc - K_SE * auc_se > 0.7, [r["eval"] for r in records]
+    assert json.loads((tmp_path / "run0.json").read_text())["eval"] == records[0]["eval"]
+
+
+MX_BASE = override(TINY.train, precision_min_dim=32, eval_batches=16)
+MX_WARM, MX_STEPS, MX_SEEDS = 60, 40, (1, 2, 3, 4)
+
+
+def continue_training(state: dict, precision: str, seed: int) -> float:
+    """Eval loss after MX_STEPS training steps in `precision` from the weights `state`, with the
+    data order and a fresh AdamW of run `seed`."""
+    s = setup(TINY, override(MX_BASE, precision=precision, seed=seed), device="cpu")
+    s.model.load_state_dict(state)
+    batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, 0)))
+    for _ in range(MX_STEPS):
+        s.step(next(batches))
+    return evaluate(s, MX_BASE.eval_batches, MX_WARM + MX_STEPS)["eval_loss"]
+
+
+@pytest.mark.slow
+def test_mxfp8_training_tracks_fp32(data_root):
+    """MXFP8 (emulated on CPU) training steps lower the eval loss as fp32 steps do, inside fp32's
+    seed-to-seed band (issue 13: one seeded run missed a fixed 2% bound on an AMD CPU).
+
+    Learning on tiny sets in after ~60 steps and an emulated MXFP8 step costs ~4 fp32 steps, so
+    the model first trains MX_WARM steps in fp32; then, for each seed (data order, fresh AdamW),
+    MX_STEPS more in fp32 and in MXFP8. (A fresh AdamW: fp32's second moments are too small for
+    MXFP8's gradient noise, and inherited ones made the MXFP8 loss rise.) MXFP8's mean eval loss
+    must lie within 3 standard errors (fp32's spread, sqrt(2/n)) of fp32's mean, and fp32 must
+    have learned more than that tolerance, so an MXFP8 path that does not learn fails."""
+    warm = setup(TINY, override(MX_BASE, precision="fp32"), device="cpu")
+    batches = iter(make_loader(warm.train_set, batch_sampler=StepBatches(warm.sampler, 0)))
+    for _ in range(MX_WARM):
+        warm.step(next(batches))
+    start = evaluate(warm, MX_BASE.eval_batches, MX_WARM)["eval_loss"]
+    state = {k: v.clone() for k, v in warm.model.state_dict().items()}
+    fp32 = [continue_training(state, "fp32", seed) for seed in MX_SEEDS]
+    mx = [continue_training(state, "mxfp8", seed) for seed in MX_SEEDS]
+    tolerance = K_SE * statistics.stdev(fp32) * math.sqrt(2 / len(MX_SEEDS))
+    assert start - statistics.mean(fp32) > tolerance, ("fp32 barely learned: the band says nothing", start, fp32)
+    assert abs(statistics.mean(mx) - statistics.mean(fp32)) <= tolerance, (fp32, mx, tolerance)
+
+
+def test_mxfp8_run_records_its_precision(data_root):
+    record = run(TINY, override(TINY.train, steps=3, warmup_steps=1, eval_batches=1, precision="mxfp8",
+                                precision_min_dim=32), device="cpu", progress=False, measure_memory=False)
+    assert record["precision"]["converted"], "no layer was converted"
+    assert record["dtype"] == "mxfp8 (emulated)" and record["mfu_basis"] == "bf16-equivalent"
+    assert record["speed_claim_valid"] is False
+
+
+# ----------------------------------------------------------------------------- it measures and records
 
 
 def test_run_record_is_complete_and_consistent(data_root):
     train = override(TINY.train, steps=6, warmup_steps=2, eval_batches=2)
     record = run(TINY, train, device="cpu", progress=False)
-    for field in RECORD_FIELDS:
-        assert field in record, field
-    assert record["steps_timed"] == 4 and len(record["loss_curve"]) == 6
+    assert RunRecord.__required_keys__ <= set(record) <= RunRecord.__required_keys__ | RunRecord.__optional_keys__
+    assert {"peak_memory_bytes", "peak_memory_method"} <= set(record) and "parallel" not in record
+    assert record["steps_timed"] == 4 and len(record["loss_curve"]) == 6 and len(record["step_log"]) == 6
+    assert all(math.isfinite(x) for x in record["loss_curve"])
     assert record["peak_source"].startswith("measured")
-    assert record["mfu"] == pytest.approx(record["model_tflops_per_s"] * 1e12 / record["peak_flops"])
     assert 0 < record["mfu"] < 1 and record["hfu"] >= record["mfu"]
     assert record["peak_memory_bytes"] > 0 and record["peak_memory_method"] == "cpu_tensor_tracking"
     assert record["config"]["train"]["steps"] == 6
+    assert record["eval"] == record["eval_history"][-1] and record["eval"]["step"] == 6
+
+
+def model_flops_by_flop_counter(lengths: set[int]) -> dict[int, int]:
+    """Model FLOPs of one training sample per history length, counted without gemref.mfu.flops:
+    the sample alone (B=1: no padding) through the jagged reference model under FlopCounterMode,
+    forward; then the convention by hand: causal self-attention counts half of the 4*H*D*L^2
+    FLOPs per layer the materialised kernel runs, and a step is 3 x forward. (FlopCounterMode
+    misses a few hundred FLOPs of a 1-event history: torch runs its length-1 contractions as mul.)"""
+    cfg = TINY.model
+    model = GEMRef(cfg, jagged=True, kernel="reference")
+    out = {}
+    for length in lengths:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(batch_with_lengths(cfg, [length]))
+        masked_half = cfg.n_layers * 2 * cfg.n_heads * cfg.head_dim * length * length
+        out[length] = 3 * (counter.get_total_flops() - masked_half)
+    return out
+
+
+def test_mfu_is_independently_counted_flops_over_the_step_clock(data_root, monkeypatch):
+    """The record's MFU against one recomputed here: FLOPs counted by FlopCounterMode (above),
+    seconds of each training step timed around `Setup.step` by this test, the CPU peak."""
+    timed = []
+    step = Setup.step
+
+    def clocked(self, batch):
+        start = time.perf_counter()
+        loss = step(self, batch)
+        timed.append((batch.lengths.tolist(), time.perf_counter() - start))
+        return loss
+    monkeypatch.setattr(Setup, "step", clocked)
+    train = override(TINY.train, steps=7, warmup_steps=2, eval_batches=1)
+    record = run(TINY, train, device="cpu", progress=False, measure_memory=False)
+    assert len(timed) == 7
+    peak = peak_flops("cpu", "fp32").flops
+    per_sample = model_flops_by_flop_counter({length for lengths, _ in timed[2:] for length in lengths})
+    rates = [sum(per_sample[length] for length in lengths) / seconds for lengths, seconds in timed[2:]]
+    assert record["peak_flops"] == peak
+    assert record["mfu"] == pytest.approx(statistics.median(rates) / peak, rel=0.05)
 
 
 def test_jagged_run_records_its_switches(data_root):
@@ -41,6 +158,79 @@ def test_jagged_run_records_its_switches(data_root):
     record = run(TINY, train, device="cpu", progress=False, measure_memory=False)
     assert record["switches"]["jagged"] is True
     assert record["switches"]["kernel"] == "auto" and record["switches"]["kernel_resolved"] != "auto"
+
+
+# ----------------------------------------------------------------------------- it stops on NaN/inf
+
+
+def poisoned(forward, call: int, where: str):
+    """GEMRef.forward that from its `call`-th call on makes the logits NaN ("loss") or, with
+    finite logits, their gradient infinite ("gradient")."""
+    calls = []
+
+    def poisoned_forward(self, batch):
+        logits = forward(self, batch)
+        calls.append(1)
+        if len(calls) < call:
+            return logits
+        if where == "loss":
+            return logits * math.nan
+        logits.register_hook(lambda grad: grad * math.inf)
+        return logits
+    return poisoned_forward
+
+
+def poison_forward(monkeypatch, call: int, where: str) -> None:
+    monkeypatch.setattr(GEMRef, "forward", poisoned(GEMRef.forward, call, where))
+
+
+def test_a_nan_loss_stops_training_after_the_last_good_checkpoint(data_root, tmp_path, monkeypatch):
+    folder = tmp_path / "ckpt"
+    train = override(TINY.train, steps=8, warmup_steps=1, eval_batches=1, checkpoint_dir=str(folder),
+                     checkpoint_every=2)
+    poison_forward(monkeypatch, call=6, where="loss")
+    with pytest.raises(NonFiniteError, match=r"training step 6 produced a non-finite loss \(loss nan\); "
+                                             r"stopped without saving it: the last good state is checkpoint "
+                                             r".*step-00000004") as error:
+        run(TINY, train, device="cpu", progress=False, measure_memory=False)
+    assert isinstance(error.value, ValueError) and error.value.step == 6
+    assert latest_checkpoint(folder) == (4, error.value.checkpoint)      # step 6's state was not saved
+    s = setup(TINY, train, device="cpu")
+    assert load_checkpoint(error.value.checkpoint, s.model, s.optimizer, global_batch=train.batch_size,
+                           seed=train.seed) == 4
+    assert all(torch.isfinite(p).all() for p in s.model.parameters())
+    monkeypatch.undo()
+    resumed = run(TINY, override(train, resume=True), device="cpu", progress=False, measure_memory=False)
+    assert resumed["start_step"] == 4 and all(math.isfinite(x) for x in resumed["loss_curve"])
+
+
+def test_a_non_finite_gradient_stops_training_even_with_a_finite_loss(data_root, monkeypatch):
+    poison_forward(monkeypatch, call=3, where="gradient")
+    with pytest.raises(NonFiniteError, match=r"training step 3 produced a non-finite gradient \(loss [\d.]+\); "
+                                             r".*checkpointing is off") as error:
+        run(TINY, override(TINY.train, steps=5, warmup_steps=1, eval_batches=1), device="cpu", progress=False,
+            measure_memory=False)
+    assert error.value.step == 3 and error.value.checkpoint is None
+
+
+def _nan_on_rank_1(rank, world):
+    """2 ranks (FSDP 1x2): rank 1's loss turns NaN at step 3; the step each rank stopped at."""
+    if rank == 1:
+        GEMRef.forward = poisoned(GEMRef.forward, 3, "loss")
+    try:
+        run(TINY, override(TINY.train, steps=5, warmup_steps=1, eval_batches=1, mesh="1x2"), device="cpu",
+            progress=False, measure_memory=False)
+    except NonFiniteError as error:
+        return error.step
+    return None
+
+
+@pytest.mark.multiproc
+def test_every_rank_stops_at_the_step_where_one_rank_went_non_finite(data_root):
+    assert spawn(_nan_on_rank_1, 2, timeout_s=180) == [3, 3]
+
+
+# ----------------------------------------------------------------------------- settings
 
 
 def test_bad_settings_are_value_errors():
@@ -52,19 +242,6 @@ def test_bad_settings_are_value_errors():
         resolve_device("tpu")
     with pytest.raises(ValueError, match="unknown TrainConfig field"):
         override(TINY.train, nope=1)
-
-
-@pytest.mark.slow
-def test_mxfp8_training_tracks_fp32(data_root):
-    """Issue 7: tiny preset, 200 steps: MXFP8 (emulated on CPU) ends within 2% of fp32's eval loss."""
-    base = override(TINY.train, steps=200, precision_min_dim=32, eval_batches=16)
-    fp32 = run(TINY, override(base, precision="fp32"), device="cpu", progress=False, measure_memory=False)
-    mx = run(TINY, override(base, precision="mxfp8"), device="cpu", progress=False, measure_memory=False)
-    assert mx["precision"]["converted"], "no layer was converted: the comparison would be vacuous"
-    assert mx["dtype"] == "mxfp8 (emulated)" and mx["mfu_basis"] == "bf16-equivalent"
-    assert mx["speed_claim_valid"] is False
-    rel = abs(mx["eval"]["eval_loss"] - fp32["eval"]["eval_loss"]) / fp32["eval"]["eval_loss"]
-    assert rel < 0.02, (mx["eval"]["eval_loss"], fp32["eval"]["eval_loss"])
 
 
 def test_unknown_precision_is_rejected():

@@ -271,11 +271,11 @@ def test_op_classes(name, cls):
 def test_a_profiled_step_splits_into_classes(tiny_batch):
     from gemref.config import override
     from gemref.mfu.profile import quiet_profile
-    from gemref.train import setup, train_step
+    from gemref.train import setup
 
     s = setup(TINY, override(TINY.train, jagged=True, kernel="auto"), device="cpu")
     with quiet_profile("cpu") as prof:
-        train_step(s, tiny_batch)
+        s.step(tiny_batch)
     by_class = classify_cpu(prof.events())
     assert set(by_class) == set(CLASSES)
     assert by_class["gemm"] > 0 and by_class["attention"] > 0 and by_class["optimizer"] > 0

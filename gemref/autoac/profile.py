@@ -1,6 +1,7 @@
 """Measure what checkpointing each block buys: the profiling pass behind AutoAC, and the
 batch-size search that turns freed memory into a larger batch.
 
+Every pass runs the training step's own forward and loss (gemref/step.py's `forward_loss`).
 Activation bytes = the memory a training step's forward leaves alive for its backward:
   * CUDA: torch.cuda.memory_allocated after the forward minus before (everything).
   * CPU, eager: a TorchDispatchMode notes (weakly) every storage an op creates during the
@@ -41,18 +42,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .solver import (ActivationProfile, BlockProfile, Plan, ac_blocks, applied_plan, apply_plan,
                      recompute_flops, remove_plan, solve)
-from ..compile import compile_stats, loss_function
+from ..compile import compile_stats
 from ..data.jagged import JaggedBatch
 from ..mfu.flops import model_flops
 from ..mfu.memory import track_peak_memory
-
-
-def forward_loss(model: nn.Module, batch: JaggedBatch, autocast_dtype: torch.dtype | None = None) -> Tensor:
-    """The training step's forward: logits under autocast (if any), then the loss."""
-    device_type = batch.values.device.type
-    with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-        logits = model(batch)
-    return loss_function(model)(logits, batch.labels)
+from ..step import forward_loss
 
 
 def _storage_key(t: Tensor) -> tuple[StorageWeakRef, int]:

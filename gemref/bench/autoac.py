@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ..autoac.profile import backward_flops, find_batch_size, forward_loss, forward_with_bytes, profile_blocks, step_bytes
+from ..autoac.profile import backward_flops, find_batch_size, forward_with_bytes, profile_blocks, step_bytes
 from ..autoac.solver import Plan, ac_blocks, apply_plan, recompute_flops, solve
 from ..compile import compile_model
 from ..config import PRESETS, Preset, TrainConfig, get_preset, override
@@ -43,7 +43,7 @@ from ..report import format_table, write_json
 from ..data.shards import dataset_dir
 from ..env import resolve_device, versions
 from ..errors import UsageError
-from ..train import build_model
+from ..train import build_model, forward_loss, make_optimizer, train_step
 
 DEFAULT_BUDGETS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 SWEEP_COLUMNS = ("budget", "strategy", "act_mb", "act_pct", "fits", "recompute_pct", "step_s", "vs_none",
@@ -106,17 +106,16 @@ def strategy_model(b: Bench, strategy: str, plan: Plan | dict | None = None, *, 
 
 
 class Trainer:
-    """A model and its AdamW; `step(batch)` runs one training step and returns its seconds."""
+    """A model and training's optimizer (`train.make_optimizer`); `step(batch)` runs training's
+    step (`train.train_step`) and returns its seconds."""
 
     def __init__(self, b: Bench, model):
         self.b, self.model = b, model
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=b.train.lr)
+        self.optimizer = make_optimizer(model, b.train)
 
     def step(self, batch) -> float:
         with stopwatch(self.b.device) as elapsed:
-            self.optimizer.zero_grad(set_to_none=True)
-            forward_loss(self.model, batch, self.b.autocast).backward()
-            self.optimizer.step()
+            train_step(self.model, self.optimizer, batch, autocast_dtype=self.b.autocast)
         return elapsed[0]
 
 

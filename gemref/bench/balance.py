@@ -11,10 +11,11 @@ batch with each policy and report, per policy, the medians over batches of
   lower_bound = max(dearest sample, mean) / mean: no partition of that batch can do better.
 
 --measure: spawn R gloo ranks on CPU (one thread each, gemref.parallel.launch) that run the
-real GEM training step: every rank builds the --preset GEMRef (jagged, max_len = --max-len,
-same seed), and on each global batch (synthetic ids, lengths from the profile) takes its
-samples split by round_robin and by kk in turn, runs forward + backward with the loss
-divided by the global batch size, then all-reduces the gradients (replicated data
+real GEM training step: every rank builds the --preset GEMRef and its optimizer as training
+does (jagged, max_len = --max-len, same seed), and on each global batch (synthetic ids,
+lengths from the profile) takes its samples split by round_robin and by kk in turn and runs
+training's step (`train.train_step`) with the loss divided by the global batch size; between
+backward and the optimizer update the gradients are all-reduced (replicated data
 parallelism, as DDP without buckets). The split prices samples with the same cost as the
 training switch (model FLOPs, gemref/mfu/flops.py), or with seconds fitted to this
 machine's measured step times (--calibrate, `gemref.balance.calibrate`).
@@ -35,11 +36,12 @@ from dataclasses import replace
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from ..data.batches import batch_with_lengths
 from ..balance import POLICIES, SampleCost, calibrate, compare_policies, partition
 from ..commands.args import check_local_ranks, nonnegative_int, output_file, positive_float, positive_int
-from ..config import LENGTH_PROFILES, PRESETS, get_preset
+from ..config import LENGTH_PROFILES, PRESETS, get_preset, override
 from ..data.synthetic import draw_lengths
 from ..mfu.flops import sample_cost_coefficients
 from ..errors import UsageError
@@ -51,52 +53,69 @@ from ..env import versions
 # ----------------------------------------------------------------------------- the GEM step on gloo ranks
 
 
-def gem_model(preset: str, max_len: int):
-    """The preset's GEMRef with max_len widened to the profile's, jagged, with the best attention kernel here."""
-    from ..attention import resolve_kernel
-    from ..model import GEMRef
+def gem_model(preset: str, max_len: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The preset's GEMRef (built by training's `build_model`: jagged, the best attention kernel
+    here, fp32, seed 0) with max_len widened to the profile's, and training's optimizer."""
+    from ..train import build_model, make_optimizer
 
-    cfg = replace(get_preset(preset).model, max_len=max_len)
-    probe = torch.empty(0, cfg.n_heads, cfg.head_dim)
-    torch.manual_seed(0)
-    return GEMRef(cfg, jagged=True, kernel=resolve_kernel("auto", probe, cfg.activation, True, None))
+    p = get_preset(preset)
+    train = override(p.train, jagged=True, kernel="auto", precision="fp32", seed=0)
+    model = build_model(replace(p, model=replace(p.model, max_len=max_len)), train, torch.device("cpu"))[0]
+    return model, make_optimizer(model, train)
+
+
+def _all_reduce_grads(model: nn.Module) -> None:
+    """Sum the gradients over the ranks in one flat buffer (replicated data parallelism, as DDP
+    without buckets), written back so every rank steps the same model."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)
+    torch._foreach_copy_(grads, [g.view_as(p) for g, p in zip(flat.split([g.numel() for g in grads]), grads)])
 
 
 def _measure_rank(rank, world, preset, max_len, lengths_per_step, cost_coeffs, policies, warmup):
-    """One rank of --measure: per step and policy, (compute wall s, compute CPU s, all-reduce wall s, n)."""
-    from ..model import ranking_loss
+    """One rank of --measure: per step and policy, (compute wall s, compute CPU s, all-reduce wall s, n).
 
-    model = gem_model(preset, max_len)
+    Each step is training's step (`train.train_step`); its gradient all-reduce is timed apart
+    from the forward+backward before it (the optimizer update after it is in neither)."""
+    from ..train import train_step
+
+    model, optimizer = gem_model(preset, max_len)
     cost = SampleCost(*cost_coeffs)
     out = {p: [] for p in policies}
+    marks: list[float] = []
+
+    def timed_all_reduce(m: nn.Module) -> None:
+        marks.extend((time.perf_counter(), time.thread_time()))
+        _all_reduce_grads(m)
+        marks.append(time.perf_counter())
+
     for step, lengths in enumerate(lengths_per_step):
         batch = batch_with_lengths(model.cfg, lengths, seed=step)
         for policy in policies:
             mine = batch.select(partition(cost.cost(lengths), world, policy, min_per_rank=1)[rank])
-            model.zero_grad(set_to_none=True)
             dist.barrier()
+            marks.clear()
             t0, c0 = time.perf_counter(), time.thread_time()
-            ranking_loss(model(mine), mine.labels, normalizer=len(lengths)).backward()
-            t1, c1 = time.perf_counter(), time.thread_time()
-            flat = torch.cat([p.grad.flatten() for p in model.parameters()])
-            dist.all_reduce(flat)
-            t2 = time.perf_counter()
+            train_step(model, optimizer, mine, normalizer=len(lengths), finish_backward=timed_all_reduce)
+            t1, c1, t2 = marks
             if step >= warmup:
                 out[policy].append([t1 - t0, c1 - c0, t2 - t1, mine.batch_size])
     return {p: torch.tensor(v, dtype=torch.float64) for p, v in out.items()}
 
 
 def calibrate_gem(preset: str, max_len: int, pool: np.ndarray, n_batches: int = 16, reps: int = 2, seed: int = 0):
-    """Time the GEM fwd+bwd on batches of varied size and length mix from `pool`; fit a SampleCost in seconds.
+    """Time the GEM training step (`train.train_step`) on batches of varied size and length mix
+    from `pool`; fit a SampleCost in seconds.
 
     Times are this thread's CPU time with one torch thread (as on every rank), so other
     processes sharing the cores do not distort the fit.
     """
-    from ..model import ranking_loss
+    from ..train import train_step
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    model = gem_model(preset, max_len)
+    model, optimizer = gem_model(preset, max_len)
     rng = np.random.default_rng(seed)
     lengths_list, times = [], []
     for k in range(n_batches):
@@ -104,9 +123,8 @@ def calibrate_gem(preset: str, max_len: int, pool: np.ndarray, n_batches: int = 
         batch = batch_with_lengths(model.cfg, lengths, seed=k)
         samples = []
         for _ in range(reps + 1):   # first run is warm-up
-            model.zero_grad(set_to_none=True)
             t0 = time.thread_time()
-            ranking_loss(model(batch), batch.labels).backward()
+            train_step(model, optimizer, batch)
             samples.append(time.thread_time() - t0)
         lengths_list.append(lengths)
         times.append(statistics.median(samples[1:]))

@@ -21,14 +21,14 @@ import time
 
 import torch
 
-from ..autoac.profile import forward_loss
 from ..commands.args import add_device_arg, int_at_least, output_file, positive_int
 from ..config import PRESETS
 from ..compile import REGION_KINDS, compile_stats, region_inputs, run_region
-from ..mfu.meter import percentile, stopwatch
+from ..mfu.meter import percentile
 from ..report import format_table, write_json
 from ..env import versions
-from .autoac import Bench, _mfu, make_bench, strategy_model
+from ..train import forward_loss
+from .autoac import Bench, Trainer, _mfu, make_bench, strategy_model
 
 STEP_COLUMNS = ("variant", "median_step_s", "p10_step_s", "p90_step_s", "vs_eager", "mfu", "compile_s", "graphs",
                 "recompiles_after_warmup")
@@ -37,7 +37,7 @@ STEP_COLUMNS = ("variant", "median_step_s", "p10_step_s", "p90_step_s", "vs_eage
 def compare_steps(b: Bench) -> dict:
     """Interleaved training steps of an eager and a compiled model on the same batches."""
     models = {"eager": strategy_model(b, "none", compiled=False), "compiled": strategy_model(b, "none", compiled=True)}
-    optimizers = {k: torch.optim.AdamW(m.parameters(), lr=b.train.lr) for k, m in models.items()}
+    trainers = {name: Trainer(b, model) for name, model in models.items()}
     stats = compile_stats(models["compiled"])
     seconds: dict[str, list[float]] = {"eager": [], "compiled": []}
     after_warmup = None
@@ -45,12 +45,9 @@ def compare_steps(b: Bench) -> dict:
         if i == b.warmup:
             after_warmup = (stats.graphs, stats.recompiles)
         for name in (("eager", "compiled") if i % 2 == 0 else ("compiled", "eager")):
-            with stopwatch(b.device) as elapsed:
-                optimizers[name].zero_grad(set_to_none=True)
-                forward_loss(models[name], batch, b.autocast).backward()
-                optimizers[name].step()
+            elapsed = trainers[name].step(batch)
             if i >= b.warmup:
-                seconds[name].append(elapsed[0])
+                seconds[name].append(elapsed)
     rows = []
     for name, s in seconds.items():
         rows.append({"variant": name, "median_step_s": statistics.median(s), "p10_step_s": percentile(s, 0.1),

@@ -16,11 +16,11 @@ import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, TypedDict
 
 import torch
 
-from .peak import Peak
+from .peak import Peak, peak_flops
 
 
 @contextmanager
@@ -41,6 +41,8 @@ def stopwatch(device: torch.device | str) -> Iterator[list[float]]:
 
 @dataclass
 class StepRecord:
+    """One step as the meter sees it (the run record's `step_log` holds these as dicts)."""
+
     seconds: float            # compute time of the step (forward, backward, optimizer)
     data_seconds: float       # time blocked fetching the batch
     samples: int
@@ -49,10 +51,42 @@ class StepRecord:
     executed_flops: int
 
 
+def run_peak(device: torch.device, precision: str, rank: int = 0, world: int = 1) -> Peak:
+    """The peak FLOP/s a run's MFU divides by: the dense peak of its dtype (fp32 runs: fp32;
+    bf16, float8 and MXFP8 runs: bf16, i.e. "bf16-equivalent", docs/design.md) times the
+    ranks. Only rank 0 looks it up (on CPU that times a GEMM); the others get None."""
+    dtype = "fp32" if precision == "fp32" else "bf16"
+    peak = peak_flops(device, dtype) if rank == 0 else Peak(None, "reported by rank 0", dtype)
+    if world > 1:
+        peak = Peak(peak.flops * world if peak.flops else None, f"{peak.source}, x {world} ranks", peak.dtype)
+    return peak
+
+
 def percentile(values: list[float], q: float) -> float:
     """The q-quantile (0..1) of `values`, nearest rank (no interpolation: a value that occurred)."""
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+class MeterSummary(TypedDict):
+    """`Meter.summary()`: medians over the timed steps, base units; part of the run record."""
+
+    steps_timed: int
+    warmup_steps: int
+    median_step_s: float
+    p10_step_s: float
+    p90_step_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    model_flops_per_step: float
+    executed_flops_per_step: float
+    model_tflops_per_s: float
+    executed_tflops_per_s: float
+    mfu: float | None              # model FLOP/s / peak FLOP/s; None without a known peak
+    hfu: float | None              # executed FLOP/s / peak FLOP/s
+    peak_flops: float | None
+    peak_source: str
+    data_share: float              # time blocked on data / (that + step time)
 
 
 @dataclass
@@ -78,7 +112,7 @@ class Meter:
         cuts = [timed[i * size:(i + 1) * size if i < n - 1 else len(timed)] for i in range(n)]
         return [Meter(self.peak, 0, list(c)) for c in cuts]
 
-    def summary(self) -> dict:
+    def summary(self) -> MeterSummary:
         """Medians over the timed steps; every field in base units (seconds, FLOP/s, bytes)."""
         timed = self.timed
         if not timed:

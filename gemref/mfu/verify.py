@@ -11,7 +11,7 @@ beside it ("model_train_palm"), so an MFU can be compared with theirs.
 """
 from __future__ import annotations
 
-from ..train import forward_loss, sample_batch, setup
+from ..train import sample_batch, setup
 from .flops import COMPONENTS, count_with_flop_counter, executed_flops, model_flops
 
 TOLERANCE = 0.02
@@ -41,7 +41,7 @@ def flops_report(preset, train, *, device: str = "auto", verify: bool = False) -
                           f"PaLM/torchtitan count L^2: {palm.total:.4e} FLOPs/step "
                           f"({palm.total / model.total - 1:+.1%}), an MFU that much higher"]}
     if verify:
-        counted = count_with_flop_counter(lambda: forward_loss(s, batch).backward())
+        counted = count_with_flop_counter(lambda: s.loss(batch).backward())
         error = abs(counted - executed.total) / executed.total
         report.update(counted_flops=counted, relative_error=error, verified=error <= TOLERANCE)
         verdict = "PASS" if error <= TOLERANCE else "FAIL"

@@ -188,19 +188,19 @@ def _probe(iters: int = 1200) -> tuple[float, float]:
 def _compute_rank(rank: int, world: int, preset: Preset, train: TrainConfig, parts: list[list[int]], reps: int):
     """Thread CPU seconds of one training step on each index list in a 1-rank process group, in units
     of the CPU seconds of a _probe run just before (median of `reps` passes over all lists)."""
-    from ..train import setup, train_step
+    from ..train import setup
 
     s = setup(preset, train, device="cpu")
     batches = [s.train_set.__getitems__(p) for p in parts]
     for batch in batches[:3]:
-        train_step(s, batch, train.batch_size)
+        s.step(batch)
     units, probes = [[] for _ in batches], []
     for _ in range(reps):                 # whole passes: a burst of load hits one pass, not every rep of a list
         for i, batch in enumerate(batches):
             if i % 8 == 0:
                 probes.append(_probe()[1])
             t0 = time.thread_time()
-            train_step(s, batch, train.batch_size)
+            s.step(batch)
             units[i].append((time.thread_time() - t0) / probes[-1])
     return {"units": [statistics.median(u) for u in units], "probe_cpu_s": statistics.median(probes)}
 
@@ -220,7 +220,7 @@ def _measured_rank(rank: int, world: int, preset: Preset, train: TrainConfig, ki
     is sampled under the same load as the steps. Rank 0 returns it all."""
     from ..data.loader import make_loader
     from ..data.sampler import StepBatches
-    from ..train import setup, train_step
+    from ..train import setup
 
     s = setup(preset, train, device="cpu")
     batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, 0)))
@@ -229,7 +229,7 @@ def _measured_rank(rank: int, world: int, preset: Preset, train: TrainConfig, ki
         batch = next(batches)
         before = _stretch()
         w0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
-        train_step(s, batch, train.batch_size)
+        s.step(batch)
         wall, cpu, proc = time.perf_counter() - w0, time.thread_time() - c0, time.process_time() - p0
         after = _stretch()
         steps.append({"step_s": wall, "cpu_s": cpu, "process_cpu_s": proc, "stretch": (before[0] + after[0]) / 2,

@@ -12,7 +12,7 @@ attention, element-wise, optimizer, exposed communication, waiting at the collec
 
     rungs.py     how each rung changes the TrainConfig (or why it does not apply here)
     schedule.py  interleaved rounds, groups of live rungs, contention
-    runner.py    the measurement on each rank, built from train.py's setup and train_step
+    runner.py    the measurement on each rank, built from train.py's setup and Setup.step
     stats.py     window figures, paired ratios, the breakdown
     rows.py      rows, tables and footnotes
 """

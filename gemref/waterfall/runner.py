@@ -1,6 +1,6 @@
 """The waterfall's measurement on each rank: every rung alive, interleaved windows, a profiled step.
 
-Built from train.py's public pieces (setup, train_step, measure_step_memory) rather than
+Built from train.py's public pieces (setup, Setup.step, measure_step_memory) rather than
 train.run: a rung here is a live Setup with its own batch iterator, so the rungs can take
 turns window by window (gemref/waterfall/schedule.py). Per rank the program is
 
@@ -37,7 +37,8 @@ from ..mfu.profile import quiet_profile
 from ..parallel import comm, launch
 from ..parallel.memory import projected_rank_bytes
 from ..parallel.mesh import check_world, local_device
-from ..train import Setup, measure_step_memory, precision_label, resolve_precision, setup, train_step
+from ..report.records import precision_label
+from ..train import Setup, measure_step_memory, resolve_precision, setup
 from . import schedule
 from .schedule import Window
 
@@ -85,7 +86,6 @@ class Rung:
         self.s: Setup = setup(preset, train, device=device)
         self.batches = iter(make_loader(self.s.train_set, batch_sampler=StepBatches(self.s.sampler, 0),
                                         num_workers=train.num_workers, device=self.s.device))
-        self.normalizer = train.batch_size if self.s.parallel else None   # the global batch on ranks
 
     def step(self):
         """One training step; (batch, data seconds, step seconds, main-thread CPU seconds of the step)."""
@@ -94,7 +94,7 @@ class Rung:
         data = time.perf_counter() - t0
         cuda = self.s.device.type == "cuda"
         cpu0, t1 = time.thread_time(), time.perf_counter()
-        train_step(self.s, batch.to(self.s.device, non_blocking=True), self.normalizer)
+        self.s.step(batch.to(self.s.device, non_blocking=True))
         if cuda:
             torch.cuda.synchronize(self.s.device)
         return batch, data, time.perf_counter() - t1, time.thread_time() - cpu0
@@ -143,7 +143,7 @@ class Rung:
         return out | {"compute_per_step_s": sum(out[c] for c in COMPUTE)}
 
     def memory(self) -> dict:
-        return measure_step_memory(self.s, next(self.batches).to(self.s.device), self.normalizer)
+        return measure_step_memory(self.s, next(self.batches).to(self.s.device))
 
 
 def _everyone(obj) -> list:

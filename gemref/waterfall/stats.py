@@ -99,9 +99,13 @@ def breakdown(ranks: list[Window], profiled: list[dict[str, float]] | None) -> d
     slowest = max(compute)
     out = {"step_s": step_s, "data_s": sum(w.data_s for w in ranks) / steps / world,
            "waiting_s": sum(slowest - c for c in compute) / world}
+    rest = max(0.0, step_s - sum(compute) / world - out["data_s"] - out["waiting_s"])
     if all(w.run_delay_s is not None for w in ranks):
-        out["queued_s"] = sum(w.run_delay_s for w in ranks) / steps / world
-    out["exposed_comm_s"] = max(0.0, step_s - sum(compute) / world - sum(v for k, v in out.items() if k != "step_s"))
+        # Time queued for a core that the compute clock did not already include (on one rank the
+        # compute is the steps' wall time, which holds any queueing inside them).
+        out["queued_s"] = min(rest, sum(w.run_delay_s for w in ranks) / steps / world)
+        rest -= out["queued_s"]
+    out["exposed_comm_s"] = rest
     if profiled:
         for cls in COMPUTE:
             out[f"{cls}_s"] = 0.0

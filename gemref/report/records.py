@@ -1,0 +1,168 @@
+"""The run record: its schema, typed, and the one function that builds it.
+
+`gemref.train.run` writes a run record (returned, and saved as JSON); the waterfall
+(gemref/waterfall.py), the CLI tables (`cli.run_row`), the scale simulator (through the
+waterfall record) and the notebooks read it. Records stay plain JSON-able dicts, so readers
+keep `record["key"]`; the TypedDicts below name every key and its type, for the writer and
+the readers alike (docs/design.md describes the fields). Units are base units throughout:
+seconds, bytes, FLOPs, FLOP/s. (No `from __future__ import annotations` here: TypedDict
+reads NotRequired from evaluated annotations.)
+"""
+from dataclasses import asdict
+from typing import Any, Literal, NotRequired, TypedDict
+
+import torch
+
+from ..config import Preset, TrainConfig
+from ..env import versions
+from ..mfu.meter import MeterSummary, StepRecord
+from ..mfu.peak import device_name, peak_flops
+from ..precision.apply import PrecisionReport
+
+
+class Switches(TypedDict):
+    """The ladder's switches as configured (docs/design.md), and the attention kernel that ran."""
+
+    jagged: bool
+    kernel: str
+    kernel_resolved: str          # the concrete kernel `kernel` ("auto") resolved to
+    compile: bool
+    ac: str
+    ac_budget: float
+    balance: str
+    mesh: str
+    sparse_sharding: str
+    precision: str                # the precision that ran ("auto" resolved)
+
+
+class DeviceInfo(TypedDict):
+    type: str                     # "cpu" | "cuda"
+    name: str
+    threads: int                  # torch CPU threads of this process
+    ranks: int
+
+
+class EvalResult(TypedDict):
+    """NE and AUC per task (gemref/report/metrics.py) after `step` training steps."""
+
+    step: int
+    eval_samples: int
+    eval_loss: float
+    ne_click: float
+    auc_click: float
+    ne_conversion: float
+    auc_conversion: float
+
+
+class StepLog(TypedDict):
+    """One step of `step_log` (= dataclasses.asdict of gemref.mfu.meter.StepRecord)."""
+
+    seconds: float
+    data_seconds: float
+    samples: int
+    tokens: int
+    model_flops: int
+    executed_flops: int
+
+
+class ParallelRecord(TypedDict):
+    """What a multi-rank run adds (gemref/parallel/parallelize.py)."""
+
+    parallel: dict[str, Any]      # world, mesh, backend, balance, sparse_sharding, reshard_after_forward
+    ranks: list[dict[str, float]]             # per rank: samples, step_s, compute_cpu_s, wait_s
+    memory_per_rank: list[dict[str, Any]]     # per rank: parameter, gradient, optimizer bytes
+    comm: dict[str, Any]                      # one measured step's collectives vs the analytic volume
+
+
+class MemoryRecord(TypedDict):
+    peak_memory_bytes: int        # peak of one forward+backward (CPU: live tensor bytes)
+    peak_memory_method: str
+
+
+class RunRecord(MeterSummary):
+    """A training run (`kind` "train"), with the meter's summary keys (gemref/mfu/meter.py)."""
+
+    kind: Literal["train"]
+    preset: str
+    config: dict[str, dict[str, Any]]     # {"model", "data", "train"}: the dataclasses as dicts
+    switches: Switches
+    compile: dict[str, Any] | None        # gemref/compile.py CompileStats, None when not compiled
+    ac_plan: dict[str, Any] | None        # the checkpointing plan applied, None when none
+    hfu_counts_recompute: bool            # False for PT2's budget: its partitioner recompute is not counted
+    device: DeviceInfo
+    dtype: str                            # e.g. "fp32", "bf16-autocast", "mxfp8 (emulated)"
+    precision: dict[str, Any]             # PrecisionReport.as_record()
+    versions: dict[str, str]
+    parameters: int
+    start_step: int                       # > 0 when resumed from a checkpoint
+    loss_curve: list[float]               # the global batch's loss, per step from start_step
+    step_log: list[StepLog]               # every step, warm-up steps first
+    eval: EvalResult                      # the final evaluation
+    eval_history: list[EvalResult]
+    mfu_basis: str                        # the peak the MFU divides by: "fp32 peak", "bf16 peak", "bf16-equivalent"
+    fp8_peak_utilization: NotRequired[float]   # float8/MXFP8 on CUDA: model FLOP/s / fp8 peak
+    speed_claim_valid: NotRequired[bool]       # float8/MXFP8: False when the GEMMs were emulated
+    parallel: NotRequired[dict[str, Any]]      # the ParallelRecord keys, multi-rank runs only
+    ranks: NotRequired[list[dict[str, float]]]
+    memory_per_rank: NotRequired[list[dict[str, Any]]]
+    comm: NotRequired[dict[str, Any]]
+    peak_memory_bytes: NotRequired[int]        # the MemoryRecord keys, when memory was measured
+    peak_memory_method: NotRequired[str]
+
+
+def precision_label(report: PrecisionReport) -> str:
+    """e.g. "fp32", "bf16-autocast", "mxfp8 (emulated)"."""
+    if report.precision == "bf16":
+        return "bf16-autocast"
+    if report.precision == "fp32":
+        return "fp32"
+    return f"{report.precision} ({report.kernel})"
+
+
+def mfu_basis(report: PrecisionReport, device: torch.device, ranks: int, model_tflops_per_s: float) -> dict:
+    """What the MFU is measured against; for float8/MXFP8 also the fp8-peak utilisation
+    (CUDA) and whether the run may claim a speed (not when its GEMMs were emulated)."""
+    precision = report.precision
+    out: dict[str, Any] = {"mfu_basis": {"fp32": "fp32 peak", "bf16": "bf16 peak"}.get(precision, "bf16-equivalent")}
+    if precision.startswith("float8") or precision == "mxfp8":
+        fp8 = peak_flops(device, "mxfp8" if precision == "mxfp8" else "fp8")
+        if device.type == "cuda" and fp8.flops:
+            out["fp8_peak_utilization"] = model_tflops_per_s * 1e12 / (fp8.flops * ranks)
+        out["speed_claim_valid"] = not report.is_emulated
+    return out
+
+
+def run_record(preset: Preset, train: TrainConfig, *, kernel: str, precision: PrecisionReport,
+               device: torch.device, ranks: int, compile: dict | None, ac_plan: dict | None,
+               parameters: int, start_step: int, summary: MeterSummary, steps: list[StepRecord],
+               losses: list[float], evals: list[EvalResult], parallel: ParallelRecord | None = None,
+               memory: MemoryRecord | None = None) -> RunRecord:
+    """The record of a finished run from its typed parts (`evals[-1]` is the final evaluation)."""
+    record: RunRecord = {
+        "kind": "train",
+        "preset": preset.name,
+        "config": {"model": asdict(preset.model), "data": asdict(preset.data), "train": asdict(train)},
+        "switches": {"jagged": train.jagged, "kernel": train.kernel, "kernel_resolved": kernel,
+                     "compile": train.compile, "ac": train.ac, "ac_budget": train.ac_budget,
+                     "balance": train.balance, "mesh": train.mesh, "sparse_sharding": train.sparse_sharding,
+                     "precision": precision.precision},
+        "compile": compile,
+        "ac_plan": ac_plan,
+        "hfu_counts_recompute": train.ac != "pt2",
+        "device": {"type": device.type, "name": device_name(device), "threads": torch.get_num_threads(),
+                   "ranks": ranks},
+        "dtype": precision_label(precision),
+        "precision": precision.as_record(),
+        "versions": versions(),
+        "parameters": parameters,
+        "start_step": start_step,
+        **summary,
+        "loss_curve": losses,
+        "step_log": [asdict(step) for step in steps],
+        "eval": evals[-1],
+        "eval_history": evals,
+        **mfu_basis(precision, device, ranks, summary["model_tflops_per_s"]),
+        **(parallel or {}),
+        **(memory or {}),
+    }
+    return record
