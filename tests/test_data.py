@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from gemref.config import get_preset
 from gemref.data.loader import EventDataset, make_loader, read_shard
@@ -284,3 +285,14 @@ def test_first_null_row_of_nested_lists():
     assert first_null_row(arr) == 2
     assert first_null_row(arr.slice(3)) == 0 and first_null_row(arr.slice(0, 2)) is None
     assert first_null_row(pa.array([[1], None, [2]])) == 1
+
+
+def test_a_loader_leaves_the_global_rng_alone(tmp_path):
+    """Checkpoints restore torch's RNG state; building and iterating a loader after a resume
+    must not move it (DataLoader draws its workers' base seed from the global RNG by default)."""
+    ensure_dataset(TINY.model, SMALL_DATA, tmp_path)
+    ds = EventDataset(shard_paths(tmp_path, "train"), TINY.model)
+    before = torch.get_rng_state()
+    for loader in (make_loader(ds, 64, seed=3), make_loader(ds, 64, shuffle=False, drop_last=False)):
+        next(iter(loader))
+    assert torch.equal(torch.get_rng_state(), before)

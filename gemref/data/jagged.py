@@ -15,7 +15,7 @@ vectorised check and one host sync.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import torch
 from torch import Tensor
@@ -123,7 +123,9 @@ class JaggedBatch:
     dense: Tensor       # (B, n_dense) float32 dense features
     ad_ids: Tensor      # (B,) int64: the candidate ad (an item id)
     labels: Tensor      # (B, 2) float32: click, conversion in {0, 1}
-    validated_for: tuple | None = None   # model_contract() this batch passed, else None
+    # model_contract() this batch passed, else None: per instance via `mark_validated`, not a
+    # dataclass field, so fields(batch) stays the six tensors
+    validated_for: ClassVar[tuple | None] = None
 
     @property
     def batch_size(self) -> int:
@@ -206,8 +208,14 @@ class JaggedBatch:
             self.validate_for(model_cfg)
             raise AssertionError("check_model_inputs found a violation that validate_for did not name")
 
+    def mark_validated(self, contract: tuple | None) -> "JaggedBatch":
+        """Record that this batch satisfies `contract` (model_contract(cfg)); only for batches built
+        from validated data. Returns self."""
+        self.validated_for = contract
+        return self
+
     def _map(self, fn) -> "JaggedBatch":
-        return JaggedBatch(*(fn(getattr(self, name)) for name in TENSOR_FIELDS), validated_for=self.validated_for)
+        return JaggedBatch(*(fn(getattr(self, name)) for name in TENSOR_FIELDS)).mark_validated(self.validated_for)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "JaggedBatch":
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
@@ -226,7 +234,7 @@ class JaggedBatch:
         rows = torch.arange(T, device=idx.device) - torch.repeat_interleave(new_offsets[:-1], lengths, output_size=T)
         rows = rows + torch.repeat_interleave(starts, lengths, output_size=T)
         return JaggedBatch(self.values[rows], new_offsets, self.sparse_ids[idx], self.dense[idx],
-                           self.ad_ids[idx], self.labels[idx], validated_for=self.validated_for)
+                           self.ad_ids[idx], self.labels[idx]).mark_validated(self.validated_for)
 
     @staticmethod
     def concat(batches: Sequence["JaggedBatch"]) -> "JaggedBatch":
@@ -237,5 +245,5 @@ class JaggedBatch:
         contracts = {b.validated_for for b in batches}
         return JaggedBatch(torch.cat([b.values for b in batches]), lengths_to_offsets(lengths),
                            torch.cat([b.sparse_ids for b in batches]), torch.cat([b.dense for b in batches]),
-                           torch.cat([b.ad_ids for b in batches]), torch.cat([b.labels for b in batches]),
-                           validated_for=contracts.pop() if len(contracts) == 1 else None)
+                           torch.cat([b.ad_ids for b in batches]), torch.cat([b.labels for b in batches])
+                           ).mark_validated(contracts.pop() if len(contracts) == 1 else None)

@@ -73,8 +73,7 @@ class EventDataset(Dataset):
                            sparse_ids=torch.from_numpy(self.sparse[idx]),
                            dense=torch.from_numpy(self.dense[idx]),
                            ad_ids=torch.from_numpy(self.ad_ids[idx]),
-                           labels=torch.from_numpy(self.labels[idx]),
-                           validated_for=self.contract)
+                           labels=torch.from_numpy(self.labels[idx])).mark_validated(self.contract)
 
     def __getitem__(self, index: int) -> JaggedBatch:
         return self.__getitems__([index])
@@ -97,6 +96,8 @@ def make_loader(dataset: EventDataset, batch_size: int | None = None, *, shuffle
         generator = torch.Generator().manual_seed(seed)
         sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
         batch_sampler = BatchSampler(sampler, batch_size, drop_last=drop_last)
+    # Its own generator for the workers' base seed: a loader draws nothing from torch's global
+    # RNG, so creating one (e.g. after a resume) leaves the RNG state a checkpoint restored intact.
     return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=_whole_batch,
                       num_workers=num_workers, pin_memory=torch.device(device).type == "cuda",
-                      persistent_workers=num_workers > 0)
+                      persistent_workers=num_workers > 0, generator=torch.Generator().manual_seed(seed))
