@@ -83,8 +83,9 @@ def _cache_path() -> Path:
 def probe_cpu_gemm(sizes: tuple[int, ...] = (512, 1024, 2048), repeats: int = 5) -> float:
     """Best fp32 GEMM FLOP/s over a few square sizes (after one warm-up each)."""
     best = 0.0
+    g = torch.Generator().manual_seed(0)    # not the global RNG: a probe must not move a run's RNG state
     for n in sizes:
-        a, b = torch.randn(n, n), torch.randn(n, n)
+        a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
         torch.mm(a, b)
         for _ in range(repeats):
             t0 = time.perf_counter()
