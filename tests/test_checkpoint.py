@@ -227,7 +227,8 @@ def test_a_checkpoint_of_another_preset_or_run_is_refused(tmp_path):
 def test_a_folder_belongs_to_one_run(tmp_path):
     _train(tmp_path, 4, 2)
     model, opt = _fresh()
-    with pytest.raises(ValueError, match=r"belongs to another run \(seed: 0 in its owner.json, 1 in this run\)"):
+    with pytest.raises(ValueError, match=r"belongs to another run \(seed: 0 in its owner.json, 1 in this run\); "
+                                         r"choose another folder, or overwrite it"):
         save_checkpoint(tmp_path, 2, model, opt, global_batch=4, seed=1)
     with pytest.raises(ValueError, match="belongs to another run"):
         start_from_checkpoint(tmp_path, model, opt, global_batch=4, seed=1, resume=False)
@@ -242,9 +243,9 @@ def test_a_folder_belongs_to_one_run(tmp_path):
 def test_a_fresh_run_does_not_shadow_or_prune_its_own_later_checkpoints(tmp_path):
     _train(tmp_path, 4, 2)
     model, opt = _fresh()
-    with pytest.raises(ValueError, match="already holds step-00000004 of this run, at or past step 0"):
+    with pytest.raises(ValueError, match="already holds step-00000004 of this run; resume from it, choose another folder, or overwrite"):
         start_from_checkpoint(tmp_path, model, opt, **KEY, resume=False)
-    with pytest.raises(ValueError, match="already holds step-00000004 of this run, at or past step 2"):
+    with pytest.raises(ValueError, match="already holds step-00000004 of this run, not older than step 2"):
         save_checkpoint(tmp_path, 2, model, opt, **KEY)
     assert [s for s, _ in complete_checkpoints(tmp_path)] == [2, 4]
     save_checkpoint(tmp_path, 2, model, opt, **KEY, overwrite=True)

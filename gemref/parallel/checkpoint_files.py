@@ -128,10 +128,15 @@ def claim_folder(root: Path, identity: dict, overwrite: bool, step: int) -> None
         foreign = "it is not empty and has no owner.json" if any(root.iterdir()) else None
     ours = [(s, p) for s, p in complete_checkpoints(root) if s >= step] if not foreign else []
     if foreign or ours:
-        reason = foreign or f"it already holds {ours[-1][1].name} of this run, at or past step {step}"
+        if foreign:
+            reason, options = foreign, "choose another folder"
+        else:
+            reason = (f"it already holds {ours[-1][1].name} of this run" if step == 0 else
+                      f"it already holds {ours[-1][1].name} of this run, not older than step {step}")
+            options = "resume from it, choose another folder"
         if not overwrite:
-            raise ValueError(f"{root}: refusing to write checkpoints here: {reason}; resume from it, "
-                             "choose another folder, or overwrite (deletes its checkpoints)")
+            raise ValueError(f"{root}: refusing to write checkpoints here: {reason}; {options}, "
+                             "or overwrite it (deletes its checkpoints)")
         for path in root.iterdir():
             if STEP_DIR.match(path.name) and (foreign or int(path.name[5:]) >= step):
                 remove_checkpoint(path)
