@@ -165,6 +165,7 @@ class TrainConfig:
     checkpoint_dir: str = ""             # distributed checkpoints here ("" = none)
     checkpoint_every: int = 0            # save every N steps (0 = never)
     resume: bool = False                 # continue from the newest checkpoint in checkpoint_dir
+    checkpoint_overwrite: bool = False   # a fresh run may delete checkpoints it finds in checkpoint_dir
     precision: str = "auto"     # rung 7: auto (fp32 on CPU, bf16 on CUDA) or one of PRECISIONS
     precision_kernel: str = "auto"  # float8/MXFP8 GEMMs: auto | native | emulated
     precision_min_dim: int = 64     # Linear layers with min(in, out) below this stay high precision
@@ -188,6 +189,8 @@ class TrainConfig:
         parse_mesh(self.mesh)
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise UsageError("checkpoint_every and resume need checkpoint_dir")
+        if self.resume and self.checkpoint_overwrite:
+            raise UsageError("resume and checkpoint_overwrite contradict each other: resuming keeps the checkpoints")
         if not 0.0 < self.ac_budget <= 1.0:
             raise UsageError(f"ac_budget must be in (0, 1] (a fraction of the no-AC activation bytes), "
                              f"got {self.ac_budget}")

@@ -39,6 +39,7 @@ from .data.batches import representative_batch
 from .data.jagged import JaggedBatch
 from .data.loader import EventDataset, make_loader
 from .data.sampler import BalancedDistributedBatchSampler, StepBatches
+from .errors import UsageError
 from .env import resolve_device
 from .data.shards import dataset_dir, ensure_dataset, shard_paths
 from .balance import SampleCost
@@ -49,7 +50,7 @@ from .mfu.memory import track_peak_memory
 from .mfu.meter import Meter, StepRecord, run_peak, stopwatch
 from .mfu.profile import time_breakdown
 from .model import TASKS, GEMRef, ranking_loss
-from .parallel.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint
+from .parallel.checkpoint import checkpoint_path, run_description, save_checkpoint, start_from_checkpoint
 from .parallel.fsdp import reshard_all
 from .parallel.memory import global_parameters, rank_bytes
 from .precision.apply import PrecisionReport, apply_precision
@@ -223,14 +224,18 @@ def measure_step_memory(s: Setup, batch: JaggedBatch) -> MemoryRecord:
 
 
 def resume_step(s: Setup) -> int:
-    """The step to start from: that of the newest complete checkpoint when resuming, else 0."""
+    """The step to start from: when resuming, that of the newest complete checkpoint (verified
+    against this run before anything is unpickled); else 0, after claiming the checkpoint
+    folder for this run (a folder another run owns is refused before any training)."""
     tc = s.train
-    found = latest_checkpoint(tc.checkpoint_dir) if tc.resume else None
-    if found is None:
+    if not (tc.checkpoint_every or tc.resume):
         return 0
-    step = load_checkpoint(found[1], s.model, s.optimizer, global_batch=tc.batch_size, seed=tc.seed)
+    step = start_from_checkpoint(tc.checkpoint_dir, s.model, s.optimizer, global_batch=tc.batch_size,
+                                 seed=tc.seed, resume=tc.resume, run=run_description(s.preset, tc),
+                                 overwrite=tc.checkpoint_overwrite)
     if step >= tc.steps:
-        raise ValueError(f"{found[1]} is at step {step}, which is not below steps={tc.steps}: nothing to train")
+        raise UsageError(f"{tc.checkpoint_dir} is at step {step}, which is not below steps={tc.steps}: "
+                         "nothing to train")
     return step
 
 
@@ -307,7 +312,7 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
         bar.set_postfix(loss=f"{result.loss:.4f}", step_s=f"{result.work.seconds:.3f}")
         if tc.checkpoint_every and step % tc.checkpoint_every == 0:
             good = save_checkpoint(tc.checkpoint_dir, step, s.model, s.optimizer, global_batch=tc.batch_size,
-                                   seed=tc.seed)
+                                   seed=tc.seed, run=run_description(s.preset, tc))
         if tc.eval_every and step % tc.eval_every == 0 and step < tc.steps:
             evals.append(evaluate(s, tc.eval_batches, step))
     evals.append(evaluate(s, tc.eval_batches, tc.steps))

@@ -1,14 +1,17 @@
 import dataclasses
 import json
+import os
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from gemref.config import get_preset
 from gemref.data.loader import EventDataset, make_loader, read_shard
 from gemref.data.schema import samples_to_table
+from gemref.data.manifest import write_manifest
 from gemref.data.shards import ensure_dataset, generate_dataset, shard_paths
 from gemref.data.synthetic import Teacher, draw_lengths, zipf_ids
 
@@ -147,3 +150,149 @@ def test_manifest_lists_every_shard(tmp_path):
     on_disk = json.loads((tmp_path / "manifest.json").read_text())
     assert on_disk["splits"] == m["splits"]
     assert sum(s["rows"] for s in m["splits"]["eval"]) == 200
+
+
+# ----------------------------------------------------------------------------- manifests are untrusted
+
+def _dataset(tmp_path):
+    generate_dataset(TINY.model, SMALL_DATA, tmp_path)
+    return json.loads((tmp_path / "manifest.json").read_text())
+
+
+def _rewrite(tmp_path, manifest):
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m["splits"]["train"], r"manifest.json: must be an object \{\"splits\""),
+    (lambda m: {"splits": []}, r"manifest.json: must be an object"),
+    (lambda m: {"splits": {"train": []}}, r"splits.train must be a non-empty list"),
+    (lambda m: m["splits"]["train"][1].pop("file") and m, r"splits.train\[1\]: no 'file'"),
+    (lambda m: m["splits"]["train"][0].update(rows="256") or m, r"splits.train\[0\]: 'rows' must be int, got '256'"),
+    (lambda m: m["splits"]["train"][0].update(rows=True) or m, r"'rows' must be int, got True"),
+    (lambda m: m["splits"]["eval"][0].update(sha256="abc") or m, r"splits.eval\[0\]: 'sha256' must be 64"),
+    (lambda m: m["splits"]["train"].__setitem__(0, "train-00000.parquet") or m, r"splits.train\[0\]: must be an object"),
+    (lambda m: m["splits"]["train"][0].update(file="../other/train-00000.parquet") or m, r"without '\.\.'"),
+    (lambda m: m["splits"]["train"][0].update(file="/etc/passwd") or m, r"'/etc/passwd' must be a path relative"),
+    (lambda m: m["splits"]["eval"].append(dict(m["splits"]["train"][0])) or m,
+     r"splits.eval\[1\]: 'train-00000.parquet' is listed twice \(also at splits.train\[0\]\)"),
+])
+def test_a_malformed_manifest_names_the_manifest_and_the_entry(tmp_path, edit, message):
+    _rewrite(tmp_path, edit(_dataset(tmp_path)))
+    with pytest.raises(ValueError, match=message) as info:
+        shard_paths(tmp_path, "train")
+    assert str(tmp_path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_symlink_out_of_the_dataset_folder_is_refused(tmp_path):
+    m = _dataset(tmp_path / "ds")
+    outside = tmp_path / "elsewhere.parquet"
+    os.replace(tmp_path / "ds" / "train-00000.parquet", outside)
+    (tmp_path / "ds" / "train-00000.parquet").symlink_to(outside)
+    _rewrite(tmp_path / "ds", m)
+    with pytest.raises(ValueError, match="resolves to .*elsewhere.parquet, outside the dataset folder"):
+        shard_paths(tmp_path / "ds", "train")
+
+
+def _flip_byte_keep_size_and_mtime(path):
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (os.replace(d / "train-00000.parquet", d / "x"), os.replace(d / "train-00001.parquet",
+                d / "train-00000.parquet"), os.replace(d / "x", d / "train-00001.parquet")),
+     r"train-0000[01].parquet: (\d+ bytes, the manifest says|sha256)"),
+    (lambda d: _flip_byte_keep_size_and_mtime(d / "train-00002.parquet"), r"train-00002.parquet: sha256 \w+\.\.\., the manifest"),
+    (lambda d: (d / "train-00001.parquet").write_bytes((d / "train-00001.parquet").read_bytes()[:-10]),
+     r"train-00001.parquet: \d+ bytes, the manifest says \d+"),
+    (lambda d: (d / "train-00001.parquet").unlink(), r"splits.train\[1\]: .*train-00001.parquet is listed but cannot be read"),
+])
+def test_a_swapped_changed_or_missing_shard_is_refused(tmp_path, damage, message):
+    _dataset(tmp_path)
+    shard_paths(tmp_path, "train")           # verified once: the digests are cached now
+    damage(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        shard_paths(tmp_path, "train")
+
+
+def test_rows_are_checked_against_the_file(tmp_path):
+    m = _dataset(tmp_path)
+    m["splits"]["train"][2]["rows"] = 90
+    _rewrite(tmp_path, m)
+    with pytest.raises(ValueError, match="train-00002.parquet: 88 rows, the manifest says 90"):
+        shard_paths(tmp_path, "train")
+
+
+def test_each_shard_is_hashed_once_until_it_changes(tmp_path, monkeypatch):
+    from gemref.data import manifest as manifest_module
+    calls = []
+    real = manifest_module.sha256_file
+    monkeypatch.setattr(manifest_module, "sha256_file", lambda p, *a: calls.append(p.name) or real(p, *a))
+    _dataset(tmp_path)                   # generation records the digests it computed
+    (tmp_path / ".verified.json").unlink()
+    calls.clear()
+    shard_paths(tmp_path, "train")
+    assert sorted(calls) == ["train-00000.parquet", "train-00001.parquet", "train-00002.parquet"]
+    calls.clear()
+    shard_paths(tmp_path, "train")
+    assert calls == []
+    path = tmp_path / "train-00001.parquet"
+    path.write_bytes(path.read_bytes())  # same bytes, a new write: hashed again (and still good)
+    shard_paths(tmp_path, "train")
+    assert calls == ["train-00001.parquet"]
+
+
+def test_ensure_dataset_regenerates_a_damaged_generated_folder(tmp_path, caplog):
+    first = ensure_dataset(TINY.model, SMALL_DATA, tmp_path)
+    _flip_byte_keep_size_and_mtime(tmp_path / "eval-00000.parquet")
+    assert ensure_dataset(TINY.model, SMALL_DATA, tmp_path) == first
+    assert "regenerating" in caplog.text and "eval-00000.parquet: sha256" in caplog.text
+    shard_paths(tmp_path, "eval")
+
+
+def test_your_own_shards_with_write_manifest(tmp_path):
+    teacher = Teacher.create(TINY.model, SMALL_DATA)
+    for i in range(2):
+        s = teacher.draw(TINY.model, SMALL_DATA, "train", i, 20 + i)
+        pq.write_table(samples_to_table(s, TINY.model.n_sparse), tmp_path / f"logs-{i}.parquet")
+    m = write_manifest(tmp_path, {"train": ["logs-0.parquet"], "eval": ["logs-1.parquet"]}, {"source": "mine"})
+    assert m["source"] == "mine" and m["splits"]["eval"][0]["rows"] == 21
+    assert len(EventDataset(shard_paths(tmp_path, "train"), TINY.model)) == 20
+
+
+# ----------------------------------------------------------------------------- nulls at any depth
+
+@pytest.mark.parametrize("column, row", [("hist_item", 3), ("hist_time_gap", 6), ("dense", 5)])
+def test_a_null_inside_a_list_names_file_column_and_row(tmp_path, column, row):
+    teacher = Teacher.create(TINY.model, SMALL_DATA)
+    table = samples_to_table(teacher.draw(TINY.model, SMALL_DATA, "train", 0, 8), TINY.model.n_sparse)
+    values = table.column(column).to_pylist()
+    values[row] = (values[row] or [0])[:-1] + [None]
+    table = table.set_column(table.column_names.index(column), column,
+                             pa.array(values, table.schema.field(column).type))
+    pq.write_table(table.slice(1), tmp_path / "nulls.parquet")     # a sliced table: offsets not at 0
+    with pytest.raises(ValueError, match=rf"nulls.parquet: column '{column}' holds a null at row {row - 1}"):
+        read_shard(tmp_path / "nulls.parquet", TINY.model)
+
+
+def test_first_null_row_of_nested_lists():
+    from gemref.data.schema import first_null_row
+    arr = pa.array([[[1], [2, 3]], [[4]], [[5], [None]], None], pa.list_(pa.list_(pa.int64())))
+    assert first_null_row(arr) == 2
+    assert first_null_row(arr.slice(3)) == 0 and first_null_row(arr.slice(0, 2)) is None
+    assert first_null_row(pa.array([[1], None, [2]])) == 1
+
+
+def test_a_loader_leaves_the_global_rng_alone(tmp_path):
+    """Checkpoints restore torch's RNG state; building and iterating a loader after a resume
+    must not move it (DataLoader draws its workers' base seed from the global RNG by default)."""
+    ensure_dataset(TINY.model, SMALL_DATA, tmp_path)
+    ds = EventDataset(shard_paths(tmp_path, "train"), TINY.model)
+    before = torch.get_rng_state()
+    for loader in (make_loader(ds, 64, seed=3), make_loader(ds, 64, shuffle=False, drop_last=False)):
+        next(iter(loader))
+    assert torch.equal(torch.get_rng_state(), before)

@@ -138,16 +138,18 @@ def test_balanced_two_ranks_give_the_single_process_gradient(data_root):
 CKPT = override(TINY.train, steps=6, warmup_steps=1, eval_batches=1, mesh="1x2", sparse_sharding="row", balance="kk")
 
 
-def _run_then_crash_mid_save(rank, world, folder):
-    """The uninterrupted run (losses to full.json), then a run whose rank 1 dies inside the step-4 save."""
+def _run_then_crash_mid_save(rank, world, folder, dying_rank):
+    """The uninterrupted run (checkpoints in full/), then a run whose `dying_rank` is killed inside
+    the step-4 save, after writing its shards (rank 0 would next write checkpoint.json)."""
     from torch.distributed.checkpoint import FileSystemWriter
 
     from gemref.train import run
 
-    full = run(TINY, CKPT, device="cpu", progress=False, measure_memory=False)
+    full = run(TINY, override(CKPT, checkpoint_dir=f"{folder}/full", checkpoint_every=2), device="cpu",
+               progress=False, measure_memory=False)
     if rank == 0:
         (Path(folder) / "full.json").write_text(json.dumps(full["loss_curve"]))
-    if rank == 1:
+    if rank == dying_rank:
         write = FileSystemWriter.write_data
 
         def write_then_die(self, plan, planner):
@@ -169,12 +171,26 @@ def _resume(rank, world, folder):
     return {"start": r["start_step"], "losses": torch.tensor(r["loss_curve"], dtype=torch.float64)}
 
 
-def test_a_crash_mid_save_keeps_the_last_checkpoint_and_resume_is_exact(data_root, tmp_path):
-    """Also: checkpoints of 2 ranks are not resumed by a different world (here 1 process)."""
+def _checkpoint_tensors(folder: Path, tmp: Path) -> dict:
+    """Every tensor of a DCP checkpoint, read by DCP's own converter (not by gemref's loader)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from torch.utils._pytree import tree_flatten_with_path, keystr
+
+    dcp_to_torch_save(folder, tmp / f"{folder.parent.name}-{folder.name}.pt")
+    state = torch.load(tmp / f"{folder.parent.name}-{folder.name}.pt", weights_only=True)
+    leaves, _ = tree_flatten_with_path(state)
+    return {keystr(path): leaf for path, leaf in leaves if isinstance(leaf, torch.Tensor)}
+
+
+@pytest.mark.parametrize("dying_rank", [0, 1])
+def test_a_rank_killed_mid_save_keeps_the_last_checkpoint_and_resume_is_bit_exact(data_root, tmp_path, dying_rank):
+    """Resume continues from step 2 and ends in exactly the uninterrupted run's state: every
+    parameter, AdamW moment and step count, and both ranks' RNG states, bit for bit. Also:
+    checkpoints of 2 ranks are not resumed by a different world (here 1 process)."""
     from gemref.train import run
 
-    with pytest.raises(RuntimeError, match="rank 1 died with exit code 17"):
-        spawn(_run_then_crash_mid_save, 2, (str(tmp_path),), timeout_s=180)
+    with pytest.raises(RuntimeError, match=f"rank {dying_rank} died with exit code 17"):
+        spawn(_run_then_crash_mid_save, 2, (str(tmp_path), dying_rank), timeout_s=240)
     ckpt = tmp_path / "ckpt"
     assert latest_checkpoint(ckpt)[0] == 2
     assert (ckpt / ".tmp-step-00000004").is_dir() and not (ckpt / "step-00000004").exists()
@@ -183,9 +199,71 @@ def test_a_crash_mid_save_keeps_the_last_checkpoint_and_resume_is_exact(data_roo
     assert resumed[0]["start"] == 2
     assert resumed[0]["losses"].tolist() == full[2:], "resuming must reproduce the run exactly"
     assert latest_checkpoint(ckpt)[0] == 6 and not list(ckpt.glob(".tmp-*"))
-    with pytest.raises(ValueError, match="world_size': 2.*this run has .*world_size': 1"):
+
+    uninterrupted = _checkpoint_tensors(tmp_path / "full" / "step-00000006", tmp_path)
+    after_resume = _checkpoint_tensors(ckpt / "step-00000006", tmp_path)
+    assert uninterrupted.keys() == after_resume.keys()
+    kinds = {k.split("]")[0] for k in uninterrupted}
+    assert kinds == {"['model'", "['optim'", "['step'", "['rng.rank0'", "['rng.rank1'"}, kinds
+    assert sum("exp_avg_sq" in k for k in uninterrupted) == sum(1 for k in uninterrupted if k.startswith("['model'"))
+    for key, value in uninterrupted.items():
+        assert torch.equal(value, after_resume[key]), key
+    earlier = _checkpoint_tensors(tmp_path / "full" / "step-00000004", tmp_path)
+    assert any(not torch.equal(v, earlier[k]) for k, v in uninterrupted.items() if k.startswith("['model'")), \
+        "sanity: two more steps change the parameters, so equality above is not vacuous"
+    with pytest.raises(ValueError, match=r"world_size: 2 in the checkpoint, 1 in this run"):
         run(TINY, override(CKPT, mesh="1x1", sparse_sharding="none", steps=8, checkpoint_dir=str(ckpt), resume=True),
             device="cpu", progress=False, measure_memory=False)
+
+
+# ----------------------------------------------------------------------------- parameter parity
+
+PARITY = override(TINY.train, steps=3, batch_size=32, lr=1e-2)
+PARITY_MESHES = ("2x1", "1x2")   # 2 replicas of the whole model; 2-way FSDP sharding
+
+
+def _final_parameters(train, world: int) -> dict:
+    """Train `train.steps` steps through the run's own step function; each rank's parameters
+    (its local copy for a replicated mesh, the gathered tensor for a sharded one)."""
+    from torch.distributed.tensor import DTensor
+
+    from gemref.data.loader import make_loader
+    from gemref.data.sampler import StepBatches
+    from gemref.train import setup
+
+    s = setup(TINY, train, device="cpu")
+    batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, 0)))
+    for _ in range(train.steps):
+        s.step(next(batches))
+    out = {}
+    for name, p in s.model.named_parameters():
+        if isinstance(p, DTensor):
+            shard_dims = [i for i, pl in enumerate(p.placements) if pl.is_shard()]
+            sharded = any(p.device_mesh.size(i) > 1 for i in shard_dims)
+            p = p.full_tensor() if sharded else p.to_local()
+        out[name] = p.detach().clone()
+    return out
+
+
+def _parity_ranks(rank, world):
+    return {mesh: _final_parameters(override(PARITY, mesh=mesh), world) for mesh in PARITY_MESHES}
+
+
+def test_final_parameters_agree_across_ranks_and_with_one_process(data_root):
+    ranks = spawn(_parity_ranks, 2, timeout_s=240)
+    single = _final_parameters(PARITY, 1)
+    after_one = _final_parameters(override(PARITY, steps=1), 1)
+    moved = max(float((single[n] - after_one[n]).abs().max()) for n in single)
+    assert moved > 0.5 * PARITY.lr, "training must move the parameters, else parity proves nothing"
+    for mesh in PARITY_MESHES:
+        a, b = ranks[0][mesh], ranks[1][mesh]
+        assert a.keys() == b.keys() == single.keys()
+        for name in a:
+            assert torch.equal(a[name], b[name]), (mesh, name)     # replicas never drift apart
+            # one process sums the same gradients in another order (float32 rounding): allow 1%
+            # of the furthest AdamW can move a parameter in these steps (lr per step)
+            assert torch.allclose(a[name], single[name], rtol=0, atol=0.01 * PARITY.lr * PARITY.steps), \
+                (mesh, name, float((a[name] - single[name]).abs().max()))
 
 
 # ----------------------------------------------------------------------------- errors never hang

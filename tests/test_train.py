@@ -20,7 +20,7 @@ from gemref.data.sampler import StepBatches
 from gemref.env import resolve_device
 from gemref.mfu.peak import peak_flops
 from gemref.model import GEMRef
-from gemref.parallel.checkpoint import latest_checkpoint, load_checkpoint
+from gemref.parallel.checkpoint import latest_checkpoint, load_checkpoint, run_description
 from gemref.parallel.launch import spawn
 from gemref.report.records import RunRecord
 from gemref.train import NonFiniteError, Setup, evaluate, run, setup
@@ -197,7 +197,7 @@ def test_a_nan_loss_stops_training_after_the_last_good_checkpoint(data_root, tmp
     assert latest_checkpoint(folder) == (4, error.value.checkpoint)      # step 6's state was not saved
     s = setup(TINY, train, device="cpu")
     assert load_checkpoint(error.value.checkpoint, s.model, s.optimizer, global_batch=train.batch_size,
-                           seed=train.seed) == 4
+                           seed=train.seed, run=run_description(TINY, train)) == 4
     assert all(torch.isfinite(p).all() for p in s.model.parameters())
     monkeypatch.undo()
     resumed = run(TINY, override(train, resume=True), device="cpu", progress=False, measure_memory=False)

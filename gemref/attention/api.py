@@ -18,7 +18,7 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
-from ..data.jagged import check_offsets
+from ..data.jagged import check_offsets, check_offsets_layout
 from .reference import ACTIVATIONS, gdpa_reference
 
 log = logging.getLogger(__name__)
@@ -103,8 +103,22 @@ def gdpa(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, kv_offsets: Tensor
     are optional host-side hints of the longest sequence (saves a device sync).
     Returns (Tq, H, D) in q's dtype.
     """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            got = t.dtype if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a floating-point torch.Tensor, got {got}")
+    if k.dtype != q.dtype or v.dtype != q.dtype or k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k, v must share dtype and device; got {q.dtype}/{q.device}, "
+                         f"{k.dtype}/{k.device}, {v.dtype}/{v.device}")
+    check_offsets_layout(offsets, "offsets")
     if kv_offsets is None:
         kv_offsets = offsets
+    check_offsets_layout(kv_offsets, "kv_offsets")
+    for name, t in (("offsets", offsets), ("kv_offsets", kv_offsets)):
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"q, k, v must be (T, H, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if k.shape != v.shape:
@@ -113,8 +127,8 @@ def gdpa(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, kv_offsets: Tensor
         raise ValueError(f"q and k must share (H, D); got {tuple(q.shape[1:])} vs {tuple(k.shape[1:])}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; valid: {', '.join(ACTIVATIONS)}")
-    if window is not None and (not isinstance(window, int) or window < 1):
-        raise ValueError(f"window must be None or an int >= 1, got {window!r}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be None or an int >= 1 (keys per query), got {window!r}")
     if offsets.numel() != kv_offsets.numel():
         raise ValueError(f"offsets and kv_offsets must have the same batch size; got "
                          f"{offsets.numel() - 1} and {kv_offsets.numel() - 1}")

@@ -51,6 +51,7 @@ HELP = {
     "checkpoint_dir": "write distributed checkpoints into this folder",
     "checkpoint_every": "save a checkpoint every N steps (0: never)",
     "resume": "continue from the newest checkpoint in --checkpoint-dir",
+    "checkpoint_overwrite": "let a fresh run delete the checkpoints it finds in --checkpoint-dir (never with --resume)",
     "precision": "rung 7: Linear GEMM precision (auto: fp32 on CPU, bf16 on CUDA)",
     "precision_kernel": "float8/MXFP8 GEMM path",
     "precision_min_dim": "Linear layers with min(in, out) below this stay in high precision",
@@ -64,7 +65,7 @@ CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
     "sparse_sharding": lambda: SPARSE_SHARDINGS,
     "backend": lambda: BACKENDS,
 }
-CHECKPOINT_FIELDS = ("checkpoint_dir", "checkpoint_every", "resume")   # `train` only
+CHECKPOINT_FIELDS = ("checkpoint_dir", "checkpoint_every", "resume", "checkpoint_overwrite")   # `train` only
 
 
 def _typed(tp) -> Callable[[str], object]:

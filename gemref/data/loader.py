@@ -1,9 +1,11 @@
 """Parquet shards -> JaggedBatch, through a torch DataLoader.
 
-`EventDataset` reads and validates every shard once (files are untrusted; see schema.py) and
-keeps the split in memory as columnar arrays (values + offsets). It is a map-style dataset
-whose `__getitems__` gathers a whole batch with vectorised numpy, so any batch sampler works:
-shuffled batches, token-budget batches, or the load-balanced distributed sampler. Workers
+`EventDataset` reads and validates every shard once (files are untrusted: schema.py checks
+every value, manifest.py the files themselves) and keeps the split in memory as columnar
+arrays (values + offsets). It is a map-style dataset whose `__getitems__` gathers a whole
+batch with vectorised numpy, so any batch sampler works: shuffled batches, token-budget
+batches, or the load-balanced distributed sampler. Its batches carry `validated_for` (the
+model config they were checked against), so the model does not check them again. Workers
 share the arrays copy-on-write after fork. On CUDA the loader pins memory.
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
 from ..config import ModelConfig
-from .jagged import JaggedBatch
+from .jagged import JaggedBatch, model_contract
 from .schema import ShardArrays, table_to_arrays
 
 
@@ -46,6 +48,7 @@ class EventDataset(Dataset):
         self.dense = np.concatenate([s.dense for s in shards])
         self.ad_ids = np.concatenate([s.ad_ids for s in shards])
         self.labels = np.concatenate([s.labels for s in shards])
+        self.contract = model_contract(cfg)   # what every sample was validated against
 
     def __len__(self) -> int:
         return len(self.ad_ids)
@@ -70,7 +73,7 @@ class EventDataset(Dataset):
                            sparse_ids=torch.from_numpy(self.sparse[idx]),
                            dense=torch.from_numpy(self.dense[idx]),
                            ad_ids=torch.from_numpy(self.ad_ids[idx]),
-                           labels=torch.from_numpy(self.labels[idx]))
+                           labels=torch.from_numpy(self.labels[idx])).mark_validated(self.contract)
 
     def __getitem__(self, index: int) -> JaggedBatch:
         return self.__getitems__([index])
@@ -93,6 +96,8 @@ def make_loader(dataset: EventDataset, batch_size: int | None = None, *, shuffle
         generator = torch.Generator().manual_seed(seed)
         sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
         batch_sampler = BatchSampler(sampler, batch_size, drop_last=drop_last)
+    # Its own generator for the workers' base seed: a loader draws nothing from torch's global
+    # RNG, so creating one (e.g. after a resume) leaves the RNG state a checkpoint restored intact.
     return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=_whole_batch,
                       num_workers=num_workers, pin_memory=torch.device(device).type == "cuda",
-                      persistent_workers=num_workers > 0)
+                      persistent_workers=num_workers > 0, generator=torch.Generator().manual_seed(seed))

@@ -79,6 +79,20 @@ def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
+def first_null_row(arr: pa.Array) -> int | None:
+    """The first row holding a null anywhere inside it (the row itself, or an element of a
+    list at any depth), else None."""
+    rows = arr.is_null().to_numpy(zero_copy_only=False)
+    if isinstance(arr, (pa.ListArray, pa.LargeListArray)):
+        offsets = arr.offsets.to_numpy()
+        child = first_null_row(arr.values.slice(offsets[0], offsets[-1] - offsets[0]))
+        if child is not None:   # the row whose [offsets[r], offsets[r+1]) range holds that element
+            owner = int(np.searchsorted(offsets, offsets[0] + child, side="right")) - 1
+            rows = rows.copy()
+            rows[owner] = True
+    return _first(rows) if rows.any() else None
+
+
 def _check_range(values: np.ndarray, vocab: int, where: str, field: str, rows: np.ndarray | None = None) -> None:
     bad = (values < 0) | (values >= vocab)
     if bad.any():
@@ -98,10 +112,10 @@ def table_to_arrays(table: pa.Table, cfg: ModelConfig, where: str) -> ShardArray
         got = table.schema.field(field.name).type
         if not got.equals(field.type):
             raise ValueError(f"{where}: column {field.name!r} has type {got}, expected {field.type}")
-        nulls = table.column(field.name).null_count
-        if nulls:
-            row = _first(table.column(field.name).is_null().to_numpy(zero_copy_only=False))
-            raise ValueError(f"{where}: column {field.name!r} is null at row {row}")
+        row = first_null_row(table.column(field.name).combine_chunks())
+        if row is not None:
+            raise ValueError(f"{where}: column {field.name!r} holds a null at row {row} (nulls are not "
+                             "allowed, at any depth of a list)")
 
     offsets, items, _ = _list_parts(table.column("hist_item"))
     lengths = np.diff(offsets)

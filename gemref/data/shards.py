@@ -1,14 +1,16 @@
 """Generated datasets on disk: Parquet shards per split plus manifest.json.
 
 `generate_dataset` writes them (each file atomically, via a temp file and rename);
-`ensure_dataset` reuses a folder whose manifest matches the config and regenerates otherwise.
-The manifest records, per shard, rows, history tokens, label rates and a sha256.
+`ensure_dataset` reuses a folder whose manifest matches the config and whose shards pass the
+manifest's checks (gemref/data/manifest.py), and regenerates it otherwise. The manifest
+records, per shard, rows, bytes, sha256, history tokens and label rates.
 """
 from __future__ import annotations
 
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from contextlib import contextmanager
@@ -19,9 +21,11 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from ..config import DataConfig, ModelConfig, Preset
-from ..report import write_json
+from .manifest import load_manifest, verified_shards, write_manifest
 from .schema import SCHEMA_VERSION, samples_to_table
 from .synthetic import Teacher
+
+log = logging.getLogger(__name__)
 
 GENERATOR_VERSION = 1
 
@@ -41,7 +45,7 @@ def generate_dataset(model: ModelConfig, data: DataConfig, out_dir: str | Path, 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     teacher = Teacher.create(model, data)
-    manifest = {**dataset_fingerprint(model, data), "splits": {}}
+    splits: dict[str, list[dict]] = {}
     jobs = [(split, i, min(data.shard_rows, total - i * data.shard_rows))
             for split, total in (("train", data.n_train), ("eval", data.n_eval))
             for i in range(-(-total // data.shard_rows))]
@@ -55,29 +59,15 @@ def generate_dataset(model: ModelConfig, data: DataConfig, out_dir: str | Path, 
             os.replace(tmp, path)
         finally:
             Path(tmp).unlink(missing_ok=True)
-        manifest["splits"].setdefault(split, []).append({
-            "file": path.name, "rows": rows, "tokens": int(s["offsets"][-1]),
-            "click_rate": float(s["click"].mean()), "conversion_rate": float(s["conversion"].mean()),
-            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
-    write_json(out / "manifest.json", manifest)
-    return manifest
-
-
-def load_manifest(folder: str | Path) -> dict:
-    path = Path(folder) / "manifest.json"
-    if not path.exists():
-        raise ValueError(f"{folder}: no manifest.json (generate with `gemref data generate`)")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        splits.setdefault(split, []).append({
+            "file": path.name, "tokens": int(s["offsets"][-1]),
+            "click_rate": float(s["click"].mean()), "conversion_rate": float(s["conversion"].mean())})
+    return write_manifest(out, splits, dataset_fingerprint(model, data))
 
 
 def shard_paths(folder: str | Path, split: str) -> list[Path]:
-    manifest = load_manifest(folder)
-    if split not in manifest.get("splits", {}):
-        raise ValueError(f"{folder}: manifest has no split {split!r}; has {sorted(manifest.get('splits', {}))}")
-    return [Path(folder) / s["file"] for s in manifest["splits"][split]]
+    """The shards of `split`, confined to `folder` and verified against its manifest."""
+    return verified_shards(folder, split)
 
 
 def fingerprint_hash(model: ModelConfig, data: DataConfig) -> str:
@@ -104,10 +94,14 @@ def ensure_dataset(model: ModelConfig, data: DataConfig, out_dir: str | Path, *,
     folder = Path(out_dir)
     with _folder_lock(folder):
         if (folder / "manifest.json").exists():
-            manifest = load_manifest(folder)
-            same = all(manifest.get(k) == v for k, v in dataset_fingerprint(model, data).items())
-            if same and all((folder / s["file"]).exists() for sh in manifest["splits"].values() for s in sh):
-                return manifest
+            try:
+                manifest = load_manifest(folder)
+                if all(manifest.get(k) == v for k, v in dataset_fingerprint(model, data).items()):
+                    for split in manifest["splits"]:
+                        verified_shards(folder, split)
+                    return manifest
+            except ValueError as e:
+                log.warning("regenerating %s: %s", folder, e)
         return generate_dataset(model, data, folder, progress=progress)
 
 

@@ -75,7 +75,11 @@ class GEMRef(nn.Module):
         return x, z
 
     def forward(self, batch: JaggedBatch) -> Tensor:
-        """(B, 2) logits: click, conversion."""
+        """(B, 2) logits: click, conversion. The batch is checked against this model's vocab
+        sizes and max_len unless the loader already did (JaggedBatch.check_model_inputs)."""
+        if not isinstance(batch, JaggedBatch):
+            raise ValueError(f"GEMRef takes a JaggedBatch, got {type(batch).__name__}")
+        batch.check_model_inputs(self.cfg)
         layout = self.layout(batch)
         with record_function("embeddings"):
             x, z = self.embed(batch, layout)
