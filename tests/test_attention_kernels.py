@@ -2,9 +2,11 @@
 
 Forward and dq, dk, dv, on hypothesis-drawn jagged batches with skewed lengths (empty and
 length-1 sequences included), causal or not, windowed or not, every activation, self and
-cross attention. CPU kernels are compared in float64; on a CUDA machine the same tests run
-the kernels available there in their most precise dtype (scripts/gpu_check.sh). The Triton
-kernel has its own file (tests/test_attention_triton.py).
+cross attention, logits up to x30, head dims 8..128. CPU kernels are compared in float64
+(and bf16) with at least CPU_KERNEL_EXAMPLES drawn cases per property in every hypothesis
+profile (tests/conftest.py); on a CUDA machine the kernels available there run in their
+most precise dtype (scripts/gpu_check.sh). The Triton kernel has its own file
+(tests/test_attention_triton.py).
 """
 from __future__ import annotations
 
@@ -15,13 +17,13 @@ import torch
 from hypothesis import given
 from torch.utils.flop_counter import FlopCounterMode
 
-from attention_cases import (CPU_KERNEL_EXAMPLES, HEAD_DIMS, LOGIT_SCALES, TILE_LIMITS, assert_matches, attention_case, counted,
-                             kernel_settings, make_inputs, reference_results, run, tile_limits)
+from attention_cases import (CPU_KERNEL_EXAMPLES, HEAD_DIMS, LOGIT_SCALES, TILE_LIMITS, assert_matches,
+                             attention_case, counted, kernel_settings, make_inputs, reference_results, run,
+                             tile_limits)
 from gemref.attention import ACTIVATIONS, KERNELS, gdpa, resolve_kernel
 from gemref.attention import api
 from gemref.mfu.memory import track_peak_memory
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 CPU_KERNELS = ["sdpa", "cpu_jagged"]
 # The CPU properties draw the wide cases of issue 13: lengths to 300, head dims 8..128,
 # logits scaled up to x30, tiles small enough to cut every length into pieces.
@@ -46,7 +48,8 @@ def precise(kernel: str, device: str) -> tuple[torch.dtype, float]:
 
 def kernels_on(device: str) -> list[str]:
     probe = torch.zeros(1, 1, 16, device=device, dtype=precise("sdpa", device)[0])
-    return [k for k in ("sdpa", "cpu_jagged", "flash_attn") if KERNELS[k].unavailable(probe, "softmax", False, None) is None]
+    return [k for k in ("sdpa", "cpu_jagged", "flash_attn")
+            if KERNELS[k].unavailable(probe, "softmax", False, None) is None]
 
 
 def check(kernel: str, case: dict, device: str, head_dim: int | None = None) -> None:

@@ -103,7 +103,10 @@ def _forward(q, k, v, plan: Plan, activation, qk_scale, out_scale) -> Tensor:
         tiles = _tiles(ws, wave)
         for p, s in zip(wave, tiles):
             torch.bmm(queries(qp, p), keys(kp, p).transpose(1, 2), out=s)
-            softmax_(s, p, bias) if softmax else zero_masked_(s, p)
+            if softmax:
+                softmax_(s, p, bias)
+            else:
+                zero_masked_(s, p)
         if not softmax:  # masked scores are 0 and act(0) = 0
             activation_(activation, ws[:sum(p.entries for p in wave)])
         for p, w in zip(wave, tiles):

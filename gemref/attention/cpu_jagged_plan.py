@@ -49,6 +49,7 @@ LEAF_MIN = 32   # leaf (tree) / chunk (causal rows) size floor: smaller matmuls 
 
 @dataclass(frozen=True)
 class Piece:
+    """One batched matmul: `batch` score tiles of rows x keys (strided views, module doc)."""
     batch: int
     rows: int
     keys: int
@@ -59,7 +60,7 @@ class Piece:
     delta: int       # query position - key position at tile entry (0, 0)
     q_acc: bool      # add into out / dq (an earlier piece wrote these rows) instead of writing
     k_acc: bool      # add into dk / dv
-    pad_keys: bool   # softmax: some keys are padding and need the additive -inf bias
+    pad_keys: bool   # softmax: some keys are padding and need the additive masking bias
     tril: int | None = None   # keep entries with c - r <= tril (causal; right window edge)
     triu: int | None = None   # keep entries with c - r >= triu (left window edge)
 
@@ -78,6 +79,7 @@ class Side:
 
 @dataclass(frozen=True)
 class Plan:
+    """Both layouts and the pieces, grouped in waves of at most `budget` score entries."""
     q: Side
     kv: Side
     waves: tuple[tuple[Piece, ...], ...]
@@ -204,7 +206,7 @@ def _side(offsets: list[int], buckets: list[Bucket], lens: list[tuple[int, ...]]
     return Side(base, torch.cat(gather) if gather else torch.zeros(0, dtype=torch.int64), scatter)
 
 
-@lru_cache(maxsize=32)
+@lru_cache(maxsize=8)   # a step needs 2-4 (self and cross attention); each holds O(T*H) indices
 def _cached_plan(q_offs: tuple[int, ...], kv_offs: tuple[int, ...], heads: int, causal: bool,
                  window: int | None, softmax: bool, budget: int, leaf_min: int, waste: float,
                  slack: int) -> Plan:
