@@ -119,15 +119,15 @@ def keys(buf: Tensor, p: Piece) -> Tensor:
 
 def pad(x: Tensor, side: Side, dtype: torch.dtype, scale: float = 1.0) -> Tensor:
     """Jagged x (T, H, D) -> the padded (side.rows, D) buffer in `dtype`, times `scale`."""
-    D = x.shape[-1]
-    flat = x.new_empty((x.shape[0] * x.shape[1] + 1, D), dtype=dtype)
+    flat = x.new_empty((x.shape[0] * x.shape[1] + 1, x.shape[2]), dtype=dtype)
     flat[-1].zero_()
+    rows = flat[:-1].view(x.shape)   # one pass from any strides (q, k, v are often views of one qkv)
     if scale != 1.0 and x.dtype == dtype:
-        torch.mul(x.reshape(-1, D), scale, out=flat[:-1])
+        torch.mul(x, scale, out=rows)
     else:
-        flat[:-1].copy_(x.reshape(-1, D))
+        rows.copy_(x)
         if scale != 1.0:
-            flat[:-1].mul_(scale)
+            rows.mul_(scale)
     return flat.index_select(0, side.gather)
 
 
