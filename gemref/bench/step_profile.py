@@ -17,7 +17,8 @@
      other        everything else (indexing, embeddings, cat, allocation, autograd
                   bookkeeping) plus the step's time no op accounts for (Python, gaps).
    Shares are of the profiled step (the profiler adds per-op overhead; the unprofiled step
-   time is reported beside it).
+   time is reported beside it). Profiler times are wall clock: where the process CPU time
+   is well below the wall time, other jobs share the cores and every figure is inflated.
 3. Attainable: every distinct GEMM shape of the step (from the profile) is timed alone on
    each GEMM path this torch offers (torch.mm; oneDNN via mkldnn._linear_pointwise and via
    F.linear on to_mkldnn() tensors; MKL packed-weight mkl._mkl_linear), best of --probe-reps
@@ -196,10 +197,11 @@ def run(args: argparse.Namespace) -> int:
     prof = quiet_profile("cpu")
     prof.record_shapes = True   # read when the trace starts
     with prof:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(args.profile_steps):
             train_step(s, batch)
         profiled_s = (time.perf_counter() - t0) / args.profile_steps
+        profiled_cpu_s = (time.process_time() - c0) / args.profile_steps
     seconds, shapes = classify(prof, args.profile_steps)
     seconds["other"] += max(0.0, profiled_s - sum(seconds.values()))   # untraced Python and gaps
     gemm_rows = []
@@ -224,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
     where = (f"{preset.name}, {'padded' if args.padded else 'jagged'}, kernel {s.kernel}, batch {args.batch_size}, "
              f"{args.threads} thread(s), {device_name('cpu')}")
     print(f"step: median wall {1e3 * step_s:.1f} ms, process CPU {1e3 * statistics.median(cpu):.1f} ms "
-          f"over {args.steps} steps ({where}); profiled step {1e3 * profiled_s:.1f} ms")
+          f"over {args.steps} steps ({where}); profiled step {1e3 * profiled_s:.1f} ms wall, "
+          f"{1e3 * profiled_cpu_s:.1f} ms CPU")
     print(format_table(class_rows, title="time per op class (self CPU time, profiled steps)"))
     print(format_table(gemm_rows, ["shape_bmkn", "calls_per_step", "ms_per_step", "step_gflops_per_s",
                                    "best_gflops_per_s", "best_path", "best_ms_per_step"],
@@ -235,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
                                "kernel": s.kernel, "jagged": not args.padded, "threads": args.threads,
                                "device": device_name("cpu"), "versions": versions(),
                                "step_wall_s": wall, "step_cpu_s": cpu, "profiled_step_s": profiled_s,
+                               "profiled_step_cpu_s": profiled_cpu_s,
                                "classes": class_rows, "gemm_shapes": gemm_rows, "limits": limit_rows,
                                "model_flops": model, "peak_flops": peak.flops, "peak_source": peak.source})
         print(f"wrote {args.json}")
