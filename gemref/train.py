@@ -153,10 +153,10 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
 def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
     """AdamW; embedding tables get no weight decay (rows a batch does not touch keep their values).
 
-    The fused implementation (one kernel over every parameter of a group) where all
-    parameters are floating point on CPU or CUDA: on CPU torch's default is a Python loop
-    of ~10 ops per parameter (~4x slower on the small preset's 106 parameters), and fused
-    matches it within fp32 rounding (tests/test_optimizer.py). Elsewhere torch's default."""
+    The fused implementation (one kernel over all parameters of a group) where every
+    parameter is floating point on CPU or CUDA: on CPU torch's default is a Python loop of
+    ~10 ops per parameter, and fused matches it within fp32 rounding (tests/test_optimizer.py;
+    `gemref bench step_profile` shows the optimizer's share of a step). Elsewhere torch's default."""
     params = list(model.named_parameters())
     tables = [p for n, p in params if n.startswith("tables.")]
     dense = [p for n, p in params if not n.startswith("tables.")]
