@@ -1,25 +1,58 @@
 """Shared helpers for the attention kernel tests: jagged batches with skewed lengths
-(hypothesis strategies), running a kernel forward and backward, and comparing to reference."""
+(hypothesis strategies), running a kernel forward and backward, and comparing to reference.
+
+`attention_case()` with its defaults draws what it always drew (short lengths, head dim and
+logits left to the caller); the CPU kernel properties widen it with `long_len`,
+`head_dims`, `logit_scales` and `tile_limits`. The oracle is the reference kernel in
+float64, run one sequence at a time (no padding: shares no bucketing, chunking or padding
+code with the kernels, and costs sum L^2 instead of B * max L^2).
+"""
 from __future__ import annotations
 
+from collections import Counter
+from contextlib import contextmanager
+from functools import wraps
+import os
+
 import torch
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from gemref.attention import ACTIVATIONS, gdpa
+from gemref.attention import ACTIVATIONS, gdpa, gdpa_reference
 from gemref.data.jagged import lengths_to_offsets
 
 # Skewed: mostly short sequences (including empty and length-1 ones), now and then a long one.
 LENGTH = st.one_of(st.sampled_from([0, 1, 1, 2, 3, 5]), st.integers(0, 40))
+HEAD_DIMS = (8, 16, 24, 32, 64, 128)
+LOGIT_SCALES = (1.0, 3.0, 10.0, 30.0)   # multiplies q: softmax far from uniform, silu far from linear
+# (score entries per wave / chunk, smallest tree leaf, bucket slack): None = the kernels' own.
+# The small limits cut every length above ~20 into several pieces, buckets and tree levels.
+TILE_LIMITS = (None, (1 << 12, 4, 0), (1 << 14, 16, 1 << 10))
+# Examples per CPU kernel property in every profile: ~10-20 s each on one 2020s core.
+CPU_KERNEL_EXAMPLES = 1000
 
 
 @st.composite
-def attention_case(draw, max_batch: int = 5, cross: bool | None = None) -> dict:
-    """One GDPA problem: lengths, mask, activation, scales (self or cross attention)."""
+def attention_case(draw, max_batch: int = 5, cross: bool | None = None, long_len: int = 0,
+                   head_dims: tuple[int, ...] = (8,), logit_scales: tuple[float, ...] = (1.0,),
+                   tile_limits: tuple = (None,)) -> dict:
+    """One GDPA problem: lengths, mask, activation, scales (self or cross attention).
+
+    Causal about half the time (causal is self-attention); `long_len` > 40 lets one
+    sequence per side reach that length; `head_dims`, `logit_scales` and `tile_limits`
+    are drawn from (their single defaults keep the old cases)."""
     B = draw(st.integers(1, max_batch))
-    q_lens = draw(st.lists(LENGTH, min_size=B, max_size=B))
-    cross = draw(st.booleans()) if cross is None else cross
-    kv_lens = draw(st.lists(LENGTH, min_size=B, max_size=B)) if cross else q_lens
     causal = False if cross else draw(st.booleans())
+    cross = False if causal else (draw(st.booleans()) if cross is None else cross)
+
+    def lengths() -> list[int]:
+        lens = draw(st.lists(LENGTH, min_size=B, max_size=B))
+        if long_len > 40 and draw(st.booleans()):
+            lens[draw(st.integers(0, B - 1))] = draw(st.integers(41, long_len))
+        return lens
+
+    q_lens = lengths()
+    kv_lens = lengths() if cross else q_lens
     return {
         "q_lens": q_lens, "kv_lens": kv_lens, "cross": cross, "causal": causal,
         "window": draw(st.one_of(st.none(), st.integers(1, 12))),
@@ -28,19 +61,27 @@ def attention_case(draw, max_batch: int = 5, cross: bool | None = None) -> dict:
         "qk_scale": draw(st.sampled_from([None, 0.3])),
         "out_scale": draw(st.sampled_from([1.0, 0.5])),
         "seed": draw(st.integers(0, 2 ** 16)),
+        "head_dim": draw(st.sampled_from(head_dims)),
+        "logit_scale": draw(st.sampled_from(logit_scales)),
+        "tile_limit": draw(st.sampled_from(tile_limits)),
     }
 
 
-def make_inputs(case: dict, head_dim: int, dtype: torch.dtype, device: str):
-    """q, k, v (leaf tensors requiring grad), the output gradient, q and kv offsets."""
+def make_inputs(case: dict, head_dim: int, dtype: torch.dtype, device: str, round_to: torch.dtype | None = None):
+    """q, k, v (leaf tensors requiring grad), the output gradient, q and kv offsets.
+
+    q is multiplied by the case's logit_scale (default 1). `round_to` first rounds the
+    values through that dtype (the float64 oracle of a half-precision run)."""
     gen = torch.Generator().manual_seed(case["seed"])
     q_off = lengths_to_offsets(torch.tensor(case["q_lens"], dtype=torch.int64))
     kv_off = lengths_to_offsets(torch.tensor(case["kv_lens"], dtype=torch.int64)) if case["cross"] else q_off
     H = case["heads"]
-    q = torch.randn(int(q_off[-1]), H, head_dim, generator=gen, dtype=torch.float64)
+    q = torch.randn(int(q_off[-1]), H, head_dim, generator=gen, dtype=torch.float64) * case.get("logit_scale", 1.0)
     k = torch.randn(int(kv_off[-1]), H, head_dim, generator=gen, dtype=torch.float64)
     v = torch.randn(int(kv_off[-1]), H, head_dim, generator=gen, dtype=torch.float64)
     grad = torch.randn(q.shape, generator=gen, dtype=torch.float64)
+    if round_to is not None:
+        q, k, v, grad = (x.to(round_to).to(torch.float64) for x in (q, k, v, grad))
     leaves = [x.to(device, dtype).requires_grad_(True) for x in (q, k, v)]
     q_off, kv_off = q_off.to(device), (kv_off.to(device) if case["cross"] else None)
     return leaves, grad.to(device, dtype), q_off, kv_off
@@ -55,18 +96,92 @@ def run(kernel: str, case: dict, leaves, grad, q_off, kv_off) -> list[torch.Tens
     return [out.detach(), *grads]
 
 
-def reference_results(case: dict, head_dim: int, device: str = "cpu") -> list[torch.Tensor]:
-    """The reference kernel in float64 on CPU: the ground truth."""
-    leaves, grad, q_off, kv_off = make_inputs(case, head_dim, torch.float64, "cpu")
-    return run("reference", case, leaves, grad, q_off, kv_off)
+def reference_results(case: dict, head_dim: int, device: str = "cpu",
+                      round_to: torch.dtype | None = None) -> list[torch.Tensor]:
+    """The ground truth: the reference kernel in float64 on CPU, one sequence at a time
+    (`round_to`: on inputs rounded through that dtype, as a half-precision run sees them)."""
+    (q, k, v), grad, q_off, kv_off = make_inputs(case, head_dim, torch.float64, "cpu", round_to)
+    kv_off = q_off if kv_off is None else kv_off
+    outs = []
+    for b in range(len(case["q_lens"])):
+        qs, ks = slice(int(q_off[b]), int(q_off[b + 1])), slice(int(kv_off[b]), int(kv_off[b + 1]))
+        lq, lk = qs.stop - qs.start, ks.stop - ks.start
+        if lq == 0 or lk == 0:   # nothing to attend: zero output rows
+            outs.append(q[qs] * 0)
+            continue
+        outs.append(gdpa_reference(q[qs], k[ks], v[ks], torch.tensor([0, lq]), torch.tensor([0, lk]),
+                                   activation=case["activation"], causal=case["causal"], window=case["window"],
+                                   qk_scale=case["qk_scale"], out_scale=case["out_scale"]))
+    out = torch.cat(outs) if outs else q * 0
+    grads = torch.autograd.grad(out, (q, k, v), grad, allow_unused=True)
+    return [out.detach(), *(torch.zeros_like(x) if g is None else g for x, g in zip((q, k, v), grads))]
 
 
-def assert_matches(actual: list[torch.Tensor], expected: list[torch.Tensor], rel: float, what: str) -> None:
-    """Max abs error of each of out, dq, dk, dv within `rel` of that tensor's largest entry."""
+def assert_matches(actual: list[torch.Tensor], expected: list[torch.Tensor], rel: float, what: str,
+                   atol: float | None = None) -> None:
+    """Each of out, dq, dk, dv against the oracle.
+
+    With `atol`: element-wise |a - e| <= rel * |e| + atol * S, S the largest |entry| of the
+    four expected tensors (the case's scale: a gradient that is exactly 0 in the oracle,
+    e.g. softmax over one key, comes out as rounding noise of terms of that size).
+    Without it (the old check): max abs error within `rel` of that tensor's largest entry."""
+    scale = max([float(e.abs().max()) for e in expected if e.numel()] + [0.0])
     for name, a, e in zip(("out", "dq", "dk", "dv"), actual, expected):
         a = a.detach().to("cpu", torch.float64)
         assert a.shape == e.shape, (what, name, a.shape, e.shape)
         assert torch.isfinite(a).all(), f"{what}: {name} has non-finite entries"
-        err = float((a - e).abs().max()) if a.numel() else 0.0
-        scale = max(1.0, float(e.abs().max()) if e.numel() else 0.0)
-        assert err <= rel * scale, f"{what}: {name} max error {err:.3g} > {rel} x {scale:.3g}"
+        if not a.numel():
+            continue
+        err = (a - e).abs()
+        if atol is None:
+            top = max(1.0, float(e.abs().max()))
+            assert float(err.max()) <= rel * top, f"{what}: {name} max error {float(err.max()):.3g} > {rel} x {top:.3g}"
+            continue
+        bound = rel * e.abs() + atol * scale
+        bad = err > bound
+        if bad.any():
+            j = tuple(int(x) for x in bad.nonzero()[0])
+            raise AssertionError(f"{what}: {name}{list(j)} = {float(a[j]):.6g}, expected {float(e[j]):.6g} "
+                                 f"(error {float(err[j]):.3g} > bound {float(bound[j]):.3g}; "
+                                 f"{int(bad.sum())} of {bad.numel()} entries out)")
+
+
+@contextmanager
+def tile_limits(limit: tuple | None):
+    """Run the CPU kernels with smaller tiles, leaves and buckets (`limit` from TILE_LIMITS)."""
+    if limit is None:
+        yield
+        return
+    from gemref.attention import bucketing, cpu_jagged, cpu_jagged_plan, sdpa
+    entries, leaf, slack = limit
+    patches = [(cpu_jagged, "CHUNK_ENTRIES", entries), (sdpa, "WINDOW_CHUNK_ENTRIES", entries),
+               (cpu_jagged_plan, "LEAF_MIN", leaf), (bucketing, "MAX_WASTE", 0.0),
+               (bucketing, "MIN_SLACK_ENTRIES", slack)]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    try:
+        for module, name, value in patches:
+            setattr(module, name, value)
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+# ----------------------------------------------------------- examples run per property
+EXAMPLES: Counter = Counter()   # pytest node id -> examples its hypothesis property ran
+
+
+def counted(test):
+    """Decorate a property under @given: count every example it runs (conftest.py prints
+    the counts at the end of the session, under xdist too)."""
+    @wraps(test)
+    def wrapper(*args, **kwargs):
+        EXAMPLES[os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]] += 1
+        return test(*args, **kwargs)
+    return wrapper
+
+
+def kernel_settings(at_least: int = 0) -> settings:
+    """The active hypothesis profile (tests/conftest.py), with at least `at_least` examples."""
+    current = settings()
+    return settings(current, max_examples=max(at_least, current.max_examples))

@@ -1,10 +1,27 @@
-"""Shared fixtures: one generated tiny dataset for the whole session (all xdist workers)."""
+"""Shared fixtures: one generated tiny dataset for the whole session (all xdist workers).
+
+Hypothesis profiles, chosen by the environment variable HYPOTHESIS_PROFILE:
+  ci        (default) hypothesis' own 100 examples per property, unless a test asks for
+            fewer; the CPU attention kernels take 1000 (attention_cases.CPU_KERNEL_EXAMPLES);
+  thorough  at least 1000 examples for every property that does not fix its own count
+            (`make test-kernels`: every kernel property, Triton under the interpreter too).
+No deadline in either (timings on a shared CI machine vary). The number of examples each
+counted property ran is printed at the end of the session.
+"""
 from __future__ import annotations
 
 import os
 
 import pytest
 import torch
+from hypothesis import settings
+
+from attention_cases import EXAMPLES
+
+settings.register_profile("ci", deadline=None, print_blob=True)
+settings.register_profile("thorough", deadline=None, print_blob=True, max_examples=1000)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(PROFILE)
 
 from gemref.config import get_preset
 from gemref.data.loader import EventDataset, make_loader
@@ -37,3 +54,21 @@ def tiny_batch(tiny_dataset):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Attach the examples a counted property ran to its report (reports cross xdist)."""
+    outcome = yield
+    if call.when == "call" and item.nodeid in EXAMPLES:
+        outcome.get_result().user_properties.append(("hypothesis_examples", EXAMPLES.pop(item.nodeid)))
+
+
+def pytest_terminal_summary(terminalreporter):
+    rows = sorted((report.nodeid, report.outcome, n) for reports in terminalreporter.stats.values()
+                  for report in reports for key, n in getattr(report, "user_properties", ())
+                  if key == "hypothesis_examples")
+    if rows:
+        terminalreporter.section(f"hypothesis examples run (profile {PROFILE})")
+        for nodeid, outcome, n in rows:
+            terminalreporter.write_line(f"{n:6d}  {nodeid} ({outcome})")

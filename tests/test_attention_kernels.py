@@ -2,9 +2,11 @@
 
 Forward and dq, dk, dv, on hypothesis-drawn jagged batches with skewed lengths (empty and
 length-1 sequences included), causal or not, windowed or not, every activation, self and
-cross attention. CPU kernels are compared in float64; on a CUDA machine the same tests run
-the kernels available there in their most precise dtype (scripts/gpu_check.sh). The Triton
-kernel has its own file (tests/test_attention_triton.py).
+cross attention, logits up to x30, head dims 8..128. CPU kernels are compared in float64
+(and bf16) with at least CPU_KERNEL_EXAMPLES drawn cases per property in every hypothesis
+profile (tests/conftest.py); on a CUDA machine the kernels available there run in their
+most precise dtype (scripts/gpu_check.sh). The Triton kernel has its own file
+(tests/test_attention_triton.py).
 """
 from __future__ import annotations
 
@@ -12,21 +14,33 @@ import logging
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from torch.utils.flop_counter import FlopCounterMode
 
-from attention_cases import assert_matches, attention_case, make_inputs, reference_results, run
+from attention_cases import (CPU_KERNEL_EXAMPLES, HEAD_DIMS, LOGIT_SCALES, TILE_LIMITS, assert_matches,
+                             attention_case, counted, kernel_settings, make_inputs, reference_results, run,
+                             tile_limits)
 from gemref.attention import ACTIVATIONS, KERNELS, gdpa, resolve_kernel
 from gemref.attention import api
 from gemref.mfu.memory import track_peak_memory
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+CPU_KERNELS = ["sdpa", "cpu_jagged"]
+# The CPU properties draw the wide cases of issue 13: lengths to 300, head dims 8..128,
+# logits scaled up to x30, tiles small enough to cut every length into pieces.
+WIDE = dict(long_len=300, head_dims=HEAD_DIMS, logit_scales=LOGIT_SCALES, tile_limits=TILE_LIMITS)
+# bf16 results: one bf16 rounding (2^-8 relative; 2^-7 allowed) plus float32 rounding of
+# terms that cancel (cpu_jagged: <= 1.2e-6 of the case's scale in 300 drawn cases at
+# logits x30). torch's CPU flash kernel (sdpa) rounds P to bf16 and takes delta = dO . O
+# from the rounded output: its dk is off by up to 4.3e-2 of the scale there, so its bf16
+# check is loose; the float64 property is the one that checks the sdpa wiring.
+BF16_REL = 2 ** -7
+BF16_ATOL = {"cpu_jagged": 2e-5, "sdpa": 1e-1}
 
 
 def precise(kernel: str, device: str) -> tuple[torch.dtype, float]:
     """The most precise dtype a kernel takes on a device, and the relative tolerance there."""
     if device == "cpu":
-        return torch.float64, 1e-7
+        return torch.float64, 1e-12
     if kernel in ("sdpa", "flash_attn"):
         return torch.bfloat16, 3e-2
     return torch.float32, 1e-3
@@ -34,24 +48,58 @@ def precise(kernel: str, device: str) -> tuple[torch.dtype, float]:
 
 def kernels_on(device: str) -> list[str]:
     probe = torch.zeros(1, 1, 16, device=device, dtype=precise("sdpa", device)[0])
-    return [k for k in ("sdpa", "cpu_jagged", "flash_attn") if KERNELS[k].unavailable(probe, "softmax", False, None) is None]
+    return [k for k in ("sdpa", "cpu_jagged", "flash_attn")
+            if KERNELS[k].unavailable(probe, "softmax", False, None) is None]
 
 
-def check(kernel: str, case: dict, device: str, head_dim: int = 8) -> None:
+def check(kernel: str, case: dict, device: str, head_dim: int | None = None) -> None:
+    """The kernel in its most precise dtype against the float64 oracle, element-wise
+    (float64: 1e-12 of the entry plus 1e-12 of the case's scale)."""
     if kernel in ("sdpa", "flash_attn"):
         case = {**case, "activation": "softmax"}
+    head_dim = head_dim or case.get("head_dim", 8)
     dtype, rel = precise(kernel, device)
     expected = reference_results(case, head_dim)
-    actual = run(kernel, case, *make_inputs(case, head_dim, dtype, device))
-    assert_matches(actual, expected, rel, f"{kernel}/{device} {case}")
+    with tile_limits(case.get("tile_limit")):
+        actual = run(kernel, case, *make_inputs(case, head_dim, dtype, device))
+    assert_matches(actual, expected, rel, f"{kernel}/{device} {case}", atol=rel)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@settings(max_examples=40, deadline=None)
+@pytest.mark.parametrize("kernel", CPU_KERNELS)
+@kernel_settings(at_least=CPU_KERNEL_EXAMPLES)
+@given(case=attention_case(**WIDE))
+@counted
+def test_cpu_kernel_matches_reference(kernel, case):
+    check(kernel, case, "cpu")
+
+
+@pytest.mark.parametrize("kernel", CPU_KERNELS)
+@kernel_settings(at_least=CPU_KERNEL_EXAMPLES // 4)
+@given(case=attention_case(**WIDE))
+@counted
+def test_cpu_kernel_bfloat16_matches_rounded_reference(kernel, case):
+    """bf16 inputs, computed in float32 inside, bf16 results: within a bf16 rounding of the
+    float64 oracle on the same bf16-rounded inputs, element-wise."""
+    if kernel == "sdpa":
+        case = {**case, "activation": "softmax"}
+    D = case["head_dim"]
+    expected = reference_results(case, D, round_to=torch.bfloat16)
+    with tile_limits(case["tile_limit"]):
+        actual = run(kernel, case, *make_inputs(case, D, torch.bfloat16, "cpu"))
+    assert all(x.dtype == torch.bfloat16 for x in actual)
+    assert_matches(actual, expected, BF16_REL, f"{kernel} bf16 {case}", atol=BF16_ATOL[kernel])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@kernel_settings()
 @given(case=attention_case())
-def test_kernels_match_reference(device, case):
-    for kernel in kernels_on(device):
-        check(kernel, case, device)
+@counted
+def test_cuda_kernels_match_reference(case):
+    for kernel in kernels_on("cuda"):
+        dtype, rel = precise(kernel, "cuda")
+        case_k = {**case, "activation": "softmax"} if kernel in ("sdpa", "flash_attn") else case
+        actual = run(kernel, case_k, *make_inputs(case_k, 8, dtype, "cuda"))
+        assert_matches(actual, reference_results(case_k, 8), rel, f"{kernel}/cuda {case_k}")
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -76,32 +124,22 @@ def test_cross_attention_few_queries_over_long_history(kernel, window):
 
 
 def test_many_buckets_and_chunks(monkeypatch):
-    """Force one bucket per sequence and 1-row chunks: the plan's edges are exercised."""
-    from gemref.attention import bucketing, cpu_jagged, sdpa
+    """Force one bucket per sequence, 1-row leaves and chunks: the plans' edges are exercised."""
+    from gemref.attention import bucketing, cpu_jagged, cpu_jagged_plan, sdpa
 
     monkeypatch.setattr(bucketing, "MAX_WASTE", 0.0)
     monkeypatch.setattr(bucketing, "MIN_SLACK_ENTRIES", 0)
     monkeypatch.setattr(bucketing, "MIN_CHUNK_ROWS", 1)
+    monkeypatch.setattr(cpu_jagged_plan, "LEAF_MIN", 1)
     monkeypatch.setattr(cpu_jagged, "CHUNK_ENTRIES", 64)
     monkeypatch.setattr(sdpa, "WINDOW_CHUNK_ENTRIES", 64)
-    for activation, causal, window in [("softmax", True, None), ("gelu", False, 4), ("softmax", False, 3)]:
+    for activation, causal, window in [("softmax", True, None), ("gelu", False, 4), ("softmax", False, 3),
+                                       ("silu", True, None)]:
         case = {"q_lens": [9, 0, 1, 13, 2, 13], "kv_lens": [9, 0, 1, 13, 2, 13], "cross": False,
                 "causal": causal, "window": window, "activation": activation, "heads": 2,
                 "qk_scale": 0.4, "out_scale": 1.3, "seed": 7}
         check("cpu_jagged", case, "cpu")
         check("sdpa", case, "cpu")
-
-
-@pytest.mark.parametrize("kernel,activation", [("sdpa", "softmax"), ("cpu_jagged", "softmax"),
-                                               ("cpu_jagged", "silu")])
-def test_bfloat16_within_bf16_tolerance(kernel, activation):
-    case = {"q_lens": [17, 0, 1, 40], "kv_lens": [17, 0, 1, 40], "cross": False, "causal": True,
-            "window": None, "activation": activation, "heads": 2, "qk_scale": None,
-            "out_scale": 1.0, "seed": 11}
-    expected = reference_results(case, 16)
-    actual = run(kernel, case, *make_inputs(case, 16, torch.bfloat16, "cpu"))
-    assert actual[0].dtype == torch.bfloat16 and actual[1].dtype == torch.bfloat16
-    assert_matches(actual, expected, 3e-2, f"{kernel} bf16")
 
 
 # ------------------------------------------------------------------------------ FLOP counts
@@ -115,9 +153,39 @@ FLOP_CASES = [  # (q lengths, kv lengths, causal, window)
 ]
 
 
-@pytest.mark.parametrize("kernel", ["sdpa", "cpu_jagged"])
+@pytest.mark.parametrize("q_lens,kv_lens,causal", [  # (length 1 einsums run as a multiply, not a matmul)
+    ([900, 3, 0, 2, 200], None, True), ([900, 3, 0, 2, 200], None, False), ([64, 17], None, True),
+    ([4, 4, 4], [700, 0, 33], False)])
+def test_model_flops_match_the_reference_counted_per_sequence(q_lens, kv_lens, causal):
+    """The MFU numerator against an oracle that shares no code with it: FlopCounterMode on
+    the materialising reference, one sequence at a time (B = 1: no padding), forward and
+    backward. It computes the full Lq x Lk square, so causal model FLOPs are half of it
+    (the PaLM convention), and backward is 2x forward."""
+    from gemref.attention import attention_model_flops, gdpa_reference
+
+    H, D = 2, 8
+    kv_lens = kv_lens or q_lens
+    forward = backward = 0
+    for lq, lk in zip(q_lens, kv_lens):
+        if lq and lk:
+            q = torch.randn(lq, H, D, requires_grad=True)
+            k, v = torch.randn(lk, H, D, requires_grad=True), torch.randn(lk, H, D, requires_grad=True)
+            with FlopCounterMode(display=False) as fwd:
+                out = gdpa_reference(q, k, v, torch.tensor([0, lq]), torch.tensor([0, lk]), activation="softmax",
+                                     causal=causal)
+            with FlopCounterMode(display=False) as bwd:
+                out.sum().backward()
+            forward, backward = forward + fwd.get_total_flops(), backward + bwd.get_total_flops()
+    model = attention_model_flops(q_lens, kv_lens, H, D, causal, None)
+    assert model == (forward // 2 if causal else forward)
+    assert backward == 2 * forward   # dP, dV, dQ, dK
+    assert 3 * model == (forward + backward) // (2 if causal else 1)
+
+
 @pytest.mark.parametrize("q_lens,kv_lens,causal,window", FLOP_CASES)
-def test_flop_counter_sees_executed_flops(kernel, q_lens, kv_lens, causal, window):
+def test_sdpa_flop_counter_sees_executed_flops(q_lens, kv_lens, causal, window):
+    """sdpa's formula here is torch's own (registered for the CPU flash op): independent of
+    sdpa_executed_flops. (cpu_jagged registers its formula itself: see the next test.)"""
     H, D = 2, 8
     cross = kv_lens is not None
     kv_lens = kv_lens or q_lens
@@ -125,28 +193,30 @@ def test_flop_counter_sees_executed_flops(kernel, q_lens, kv_lens, causal, windo
             "activation": "softmax", "heads": H, "qk_scale": None, "out_scale": 1.0, "seed": 0}
     inputs = make_inputs(case, D, torch.float32, "cpu")
     with FlopCounterMode(display=False) as counter:
-        run(kernel, case, *inputs)
-    forward, backward = KERNELS[kernel].executed_flops(torch.tensor(q_lens), torch.tensor(kv_lens), H, D,
+        run("sdpa", case, *inputs)
+    forward, backward = KERNELS["sdpa"].executed_flops(torch.tensor(q_lens), torch.tensor(kv_lens), H, D,
                                                        causal, window)
     counted = counter.get_total_flops()
     assert counted > 0
     assert abs(counted - (forward + backward)) <= 0.02 * counted, (counted, forward, backward)
 
 
+@pytest.mark.parametrize("activation", ["softmax", "silu"])
 @pytest.mark.parametrize("q_lens,kv_lens,causal,window", FLOP_CASES)
-def test_cpu_jagged_flop_formula_is_what_its_matmuls_run(q_lens, kv_lens, causal, window):
-    """FlopCounterMode prices the opaque cpu_jagged ops by formula; here it counts the matmuls
-    their bodies really run (called directly, outside the op), forward and backward apart."""
+def test_cpu_jagged_flop_formula_is_what_its_matmuls_run(q_lens, kv_lens, causal, window, activation):
+    """FlopCounterMode prices the opaque cpu_jagged ops by the plan's formula; here torch's
+    own bmm formulas count the matmuls the bodies really run (called directly, outside the
+    op), forward and backward apart, for the tree (silu causal) and row (softmax) plans."""
     from gemref.attention import cpu_jagged
     H, D = 2, 8
     kv_lens = kv_lens or q_lens
     case = {"q_lens": q_lens, "kv_lens": kv_lens, "cross": True, "seed": 0, "heads": H}
     (q, k, v), grad, q_off, kv_off = make_inputs(case, D, torch.float32, "cpu")
-    args = (q_off, kv_off, "softmax", causal, window or 0, 0.3, 1.0)
+    args = (q_off, kv_off, activation, causal, window or 0, 0.3, 1.0)
     with FlopCounterMode(display=False) as forward:
-        out = cpu_jagged._fwd_body(q.detach(), k.detach(), v.detach(), *args)
+        cpu_jagged._fwd_body(q.detach(), k.detach(), v.detach(), *args)
     with FlopCounterMode(display=False) as backward:
-        cpu_jagged._bwd_body(grad, q.detach(), k.detach(), v.detach(), out, *args)
+        cpu_jagged._bwd_body(grad, q.detach(), k.detach(), v.detach(), *args)
     expected = KERNELS["cpu_jagged"].executed_flops(torch.tensor(q_lens), torch.tensor(kv_lens), H, D, causal, window)
     assert (forward.get_total_flops(), backward.get_total_flops()) == expected
 

@@ -1,9 +1,14 @@
-"""Model FLOPs of attention and the CPU kernels' plan (length buckets, query chunks, masks)."""
+"""Model FLOPs of attention and the CPU kernels' plans (length buckets, query chunks, masks;
+cpu_jagged's pieces)."""
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings
+from collections import Counter
+
+from hypothesis import given
 from hypothesis import strategies as st
+
+from attention_cases import CPU_KERNEL_EXAMPLES, counted, kernel_settings
 
 from gemref.attention import attention_model_flops
 from gemref.attention.bucketing import (MAX_WASTE, MIN_SLACK_ENTRIES, chunk_mask, make_buckets,
@@ -26,8 +31,8 @@ def test_model_flops_convention():
     assert attention_model_flops([4], [4], 1, 1, True, 2) == 2 * 2 * 7
 
 
-@settings(max_examples=40, deadline=None)
 @given(q_lens=LENGTHS, data=st.data(), mask=MASK)
+@counted
 def test_allowed_pairs_match_the_reference_mask(q_lens, data, mask):
     causal, window = mask
     kv_lens = q_lens if causal else data.draw(st.lists(st.integers(0, 60), min_size=len(q_lens),
@@ -37,8 +42,8 @@ def test_allowed_pairs_match_the_reference_mask(q_lens, data, mask):
     assert allowed_pairs_per_sequence(q_lens, kv_lens, causal, window).tolist() == expected.tolist()
 
 
-@settings(max_examples=40, deadline=None)
 @given(q_lens=LENGTHS, data=st.data(), mask=MASK, budget=st.sampled_from([64, 1 << 10, 1 << 20]))
+@counted
 def test_buckets_and_chunks_cover_every_allowed_pair_once(q_lens, data, mask, budget):
     causal, window = mask
     kv_lens = q_lens if causal else data.draw(st.lists(st.integers(0, 60), min_size=len(q_lens),
@@ -63,3 +68,78 @@ def test_buckets_and_chunks_cover_every_allowed_pair_once(q_lens, data, mask, bu
         real_rows = torch.arange(b.q_len)[None, :, None] < torch.tensor(b.q_lens)[:, None, None]
         # On real query rows the chunks' masks allow exactly the reference's pairs, once.
         assert torch.equal(covered * real_rows, allowed.long())
+
+
+# ------------------------------------------------------------------ cpu_jagged's plans
+def _rows_of(side, heads):
+    """Each padded row's (sequence-local jagged row t, head) or None for padding, via gather."""
+    T_H = side.scatter.numel()
+    return [None if g == T_H else (g // heads, g % heads) for g in side.gather.tolist()]
+
+
+@kernel_settings(at_least=CPU_KERNEL_EXAMPLES)
+@given(q_lens=LENGTHS, data=st.data(), mask=MASK, softmax=st.booleans(),
+       budget=st.sampled_from([64, 1 << 10, 1 << 18]), leaf=st.sampled_from([1, 2, 4, 32]))
+@counted
+def test_cpu_jagged_plan_covers_every_allowed_pair_once(q_lens, data, mask, softmax, budget, leaf):
+    """Replaying a plan's pieces (views, masks) on the padded layout visits every allowed
+    (query, key) pair of every sequence exactly once; a piece that writes (not adds) its
+    rows writes rows no earlier piece wrote; softmax pieces hold whole rows and carry the
+    padding bias whenever an unmasked key of a real row is padding; waves fit the budget."""
+    from gemref.attention import cpu_jagged_plan as plan_module
+    causal, window = mask
+    kv_lens = q_lens if causal else data.draw(st.lists(st.integers(0, 60), min_size=len(q_lens),
+                                                       max_size=len(q_lens)))
+    heads = 2
+    q_off = [0] + torch.cumsum(torch.tensor(q_lens), 0).tolist()
+    kv_off = [0] + torch.cumsum(torch.tensor(kv_lens), 0).tolist()
+    saved = plan_module.LEAF_MIN
+    plan_module.LEAF_MIN = leaf
+    try:
+        plan = plan_module.make_plan(q_off, kv_off, heads, causal, window, softmax, budget)
+    finally:
+        plan_module.LEAF_MIN = saved
+    q_rows, k_rows = _rows_of(plan.q, heads), _rows_of(plan.kv, heads)
+    seq_q = torch.repeat_interleave(torch.arange(len(q_lens)), torch.tensor(q_lens)).tolist()
+    seq_k = torch.repeat_interleave(torch.arange(len(kv_lens)), torch.tensor(kv_lens)).tolist()
+    covered: dict[tuple, int] = {}
+    q_written, k_written, softmax_rows = set(), set(), Counter()
+    for wave in plan.waves:
+        assert sum(p.entries for p in wave) <= budget or len(wave) == 1
+        for p in wave:
+            assert p.entries <= max(budget, p.keys)   # split down to one row if need be
+            for e in range(p.batch):
+                qr = [p.q_start + e * p.q_stride + r for r in range(p.rows)]
+                kr = [p.k_start + e * p.k_stride + c for c in range(p.keys)]
+                if not p.q_acc:
+                    assert not q_written & set(qr), "a writing piece overwrites rows"
+                if not p.k_acc:
+                    assert not k_written & set(kr), "a writing piece overwrites key rows"
+                q_written |= set(qr)
+                k_written |= set(kr)
+                if softmax:
+                    softmax_rows.update(q_rows[row] for row in qr if q_rows[row] is not None)
+                for r, row in enumerate(qr):
+                    for c, col in enumerate(kr):
+                        if (p.tril is not None and c - r > p.tril) or (p.triu is not None and c - r < p.triu):
+                            continue
+                        a, b = q_rows[row], k_rows[col]
+                        if a is None:
+                            continue          # a padding query row: dropped on unpadding
+                        if b is None:
+                            assert not softmax or p.pad_keys, "softmax sees a padding key unbiased"
+                            continue          # a zero key: weight act(0) = 0, or biased away
+                        (t, h), (u, h2) = a, b
+                        assert h == h2 and seq_q[t] == seq_k[u], "a tile pairs different sequences or heads"
+                        key = (h, t, u)
+                        covered[key] = covered.get(key, 0) + 1
+    expected = {}
+    for s, (lq, lk) in enumerate(zip(q_lens, kv_lens)):
+        if not (lq and lk):
+            continue
+        allowed = allowed_mask(torch.tensor([lq]), torch.tensor([lk]), lq, lk, causal=causal, window=window)[0]
+        for i, j in allowed.nonzero().tolist():
+            for h in range(heads):
+                expected[(h, q_off[s] + i, kv_off[s] + j)] = 1
+    assert covered == expected
+    assert max(softmax_rows.values(), default=1) == 1, "a softmax row is split over pieces"

@@ -9,11 +9,12 @@ calls, so short batches accept more relative padding). A skewed batch of one 409
 history and 63 short ones becomes a bucket of one plus a few of short ones, instead of
 64 x 4096^2 scores.
 
-Inside a bucket, queries are processed in *chunks* of rows so that the score tile of a
+Inside a bucket, `sdpa` processes queries in *chunks* of rows so that the score tile of a
 chunk (n, H, rows, keys) stays under a memory budget; each chunk only visits the keys its
-rows may attend (causal: keys < chunk end; window: keys within W of the chunk), and a mask
-is built only for chunks that cut through the causal diagonal, the window edge or the
-shorter sequences' ends.
+rows may attend (`key_span`: causal: keys < chunk end; window: keys within W of the chunk),
+and a mask is built only for chunks that cut through the causal diagonal, the window edge
+or the shorter sequences' ends. `cpu_jagged` covers a bucket with its own pieces
+(cpu_jagged_plan.py), from the same buckets and key spans.
 
 Everything here is plain Python on host integers: the plan depends only on the lengths, so
 `executed_flops` can replay it exactly.

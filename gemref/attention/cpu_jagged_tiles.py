@@ -1,15 +1,25 @@
-"""In-place tile operations of the `cpu_jagged` kernel (gemref/attention/cpu_jagged.py).
+"""Tile operations of the `cpu_jagged` kernel (gemref/attention/cpu_jagged.py).
 
-A chunk's score tile (n*H, rows, keys) lives in a workspace reused by every chunk: matmuls
-write into it with out=, activations, softmax and masks run in place, and bucket rows are
-gathered into / scattered out of zero-padded (n*H, L, D) blocks. Allocating a fresh
-multi-MiB tile per chunk costs page faults that on CPU take as long as the matmul itself.
+Moving rows between the jagged (T, H, D) tensors and the padded buffers of a plan
+(gemref/attention/cpu_jagged_plan.py) is one `index_select` each way (a gather runs ~3x
+faster than advanced indexing or index_put on CPU). A piece's operands are strided views of
+those buffers; its score tile is a slice of a workspace shared by the wave.
+
+Masks never use `masked_fill_` (a broadcast boolean fill costs ~10x an elementwise op):
+pointwise activations zero the masked scores with `tril_`/`triu_` (act(0) = 0 for every
+pointwise activation, so a zeroed score gives a zero weight), and zero-padded keys need no
+mask at all (score 0, weight 0, and the zero key adds nothing to dq). Softmax adds a cached
+0 / -inf-like bias: one (rows, keys) tile per mask shape, one value per key row for padding.
 """
 from __future__ import annotations
+
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .cpu_jagged_plan import Piece, Side
 
 _aten = torch.ops.aten
 
@@ -49,59 +59,92 @@ def activation_backward_(name: str, grad: Tensor, s: Tensor) -> Tensor:
     return grad
 
 
-def softmax_(s: Tensor) -> Tensor:
-    """Row softmax in place (blocked entries hold the dtype's min, so they become 0)."""
-    s.sub_(s.amax(-1, keepdim=True)).exp_()
-    return s.div_(s.sum(-1, keepdim=True))
+def zero_masked_(s: Tensor, p: Piece) -> Tensor:
+    """Zero the entries of a piece's (batch, rows, keys) tile that its masks exclude."""
+    if p.tril is not None:
+        s.tril_(p.tril)
+    if p.triu is not None:
+        s.triu_(p.triu)
+    return s
 
 
-def masked_fill_(x: Tensor, blocked: Tensor | None, n: int, value: float) -> None:
-    """Fill the blocked entries of a (n*H, rows, keys) tile; `blocked` broadcasts as (n|1, 1, rows|1, keys)."""
-    if blocked is not None:
-        x.view(n, -1, *x.shape[1:]).masked_fill_(blocked, value)
+@lru_cache(maxsize=64)
+def _mask_bias(rows: int, keys: int, tril: int | None, triu: int | None, dtype: torch.dtype) -> Tensor:
+    allowed = torch.ones(rows, keys, dtype=torch.bool)
+    if tril is not None:
+        allowed = allowed.tril(tril)
+    if triu is not None:
+        allowed = allowed.triu(triu)
+    return torch.zeros(rows, keys, dtype=dtype).masked_fill_(~allowed, masked_score(dtype))
 
 
-class Workspace:
-    """Named flat buffers reused across chunks; `take` returns a contiguous view of a prefix.
+def masked_score(dtype: torch.dtype) -> float:
+    """The additive bias of a masked score: half the dtype's min, so that a score under both
+    biases (mask and padding) is still finite."""
+    return torch.finfo(dtype).min / 2
 
-    Each buffer is allocated once, at the largest size the plan needs (a buffer regrown
-    chunk after chunk would briefly hold old and new tiles at once). `tiles` lists every
-    chunk as (n*H, query rows, keys)."""
 
-    def __init__(self, like: Tensor, dtype: torch.dtype, tiles: list[tuple[int, int, int]]) -> None:
-        self.like, self.dtype, self.buffers = like, dtype, {}
-        head_dim = like.shape[-1]
-        s = max((nh * rows * keys for nh, rows, keys in tiles), default=0)
-        kv = max((nh * keys * head_dim for nh, _, keys in tiles), default=0)
-        o = max((nh * rows * head_dim for nh, rows, _ in tiles), default=0)
-        self.sizes = {"s": s, "ds": s, "kv": kv, "o": o}
+def softmax_(s: Tensor, p: Piece, key_bias: Tensor | None) -> Tensor:
+    """Row softmax of a contiguous (batch, rows, keys) tile in place, masked entries -> 0.
 
-    def take(self, name: str, *shape: int) -> Tensor:
-        numel = 1
-        for n in shape:
-            numel *= n
-        if name not in self.buffers:
-            self.buffers[name] = self.like.new_empty(self.sizes[name], dtype=self.dtype)
-        assert numel <= self.buffers[name].numel(), (name, shape)
-        return self.buffers[name][:numel].view(shape)
+    Masked scores get masked_score() added (finite, not -inf: a row with no allowed key stays
+    finite). `key_bias` is the plan's per-key-row padding bias. A row with no allowed key
+    (cross attention: a query beyond its keys' window) ends uniform over masked keys; zeroing
+    the mask afterwards makes it 0 like the reference (its padding keys have v = 0)."""
+    if p.tril is not None or p.triu is not None:
+        s.add_(_mask_bias(p.rows, p.keys, p.tril, p.triu, s.dtype))
+    if p.pad_keys:
+        s.add_(key_bias.as_strided((p.batch, 1, p.keys), (p.k_stride, 0, 1), p.k_start))
+    # In place: the CPU softmax kernel reads each row before writing it (contiguous rows only).
+    _aten._softmax.out(s, -1, False, out=s)
+    return zero_masked_(s, p)
+
+
+def key_padding_bias(side: Side, dtype: torch.dtype) -> Tensor:
+    """(rows,) 0 for real key rows, masked_score() for padding rows."""
+    return torch.zeros(side.rows, dtype=dtype).masked_fill_(side.gather == side.scatter.numel(), masked_score(dtype))
+
+
+def queries(buf: Tensor, p: Piece) -> Tensor:
+    """The piece's query-side view (batch, rows, D) of a padded (rows, D) buffer."""
+    D = buf.shape[-1]
+    return buf.as_strided((p.batch, p.rows, D), (p.q_stride * D, D, 1), p.q_start * D)
+
+
+def keys(buf: Tensor, p: Piece) -> Tensor:
+    """The piece's key-side view (batch, keys, D)."""
+    D = buf.shape[-1]
+    return buf.as_strided((p.batch, p.keys, D), (p.k_stride * D, D, 1), p.k_start * D)
+
+
+def pad(x: Tensor, side: Side, dtype: torch.dtype, scale: float = 1.0) -> Tensor:
+    """Jagged x (T, H, D) -> the padded (side.rows, D) buffer in `dtype`, times `scale`."""
+    flat = x.new_empty((x.shape[0] * x.shape[1] + 1, x.shape[2]), dtype=dtype)
+    flat[-1].zero_()
+    rows = flat[:-1].view(x.shape)   # one pass from any strides (q, k, v are often views of one qkv)
+    if scale != 1.0 and x.dtype == dtype:
+        torch.mul(x, scale, out=rows)
+    else:
+        rows.copy_(x)
+        if scale != 1.0:
+            rows.mul_(scale)
+    return flat.index_select(0, side.gather)
+
+
+def new_padded(side: Side, D: int, like: Tensor, dtype: torch.dtype) -> Tensor:
+    """A zeroed padded buffer with one extra zero row at the end (read by `unpad` for
+    jagged rows that are in no bucket)."""
+    return like.new_zeros((side.rows + 1, D), dtype=dtype)
+
+
+def unpad(buf: Tensor, side: Side, like: Tensor, scale: float = 1.0) -> Tensor:
+    """A padded (side.rows + 1, D) buffer -> jagged, shaped and typed like `like`."""
+    out = buf.index_select(0, side.scatter)
+    if scale != 1.0:
+        out.mul_(scale)
+    return out.view(like.shape).to(like.dtype)
 
 
 def compute_dtype(x: Tensor) -> torch.dtype:
     """float32 for half-precision inputs (see cpu_jagged's docstring), else x's dtype."""
     return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-
-
-def pad(x: Tensor, src: Tensor, dest: Tensor, n: int, length: int, dtype: torch.dtype) -> Tensor:
-    """Rows `src` of jagged x (T, H, D) -> zero-padded (n*H, length, D) in `dtype`."""
-    H, D = x.shape[1:]
-    flat = x.new_zeros((n * length, H, D), dtype=dtype)
-    flat[dest] = x[src].to(dtype)
-    return flat.view(n, length, H, D).transpose(1, 2).reshape(n * H, length, D)
-
-
-def unpad_into(target: Tensor, padded: Tensor, src: Tensor, dest: Tensor, n: int) -> None:
-    """Inverse of `pad`: write padded (n*H, L, D) rows `dest` into target rows `src`."""
-    H, D = target.shape[1:]
-    length = padded.shape[1]
-    rows = padded.view(n, H, length, D).transpose(1, 2).reshape(n * length, H, D)
-    target[src] = rows[dest].to(target.dtype)

@@ -29,6 +29,7 @@ _ATTENTION = ("gemref::", "gemref_", "scaled_dot_product", "flash_attention", "e
               "attn_bwd")
 _GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation", "aten::matmul",
          "aten::linear", "aten::einsum", "aten::mkldnn_", "aten::_mkldnn", "aten::_scaled_mm", "aten::_int_mm",
+         "mkldnn::_linear_pointwise", "mkl::_mkl_linear",
          "gemm", "cutlass", "xmma", "cublas", "nvjet", "splitk")
 # aten ops by base name (trailing "_" and "_backward" dropped)
 _ELEMENTWISE_OPS = {
@@ -44,14 +45,21 @@ _ELEMENTWISE_KERNELS = ("triton_", "cpp_fused", "elementwise", "vectorized", "re
                         "torch-compiled region", "layer_norm", "softmax", "silu", "gelu")
 
 
-def op_class(name: str) -> str:
-    """The class of one profiler event by its name (the optimizer region is found by nesting,
-    not by name: see `classify_cpu`)."""
-    n = name.lower()
-    if any(p in n for p in _COMM):
+OPTIMIZER_REGIONS = ("optimizer", "Optimizer.step#", "Optimizer.zero_grad#")   # the step's label, torch's own
+
+
+def op_class(name: str, ancestors: tuple[str, ...] | list[str] = ()) -> str:
+    """The class of one profiler event by its name and the names of the events enclosing it
+    (innermost first): an op inside a fused attention op or inside the optimizer belongs to
+    that op's class, whatever it is itself."""
+    chain = [name.lower(), *(a.lower() for a in ancestors)]
+    if any(p in chain[0] for p in _COMM):
         return "communication"
-    if any(p in n for p in _ATTENTION):
+    if any(p in n for n in chain for p in _ATTENTION):
         return "attention"
+    if any(a == "optimizer" or a.startswith(r.lower()) for a in chain for r in OPTIMIZER_REGIONS):
+        return "optimizer"
+    n = chain[0]
     if any(p in n for p in _GEMM):
         return "gemm"
     if n.startswith("aten::"):
@@ -60,13 +68,13 @@ def op_class(name: str) -> str:
     return "elementwise" if any(p in n for p in _ELEMENTWISE_KERNELS) else "other"
 
 
-def _inside(event, region: str) -> bool:
-    parent = event.cpu_parent
+def ancestors_of(event) -> list[str]:
+    """The names of the CPU events enclosing a profiler event, innermost first."""
+    out, parent = [], event.cpu_parent
     while parent is not None:
-        if parent.name == region:
-            return True
+        out.append(parent.name)
         parent = parent.cpu_parent
-    return False
+    return out
 
 
 def classify_cpu(events, steps: int = 1) -> dict[str, float]:
@@ -82,7 +90,7 @@ def classify_cpu(events, steps: int = 1) -> dict[str, float]:
     for e in events:
         if e.thread != thread or e.name == "optimizer":
             continue
-        cls = "optimizer" if _inside(e, "optimizer") else op_class(e.name)
+        cls = op_class(e.name, ancestors_of(e))
         out[cls] += e.self_cpu_time_total / 1e6 / steps
     return out
 

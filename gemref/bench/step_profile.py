@@ -1,0 +1,195 @@
+"""Where a CPU training step's time goes by op class, and how fast it could be with its GEMMs at their best rate.
+
+1. Step time: --timed-steps training steps on one batch after --warmup, unprofiled: median wall
+   and median process CPU time (their gap shows a shared machine's contention).
+2. Op classes: --profile-steps more steps under torch.profiler; each op's *self* CPU time
+   goes to one class of gemref/mfu/op_classes.py (gemm, attention, elementwise, optimizer,
+   communication, other): an op inside a fused attention op or inside the optimizer counts
+   for that op's class; the step's time no op accounts for (Python, gaps) goes to other.
+   Shares are of the profiled step (the profiler adds per-op overhead; the unprofiled step
+   time is reported beside it). Profiler times are wall clock: where the process CPU time
+   is well below the wall time, other jobs share the cores and every figure is inflated.
+3. Attainable: every distinct GEMM shape of the step (from the profile) is timed alone on
+   each GEMM path this torch offers (torch.mm; oneDNN via mkldnn._linear_pointwise and via
+   F.linear on to_mkldnn() tensors; MKL packed-weight mkl._mkl_linear), best of --probe-reps
+   calls each. The attainable step replaces the step's GEMM time by its FLOPs at those best
+   rates: step - GEMM + sum over shapes of FLOPs / best rate. MFU (model FLOPs / step / the
+   CPU's measured fp32 peak, gemref.mfu.peak) is shown for the step, the attainable step, and
+   with GEMMs at the peak itself, so the gap to the limit is visible.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..commands.args import nonnegative_int, output_file, positive_int
+from ..config import PRESETS, get_preset, override
+from ..mfu.flops import model_flops
+from ..mfu.op_classes import CLASSES, ancestors_of, op_class
+from ..mfu.peak import device_name, peak_flops
+from ..mfu.profile import quiet_profile
+from ..report import format_table, write_json
+from ..env import versions
+from ..train import sample_batch, setup
+
+def _gemm_shape(name: str, shapes: list) -> tuple[int, int, int, int] | None:
+    """(batch, M, K, N) of a leaf GEMM op from its recorded input shapes."""
+    op = name.split("::")[-1]
+    try:
+        if op == "mm":
+            (m, k), (_, n) = shapes[0], shapes[1]
+            return 1, m, k, n
+        if op == "_linear_pointwise":            # oneDNN's linear: x (M, K), W (N, K)
+            (m, k), (n, _) = shapes[0], shapes[1]
+            return 1, m, k, n
+        if op == "addmm":
+            (m, k), (_, n) = shapes[1], shapes[2]
+            return 1, m, k, n
+        if op in ("bmm", "baddbmm"):
+            (b, m, k), (_, _, n) = shapes[-2:] if op == "bmm" else shapes[1:3]
+            return b, m, k, n
+    except (ValueError, IndexError, TypeError):
+        return None
+    return None
+
+
+def classify(prof, steps: int) -> tuple[dict[str, float], dict[tuple, dict]]:
+    """(seconds per step by class (gemref/mfu/op_classes.py), {(B, M, K, N): {"calls", "seconds"}
+    per step} of the GEMM ops)."""
+    seconds: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
+    shapes: dict[tuple, dict] = defaultdict(lambda: {"calls": 0.0, "seconds": 0.0})
+    for e in prof.events():
+        cls = op_class(e.name, ancestors_of(e))
+        s = e.self_cpu_time_total / 1e6 / steps
+        seconds[cls] += s
+        shape = _gemm_shape(e.name, e.input_shapes) if cls == "gemm" else None
+        if shape is not None:
+            shapes[shape]["calls"] += 1 / steps
+            shapes[shape]["seconds"] += s
+    return seconds, dict(shapes)
+
+
+def _paths(b: int, m: int, k: int, n: int) -> dict[str, Callable[[], object]]:
+    """The GEMM paths this torch offers for one shape (operands made here, untimed)."""
+    gen = torch.Generator().manual_seed(0)
+    if b > 1:
+        x, y = torch.randn(b, m, k, generator=gen), torch.randn(b, k, n, generator=gen)
+        return {"torch.bmm": lambda: torch.bmm(x, y)}
+    a, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)   # w: a Linear's (out, in)
+    wt = w.t().contiguous()
+    paths = {"torch.mm": lambda: torch.mm(a, wt)}
+    if torch.backends.mkldnn.is_available():
+        if hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+            paths["onednn _linear_pointwise"] = lambda: torch.ops.mkldnn._linear_pointwise(a, w, None, "none", [], "")
+        am, wm = a.to_mkldnn(), w.to_mkldnn()
+        paths["onednn F.linear (mkldnn tensors)"] = lambda: F.linear(am, wm)
+    if torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
+        paths["mkl packed _mkl_linear"] = lambda: torch.ops.mkl._mkl_linear(a, packed, w, None, m)
+    return paths
+
+
+def probe_gemm(b: int, m: int, k: int, n: int, reps: int) -> dict:
+    """Best FLOP/s of each GEMM path on this shape (one warm-up call, then the fastest of `reps`)."""
+    flops = 2 * b * m * k * n
+    rates = {}
+    for name, fn in _paths(b, m, k, n).items():
+        try:
+            fn()
+        except RuntimeError:      # a path this build lists but cannot run for this shape
+            continue
+        best = min(_timed(fn) for _ in range(reps))
+        rates[name] = flops / best
+    path = max(rates, key=rates.get)
+    return {"best_path": path, "best_flops_per_s": rates[path], "rates": rates}
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return max(time.perf_counter() - t0, 1e-9)
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="small", choices=list(PRESETS), help="model/data preset")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="samples per step")
+    p.add_argument("--kernel", default="auto", help="gdpa kernel (auto: the fastest that runs here)")
+    p.add_argument("--padded", action="store_true", help="the padded layout instead of jagged")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--warmup", type=nonnegative_int, default=3, help="untimed steps first")
+    p.add_argument("--timed-steps", type=positive_int, default=10, help="timed training steps (median)")
+    p.add_argument("--profile-steps", type=positive_int, default=3, help="profiled steps (op classes are their mean)")
+    p.add_argument("--probe-reps", type=positive_int, default=20, help="timed calls per GEMM shape and path (best kept)")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    preset = get_preset(args.preset)
+    train = override(preset.train, batch_size=args.batch_size, jagged=not args.padded, kernel=args.kernel)
+    s = setup(preset, train, device="cpu")
+    batch = sample_batch(s)
+    for _ in range(args.warmup):
+        s.step(batch)
+    wall, cpu = [], []
+    for _ in range(args.timed_steps):
+        w0, c0 = time.perf_counter(), time.process_time()
+        s.step(batch)
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.process_time() - c0)
+    step_s = statistics.median(wall)
+    prof = quiet_profile("cpu")
+    prof.record_shapes = True   # read when the trace starts
+    with prof:
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(args.profile_steps):
+            s.step(batch)
+        profiled_s = (time.perf_counter() - t0) / args.profile_steps
+        profiled_cpu_s = (time.process_time() - c0) / args.profile_steps
+    seconds, shapes = classify(prof, args.profile_steps)
+    seconds["other"] += max(0.0, profiled_s - sum(seconds.values()))   # untraced Python and gaps
+    gemm_rows = []
+    for (b, m, k, n), use in sorted(shapes.items(), key=lambda kv: -kv[1]["seconds"]):
+        probe = probe_gemm(b, m, k, n, args.probe_reps)
+        flops = 2 * b * m * k * n * use["calls"]
+        gemm_rows.append({"shape_bmkn": f"{b}x{m}x{k}x{n}", "calls_per_step": use["calls"],
+                          "ms_per_step": 1e3 * use["seconds"], "step_gflops_per_s": flops / use["seconds"] / 1e9
+                          if use["seconds"] else None, "best_gflops_per_s": probe["best_flops_per_s"] / 1e9,
+                          "best_path": probe["best_path"], "best_ms_per_step": 1e3 * flops / probe["best_flops_per_s"],
+                          "gflop_per_step": flops / 1e9, "rates": {p: r / 1e9 for p, r in probe["rates"].items()}})
+    gemm_s = seconds["gemm"] * step_s / profiled_s          # the GEMM share of the unprofiled step
+    gemm_best_s = sum(r["best_ms_per_step"] for r in gemm_rows) / 1e3
+    gemm_flops = sum(r["gflop_per_step"] for r in gemm_rows) * 1e9
+    peak = peak_flops("cpu", "fp32")
+    model = model_flops(preset.model, batch.lengths).total
+    limits = {"step": step_s, "gemm_at_best_rate": step_s - gemm_s + gemm_best_s,
+              "gemm_at_peak": step_s - gemm_s + (gemm_flops / peak.flops if peak.flops else 0.0)}
+    limit_rows = [{"case": case, "step_ms": 1e3 * t, "mfu": model / t / peak.flops if peak.flops else None}
+                  for case, t in limits.items()]
+    class_rows = [{"class": c, "ms_per_step": 1e3 * seconds[c], "share": seconds[c] / profiled_s} for c in CLASSES]
+    where = (f"{preset.name}, {'padded' if args.padded else 'jagged'}, kernel {s.kernel}, batch {args.batch_size}, "
+             f"{args.threads} thread(s), {device_name('cpu')}")
+    print(f"step: median wall {1e3 * step_s:.1f} ms, process CPU {1e3 * statistics.median(cpu):.1f} ms "
+          f"over {args.timed_steps} steps ({where}); profiled step {1e3 * profiled_s:.1f} ms wall, "
+          f"{1e3 * profiled_cpu_s:.1f} ms CPU")
+    print(format_table(class_rows, title="time per op class (self CPU time, profiled steps)"))
+    print(format_table(gemm_rows, ["shape_bmkn", "calls_per_step", "ms_per_step", "step_gflops_per_s",
+                                   "best_gflops_per_s", "best_path", "best_ms_per_step"],
+                       title="GEMM shapes of the step: in the step vs alone on the best path"))
+    print(format_table(limit_rows, title=f"the step and its limits; MFU against {peak.source}"))
+    if args.json:
+        write_json(args.json, {"bench": "step_profile", "preset": preset.name, "batch_size": args.batch_size,
+                               "kernel": s.kernel, "jagged": not args.padded, "threads": args.threads,
+                               "device": device_name("cpu"), "versions": versions(),
+                               "step_wall_s": wall, "step_cpu_s": cpu, "profiled_step_s": profiled_s,
+                               "profiled_step_cpu_s": profiled_cpu_s,
+                               "classes": class_rows, "gemm_shapes": gemm_rows, "limits": limit_rows,
+                               "model_flops": model, "peak_flops": peak.flops, "peak_source": peak.source})
+        print(f"wrote {args.json}")
+    return 0
