@@ -241,12 +241,17 @@ def wrap_compressed(fn, compression: SavedCompression, module: nn.Module):
 def compressing(model: nn.Module, spec: CompressionSpec | None = None) -> Iterator[SavedCompression]:
     """While active, every forward of `model` (with grad) compresses what it saves for backward.
 
-    Installed as an instance `forward`, so a checkpoint plan applied inside (gemref/autoac/
-    solver.py) still works: a checkpointed block's own hooks are innermost and win, so its
+    Everything the forward saves qualifies, attention's q, k, v included: fine for pointwise
+    (silu) attention, refused for softmax (module docstring). Installed as an instance
+    `forward`, so a checkpoint plan applied inside (gemref/autoac/solver.py) still works: a checkpointed block's own hooks are innermost and win, so its
     saved tensors are dropped and recomputed, not compressed. Yields the hooks (counters).
     """
     if "forward" in model.__dict__:
         raise ValueError("model.forward is already wrapped (compressing twice?)")
+    if getattr(getattr(model, "cfg", None), "activation", None) == "softmax":
+        raise ValueError("compressing a whole softmax-attention model puts attention's saved q, k, v and O in "
+                         "E4M3, which softmax's backward amplifies; compress its blocks' dense regions instead "
+                         "(apply_plan with 'compressed')")
     compression = SavedCompression(spec)
     model.forward = wrap_compressed(model.forward, compression, model)
     try:
