@@ -201,3 +201,16 @@ def test_bench_local_balance_simulated_run_writes_its_record(tmp_path, capsys):
 def test_bench_local_balance_user_errors_exit_2(argv, message, capsys):
     assert main(["bench", "local_balance", "--no-act-model", "--measure-ranks", "0", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_local_balance_measures_two_gloo_ranks(tmp_path):
+    """The measured path end to end: 2 gloo ranks, the real sampler per policy, the tiny GEM step."""
+    out = tmp_path / "lb.json"
+    rc = main(["bench", "local_balance", "--ranks", "2", "--steps", "2", "--per-rank-batch", "4", "--no-act-model",
+               "--policies", "round_robin,local", "--measure-ranks", "2", "--measure-steps", "3",
+               "--measure-warmup", "0", "--measure-per-rank-batch", "4", "--pool-steps", "2", "--json", str(out)])
+    assert rc == 0
+    rows = {r["policy"]: r for r in json.loads(out.read_text())["measured"]}
+    assert set(rows) == {"round_robin", "local"} and all(r["once"] for r in rows.values())
+    assert rows["local"]["exchange_bytes"] == 0 and rows["round_robin"]["speedup_vs_rr"] == 1.0
+    assert all(r["peak_act_mb"] > 0 and r["step_ms"] > 0 for r in rows.values())
