@@ -163,3 +163,18 @@ def test_bench_autoac_regions_command(data_root, tmp_path, capsys):
 def test_bench_autoac_regions_user_errors_exit_2(argv, message, capsys):
     assert main(["bench", "autoac_regions", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_auto_checkpoint_regions_applies_the_joint_plan_and_fits():
+    from gemref.autoac.regions import auto_checkpoint_regions
+    from gemref.autoac.solver import applied_plan, plan_record
+
+    torch.manual_seed(0)
+    model = GEMRef(CFG, jagged=True, kernel="cpu_jagged")
+    batch = batch_with_lengths(CFG, [5, 9, 2, 30, 64, 17, 3, 40, 1, 12] * 3, seed=4)
+    plan, profile = auto_checkpoint_regions(model, batch, 0.55, CompressionSpec("fp8_tensor"))
+    assert applied_plan(model) == plan.choices and plan_record(model)["summary"] == plan.summary()
+    assert "compressed" in plan.choices.values() and plan.recompute_flops == solve(profile, plan.budget_bytes).recompute_flops
+    assert activation_bytes(model, batch) <= 1.01 * plan.budget_bytes
+    with pytest.raises(ValueError, match="budget_fraction"):
+        auto_checkpoint_regions(model, batch, 0.0)

@@ -22,16 +22,15 @@ SQNR). `compressing(model)` puts the hooks around a whole model's forward instea
 
 Which saved tensors are compressed: floating point, at least `min_bytes` bytes, a last dim
 of at least `min_last_dim`, not a parameter of the wrapped module nor a view of one (the
-weight.t() a Linear saves: it stays alive anyway, a copy would only add bytes), and finite. A dense tensor (possibly permuted, as a
-transposed view is) comes back with its strides; a view with gaps (q of a fused qkv
-projection) comes back contiguous, which backward formulas accept (they read values, not
-strides), and frees the fused storage once every view of it is compressed. Everything else
-is kept as it is: integer and bool tensors (offsets,
-indices, masks), small tensors, per-row statistics with a narrow last dim (LayerNorm's mean
-and rstd, an attention log-sum-exp: an error there is amplified by exp). Inside a compiled
-region the hooks see what AOTAutograd saves (detached intermediates), and apply the same
-rules. A tensor saved twice while alive (the same storage, offset, shape and strides) is
-compressed once.
+weight.t() a Linear saves: it stays alive anyway, a copy would only add bytes), and finite.
+A dense tensor (possibly permuted, as a transposed view is) comes back with its strides; a
+view with gaps (q of a fused qkv projection) comes back contiguous, which backward formulas
+accept (they read values, not strides). Everything else is kept as it is: integer and bool
+tensors (offsets, indices, masks), small tensors, per-row statistics with a narrow last dim
+(LayerNorm's mean and rstd, an attention log-sum-exp: an error there is amplified by exp).
+Inside a compiled region the hooks see what AOTAutograd saves (detached intermediates) and
+apply the same rules. A tensor saved twice while alive (the same storage, offset, shape and
+strides) is compressed once.
 
 Error (what tests/test_compress.py checks): E4M3 has 3 mantissa bits, so rounding to nearest
 leaves a relative error of at most u = 2^-4 on every value in the normal range, and an
@@ -57,8 +56,7 @@ from ..precision.mx_reference import from_mx, to_mx
 FORMATS = ("fp8_tensor", "fp8_block", "mxfp8")
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
-UNIT_ROUNDOFF = 2.0 ** -4          # half an ulp, relative, in E4M3's normal range
-SUBNORMAL_HALF_STEP = 2.0 ** -10   # half the subnormal spacing, in units of the scale
+TINY = torch.finfo(torch.float32).tiny    # a scale never underflows to 0 (amax below 448 * TINY)
 
 
 @dataclass(frozen=True)
@@ -110,14 +108,14 @@ def quantize(flat: Tensor, spec: CompressionSpec) -> tuple[Tensor, Tensor]:
     x = flat.float()
     if spec.format == "fp8_tensor":
         amax = x.abs().max() if x.numel() else x.new_zeros(())
-        scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+        scale = torch.where(amax > 0, (amax / E4M3_MAX).clamp_min(TINY), torch.ones_like(amax))
         return (x / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale.reshape(1)
     blocks = torch.nn.functional.pad(x, (0, -x.numel() % spec.block)).view(-1, spec.block)
     if spec.format == "mxfp8":
         scale, values = to_mx(blocks, spec.block, E4M3, "rceil")
         return values.reshape(-1), scale
     amax = blocks.abs().amax(dim=1, keepdim=True)
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    scale = torch.where(amax > 0, (amax / E4M3_MAX).clamp_min(TINY), torch.ones_like(amax))
     return (blocks / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).reshape(-1), scale.reshape(-1)
 
 

@@ -29,7 +29,7 @@ from torch import nn
 from ..data.jagged import JaggedBatch
 from .compress import CompressionSpec
 from .profile import backward_flops, forward_with_bytes, profile_blocks
-from .solver import ActivationProfile, Plan, ac_blocks, apply_plan, partial_plans, plan_of, remove_plan
+from .solver import ActivationProfile, Plan, ac_blocks, apply_plan, partial_plans, plan_of, remove_plan, solve
 
 
 def profile_regions(model: nn.Module, batch: JaggedBatch, compression: CompressionSpec | None = None, *,
@@ -124,3 +124,18 @@ def pareto_front(profile: ActivationProfile) -> list[Plan]:
     uncapped = 1 + sum(max([0] + list(b.freed_bytes.values())) for b in profile.blocks)
     states = partial_plans(profile, uncapped)
     return _undominated([plan_of(profile, dict(zip(names, choices))) for _, _, _, choices in states])
+
+
+def auto_checkpoint_regions(model: nn.Module, batch: JaggedBatch, budget_fraction: float,
+                            compression: CompressionSpec | None = None, *,
+                            options: tuple[str, ...] = ("selective", "full"),
+                            autocast_dtype: torch.dtype | None = None) -> tuple[Plan, ActivationProfile]:
+    """`profile.auto_checkpoint` with "compressed" as one more option per region: profile,
+    solve for `budget_fraction` of the no-AC activation bytes, apply (eager model)."""
+    if not 0.0 < budget_fraction <= 1.0:
+        raise ValueError(f"budget_fraction must be in (0, 1], got {budget_fraction}")
+    spec = compression or CompressionSpec()
+    profile = profile_regions(model, batch, spec, options=options, autocast_dtype=autocast_dtype)
+    plan = solve(profile, int(budget_fraction * profile.base_bytes))
+    apply_plan(model, plan, compression=spec)
+    return plan, profile
