@@ -1,6 +1,7 @@
 """Local rebalancing (policy "local") against the global policies: simulated at scale, measured on gloo ranks.
 
-Simulated (every --ranks entry): an epoch of --steps global batches of --per-rank-batch x R
+Policy "none" of `gemref train --balance` is round_robin here (equal counts, the order of
+DistributedSampler). Simulated (every --ranks entry): an epoch of --steps global batches of --per-rank-batch x R
 history lengths drawn from the preset's skewed profile, priced in model FLOPs
 (gemref/mfu/flops.py), split by each policy (gemref/balance/compare.py states every column):
 imbalance, share of the optimum's throughput (against a lower bound on the best split, and
