@@ -2,16 +2,22 @@
 recompute, and apply the choice from outside the model.
 
 Candidates are the 3 * n_layers blocks of GEMRef (each GEMLayer's sequence, interaction and
-cross block), each with one of three options:
+cross block), each with one of four options:
   * "none": keep everything the block saves for backward;
   * "selective": non-reentrant checkpoint with a selective policy: the outputs of ops that
     cost FLOPs (matmuls, attention, any op FlopCounterMode prices, any non-aten kernel) are
     saved, everything else (norms, activations, masks, views, elementwise) is recomputed
     in backward. Zero recomputed FLOPs; the recompute is memory-bound work;
   * "full": non-reentrant checkpoint of the whole block: only its inputs stay alive, its
-    forward runs again in backward.
+    forward runs again in backward;
+  * "compressed": nothing recomputed; what the block saves for backward is stored as FP8 /
+    MXFP8 and expanded in backward (gemref/autoac/compress.py; `apply_plan(..., compression=)`
+    picks the format). Approximate: gradients carry the E4M3 rounding of the activations.
 gemref/autoac/profile.py measures, per block and option, the activation bytes it frees and the
-FLOPs it recomputes; `solve` picks one option per block.
+FLOPs it recomputes (gemref/autoac/regions.py adds "compressed"); `solve` picks one option per
+block. That is one budget per block, allocated jointly under the step's budget;
+gemref/autoac/regions.py has the alternative of one fraction for every block, and the Pareto
+fronts of both.
 
 The solver. Minimise recompute FLOPs subject to  base_bytes - sum(freed) <= budget, one
 option per block: a multiple-choice knapsack. The bytes are large integers (10^6..10^10),
@@ -38,12 +44,19 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from torch.utils.flop_counter import flop_registry
 
 from ..compile import CompiledRegion
+from .compress import CompressionSpec, SavedCompression, wrap_compressed
 from ..config import ModelConfig
 from ..mfu.flops import executed_flops
 
 _PLANS: "weakref.WeakKeyDictionary[nn.Module, Plan]" = weakref.WeakKeyDictionary()
+_COMPRESSION: "weakref.WeakKeyDictionary[nn.Module, SavedCompression]" = weakref.WeakKeyDictionary()
 BLOCK_KINDS = ("sequence", "interaction", "cross")
-OPTIONS = ("none", "selective", "full")
+OPTIONS = ("none", "selective", "full")     # exact: gradients unchanged bit for bit
+APPROXIMATE_OPTIONS = ("compressed",)       # gradients within the compression format's error
+LETTERS = {"none": "-", "selective": "S", "full": "F", "compressed": "C"}
+# What "compressed" wraps in each block: its dense sub-regions (gemref/autoac/compress.py: the
+# attention kernel's saved tensors stay exact), the units torch.compile compiles.
+COMPRESSED_METHODS = {"sequence": ("project", "mix"), "interaction": ("forward",), "cross": ("project", "mix")}
 # Components of gemref.mfu.flops a block's forward runs (for the analytic recompute FLOPs).
 BLOCK_COMPONENTS = {"sequence": ("sequence_projections", "sequence_attention", "sequence_ffn"),
                     "interaction": ("interaction",),
@@ -99,24 +112,49 @@ def _checkpointed(forward, option: str):
     return run
 
 
-def apply_plan(model: nn.Module, plan: "Plan | Mapping[str, str]") -> None:
-    """Checkpoint blocks from outside: a Plan, or {block name: option} (blocks left out stay
-    as they are).
+def _compress_block(block: nn.Module, kind: str, compression: SavedCompression) -> None:
+    """Wrap the block's dense sub-regions in the hooks; mark its forward "compressed"."""
+    forward = block.forward
+    for method in COMPRESSED_METHODS[kind]:
+        setattr(block, method, wrap_compressed(getattr(block, method), compression, block))
+    if "forward" not in COMPRESSED_METHODS[kind]:
+        def marked(*args, **kwargs):
+            return forward(*args, **kwargs)
+        block.forward = marked
+    block.forward.gemref_ac = "compressed"
+
+
+def apply_plan(model: nn.Module, plan: "Plan | Mapping[str, str]", *,
+               compression: CompressionSpec | None = None) -> None:
+    """Checkpoint (or compress) blocks from outside: a Plan, or {block name: option} (blocks
+    left out stay as they are).
 
     The block's `forward` is replaced by an instance attribute, so parameter names and the
     model code are unchanged. Apply before torch.compile and FSDP (gemref/train.py).
+    "compressed" blocks share one SavedCompression per model (its counters:
+    `saved_compression(model).stats`), in `compression`'s format (default CompressionSpec()).
     """
     choices = plan.choices if isinstance(plan, Plan) else plan
     blocks = ac_blocks(model)
     for name, option in choices.items():
         if name not in blocks:
             raise ValueError(f"unknown block {name!r}; valid: {', '.join(blocks)}")
-        if option not in OPTIONS:
-            raise ValueError(f"unknown checkpoint option {option!r} for {name}; valid: {', '.join(OPTIONS)}")
+        if option not in OPTIONS + APPROXIMATE_OPTIONS:
+            raise ValueError(f"unknown checkpoint option {option!r} for {name}; "
+                             f"valid: {', '.join(OPTIONS + APPROXIMATE_OPTIONS)}")
         if option != "none" and hasattr(blocks[name].forward, "gemref_ac"):
             raise ValueError(f"{name} is already checkpointed; remove_plan first")
+    if "compressed" in choices.values():
+        current = _COMPRESSION.get(model)
+        spec = compression or (current.spec if current is not None else CompressionSpec())
+        if current is not None and current.spec != spec:
+            raise ValueError(f"the model already compresses with {current.spec}; remove_plan first")
+        if current is None:
+            _COMPRESSION[model] = SavedCompression(spec)
     for name, option in choices.items():
-        if option != "none":
+        if option == "compressed":
+            _compress_block(blocks[name], block_kind(name), _COMPRESSION[model])
+        elif option != "none":
             blocks[name].forward = _checkpointed(blocks[name].forward, option)
     if isinstance(plan, Plan):
         _PLANS[model] = plan
@@ -125,18 +163,26 @@ def apply_plan(model: nn.Module, plan: "Plan | Mapping[str, str]") -> None:
 def remove_plan(model: nn.Module) -> None:
     """Undo `apply_plan` (every block runs its own forward again)."""
     _PLANS.pop(model, None)
+    _COMPRESSION.pop(model, None)
     for name, block in ac_blocks(model).items():
-        forward = block.__dict__.get("forward")
-        if isinstance(forward, CompiledRegion):
-            raise ValueError(f"{name} is compiled: its checkpoint is inside the graph; rebuild the model")
-        if hasattr(forward, "gemref_ac"):
-            del block.forward
+        for method in ("forward", "project", "mix"):
+            wrapped = block.__dict__.get(method)
+            if isinstance(wrapped, CompiledRegion) and (hasattr(wrapped, "gemref_ac") or
+                                                        hasattr(wrapped.fn, "gemref_compressed")):
+                raise ValueError(f"{name} is compiled: its checkpoint is inside the graph; rebuild the model")
+            if hasattr(wrapped, "gemref_ac") or hasattr(wrapped, "gemref_compressed"):
+                delattr(block, method)
 
 
 def applied_plan(model: nn.Module) -> dict[str, str]:
     """{block name: option} of the checkpointed blocks, read off the model."""
     return {name: block.__dict__["forward"].gemref_ac for name, block in ac_blocks(model).items()
             if hasattr(block.__dict__.get("forward"), "gemref_ac")}
+
+
+def saved_compression(model: nn.Module) -> SavedCompression | None:
+    """The hooks (and counters) of the model's "compressed" blocks, if any."""
+    return _COMPRESSION.get(model)
 
 
 def plan_record(model: nn.Module) -> dict | None:
@@ -192,9 +238,8 @@ class Plan:
         return dict(Counter(self.choices.values()))
 
     def summary(self) -> str:
-        """E.g. "sequence:SSF interaction:--- cross:F--" (per kind, layer by layer)."""
-        letter = {"none": "-", "selective": "S", "full": "F"}
-        return " ".join(kind + ":" + "".join(letter[self.choices.get(f"layers.{i}.{kind}", "none")]
+        """E.g. "sequence:SSF interaction:--C cross:F--" (per kind, layer by layer)."""
+        return " ".join(kind + ":" + "".join(LETTERS[self.choices.get(f"layers.{i}.{kind}", "none")]
                                              for i in range(self.n_layers)) for kind in BLOCK_KINDS)
 
     def as_record(self) -> dict:
@@ -226,7 +271,18 @@ def solve(profile: ActivationProfile, budget_bytes: int) -> Plan:
     need = profile.base_bytes - budget_bytes
     if need <= 0:
         return plan_of(profile, {}, budget_bytes)
-    # Partial plans: (bytes freed capped at need, recompute FLOPs, bytes freed, choices).
+    feasible = [s for s in partial_plans(profile, need) if s[0] >= need]
+    assert feasible, "min_bytes said the budget is reachable"
+    _, _, _, choices = min(feasible, key=lambda s: (s[1], s[2]))
+    plan = plan_of(profile, dict(zip((b.name for b in profile.blocks), choices)), budget_bytes)
+    assert plan.predicted_bytes <= budget_bytes
+    return plan
+
+
+def partial_plans(profile: ActivationProfile, need: int) -> list[tuple[int, int, int, tuple[str, ...]]]:
+    """The dynamic programme: the undominated plans as (bytes freed capped at `need`, recompute
+    FLOPs, bytes freed, one option per block). With need >= base_bytes nothing is capped, and
+    the list holds every plan on the Pareto front of bytes freed vs (FLOPs, bytes freed)."""
     states: list[tuple[int, int, int, tuple[str, ...]]] = [(0, 0, 0, ())]
     for block in profile.blocks:
         useful = [(o, block.freed_bytes[o], block.recompute_flops[o]) for o in profile.options
@@ -235,12 +291,7 @@ def solve(profile: ActivationProfile, budget_bytes: int) -> Plan:
         grown += [(min(cap + f, need), fl + c, fr + f, ch + (o,))
                   for cap, fl, fr, ch in states for o, f, c in useful]
         states = _pareto(grown)
-    feasible = [s for s in states if s[0] >= need]
-    assert feasible, "min_bytes said the budget is reachable"
-    _, _, _, choices = min(feasible, key=lambda s: (s[1], s[2]))
-    plan = plan_of(profile, dict(zip((b.name for b in profile.blocks), choices)), budget_bytes)
-    assert plan.predicted_bytes <= budget_bytes
-    return plan
+    return states
 
 
 def _pareto(states):

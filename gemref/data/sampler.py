@@ -8,7 +8,9 @@ and use every sample exactly once per epoch; nothing is dropped silently.
 - `TokenBudgetBatcher` (one device): variable batch size, each batch's total tokens (or
   FLOPs with a `SampleCost`) within a fixed budget.
 - `BalancedDistributedBatchSampler` (R ranks): cuts global batches of fixed size and splits
-  each across ranks by cost (gemref/balance.py), so every rank finishes at the same time.
+  each across ranks by cost (gemref/balance/partition.py), so every rank finishes at the same
+  time; or, with policy "local" (gemref/balance/local.py), keeps round_robin's split and lets
+  each rank reorder its own samples across nearby steps, with nothing exchanged.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ..balance import POLICIES, SampleCost, check_costs, check_lengths, partition
+from ..balance import LOCAL, SAMPLER_POLICIES, SampleCost, check_costs, check_lengths, local_rank_batches, partition
 
 
 def _weights(lengths, cost: SampleCost | None) -> np.ndarray:
@@ -116,19 +118,31 @@ class BalancedDistributedBatchSampler:
     samples per step; a dataset whose last batch cannot give that is a ValueError at
     construction. Ranks hold different sample counts: scale each rank's loss with
     `gemref.balance.rank_loss_scale(len(batch), sampler.global_size(step), world)`.
+
+    policy="local": rank r owns idx[r::world] of every global batch (round_robin's counts,
+    so global_size and the loss scale are round_robin's) and uses each of its samples within
+    `pool_steps` - 1 steps of its home step, chosen from its own samples only so that each
+    step's cost lands near the step's count x `target_per_sample` (default: the mean cost
+    of `lengths`, the same on every rank). Every sample is still used exactly once per epoch
+    (gemref/balance/local.py states the rules and why).
     """
 
     def __init__(self, lengths, global_batch_size: int, cost: SampleCost,
                  rank: int | None = None, world_size: int | None = None, seed: int = 0,
-                 policy: str = "kk", drop_last: bool = False, shuffle: bool = True, min_per_rank: int = 1):
+                 policy: str = "kk", drop_last: bool = False, shuffle: bool = True, min_per_rank: int = 1,
+                 pool_steps: int = 8, target_per_sample: float | None = None):
         self.lengths = check_lengths(lengths)
         if not isinstance(cost, SampleCost):
             raise ValueError(f"cost must be a SampleCost, got {type(cost).__name__}")
         self.cost = cost
         self.costs = check_costs(self.cost.cost(self.lengths))
         self.rank, self.world_size = _dist_rank_world(rank, world_size)
-        if policy not in POLICIES:
-            raise ValueError(f"policy={policy!r}; valid: {', '.join(POLICIES)}")
+        if policy not in SAMPLER_POLICIES:
+            raise ValueError(f"policy={policy!r}; valid: {', '.join(SAMPLER_POLICIES)}")
+        if isinstance(pool_steps, bool) or not isinstance(pool_steps, (int, np.integer)) or pool_steps < 1:
+            raise ValueError(f"pool_steps must be an integer >= 1, got {pool_steps!r}")
+        if target_per_sample is not None and not (np.isfinite(target_per_sample) and target_per_sample >= 0):
+            raise ValueError(f"target_per_sample must be finite and >= 0, got {target_per_sample}")
         if min_per_rank < 1:
             raise ValueError(f"min_per_rank must be >= 1 (an empty per-rank batch cannot be collated), got {min_per_rank}")
         if global_batch_size < self.world_size * min_per_rank:
@@ -146,6 +160,8 @@ class BalancedDistributedBatchSampler:
             raise ValueError(f"drop_last=True with {n} samples < global_batch_size={global_batch_size} leaves no batch")
         self.global_batch_size, self.seed, self.policy = global_batch_size, seed, policy
         self.drop_last, self.shuffle, self.min_per_rank = drop_last, shuffle, min_per_rank
+        self.pool_steps = pool_steps
+        self.target_per_sample = float(self.costs.mean()) if target_per_sample is None else float(target_per_sample)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -167,13 +183,26 @@ class BalancedDistributedBatchSampler:
         for step in range(len(self)):
             yield order[step * self.global_batch_size: step * self.global_batch_size + self.global_size(step)]
 
+    def rank_batches(self, rank: int) -> list[list[int]]:
+        """Rank `rank`'s index list for every step of this epoch ("local": from its own samples only)."""
+        if self.policy == LOCAL:
+            return local_rank_batches(list(self.global_batches()), self.costs, rank, self.world_size,
+                                      self.target_per_sample, self.pool_steps)
+        return [parts[rank] for parts in self.plan()]
+
     def plan(self) -> Iterator[list[list[int]]]:
         """For each step, every rank's index list (rank r's is plan()[step][r])."""
+        if self.policy == LOCAL:
+            yield from (list(step) for step in zip(*(self.rank_batches(r) for r in range(self.world_size))))
+            return
         for idx in self.global_batches():
             parts = partition(self.costs[idx], self.world_size, self.policy, self.min_per_rank)
             yield [idx[p].tolist() for p in parts]
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self.policy == LOCAL:
+            yield from self.rank_batches(self.rank)
+            return
         for parts in self.plan():
             yield parts[self.rank]
 
