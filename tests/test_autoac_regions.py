@@ -145,7 +145,7 @@ def test_bad_arguments_are_value_errors(measured):
 
 def test_bench_autoac_regions_command(data_root, tmp_path, capsys):
     out = tmp_path / "r.json"
-    rc = main(["bench", "autoac_regions", "--batch-size", "16", "--steps", "1", "--warmup", "0",
+    rc = main(["bench", "autoac_regions", "--batch-size", "16", "--steps-per-variant", "1", "--warmup", "0",
                "--formats", "fp8_tensor", "--budgets", "1.0,0.5", "--no-batch-search", "--parity-seeds", "0",
                "--json", str(out)])
     assert rc == 0

@@ -184,7 +184,7 @@ def test_bad_input_is_a_clear_value_error(call, match):
 
 def test_bench_local_balance_simulated_run_writes_its_record(tmp_path, capsys):
     out = tmp_path / "lb.json"
-    rc = main(["bench", "local_balance", "--ranks", "4", "--steps", "6", "--per-rank-batch", "8", "--pool-steps", "3",
+    rc = main(["bench", "local_balance", "--ranks", "4", "--simulated-steps", "6", "--per-rank-batch", "8", "--pool-steps", "3",
                "--no-act-model", "--measure-ranks", "0", "--json", str(out)])
     assert rc == 0
     record = json.loads(out.read_text())
@@ -206,7 +206,7 @@ def test_bench_local_balance_user_errors_exit_2(argv, message, capsys):
 def test_bench_local_balance_measures_two_gloo_ranks(tmp_path):
     """The measured path end to end: 2 gloo ranks, the real sampler per policy, the tiny GEM step."""
     out = tmp_path / "lb.json"
-    rc = main(["bench", "local_balance", "--ranks", "2", "--steps", "2", "--per-rank-batch", "4", "--no-act-model",
+    rc = main(["bench", "local_balance", "--ranks", "2", "--simulated-steps", "2", "--per-rank-batch", "4", "--no-act-model",
                "--policies", "round_robin,local", "--measure-ranks", "2", "--measure-steps", "3",
                "--measure-warmup", "0", "--measure-per-rank-batch", "4", "--pool-steps", "2", "--json", str(out)])
     assert rc == 0

@@ -33,12 +33,14 @@ from ..autoac.compress import FORMATS, CompressionSpec, compressing
 from ..autoac.profile import find_batch_size, forward_with_bytes
 from ..autoac.regions import pareto_front, profile_regions, uniform_front, uniform_plan, without_option
 from ..autoac.solver import ac_blocks, apply_plan, saved_compression, solve
+from ..errors import UsageError
+from ..commands.args import output_file
 from ..config import override
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches
 from ..env import versions
 from ..report import format_table, write_json
-from ..train import evaluate, setup, train_step
+from ..train import evaluate, setup
 from .autoac import Trainer, make_bench, paired_steps, strategy_model
 
 DEFAULT_BUDGETS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2)
@@ -127,8 +129,8 @@ def train_eval_loss(preset: str, seed: int, steps: int, spec: CompressionSpec | 
         all_compressed(s.model, spec)
     batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, 0), device=s.device))
     for _ in range(steps):
-        train_step(s, next(batches))
-    return float(evaluate(s, s.train.eval_batches)["eval_loss"])
+        s.step(next(batches))
+    return float(evaluate(s, s.train.eval_batches, steps)["eval_loss"])
 
 
 def parity(preset: str, spec: CompressionSpec, seeds: int, steps: int, data_root=None, log=print) -> dict:
@@ -151,31 +153,32 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="mxfp8", choices=FORMATS, help="compression of the fronts, batch, parity")
     p.add_argument("--formats", default=",".join(FORMATS), help="formats of the memory and step-time tables")
     p.add_argument("--budgets", default=",".join(str(x) for x in DEFAULT_BUDGETS))
-    p.add_argument("--steps", type=int, default=6, help="timed steps per variant")
+    p.add_argument("--steps-per-variant", type=int, default=6, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--max-batch", type=int, help="batch search cap (default: 8 x the batch size)")
     p.add_argument("--no-batch-search", action="store_true")
     p.add_argument("--parity-seeds", type=int, default=3, help="training runs per variant (0 skips)")
     p.add_argument("--parity-steps", type=int, default=150)
-    p.add_argument("--json", help="write the record here")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
 
 
 def run(args) -> int:
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     if not formats or set(formats) - set(FORMATS):
-        raise ValueError(f"--formats {args.formats!r}: valid: {', '.join(FORMATS)}")
+        raise UsageError(f"--formats {args.formats!r}: valid: {', '.join(FORMATS)}")
     try:
         budgets = tuple(float(x) for x in args.budgets.split(","))
     except ValueError:
-        raise ValueError(f"--budgets takes comma-separated fractions, got {args.budgets!r}") from None
+        raise UsageError(f"--budgets takes comma-separated fractions, got {args.budgets!r}") from None
     if not budgets or not all(0.0 < f <= 1.0 for f in budgets):
-        raise ValueError(f"--budgets are fractions in (0, 1], got {args.budgets}")
-    if args.steps < 1 or args.warmup < 0 or args.parity_seeds < 0 or args.parity_steps < 1 or args.parity_seeds == 1:
-        raise ValueError("need --steps >= 1, --warmup >= 0, --parity-seeds 0 (skip) or >= 2 (a seed band), "
+        raise UsageError(f"--budgets are fractions in (0, 1], got {args.budgets}")
+    if (args.steps_per_variant < 1 or args.warmup < 0 or args.parity_seeds < 0 or args.parity_steps < 1
+            or args.parity_seeds == 1):
+        raise UsageError("need --steps-per-variant >= 1, --warmup >= 0, --parity-seeds 0 (skip) or >= 2 (a seed band), "
                          "--parity-steps >= 1")
     log = lambda s: print(s, flush=True)   # noqa: E731
     spec = CompressionSpec(args.format)
-    b = make_bench(args.preset, batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, device="cpu")
+    b = make_bench(args.preset, batch_size=args.batch_size, steps=args.steps_per_variant, warmup=args.warmup, device="cpu")
     log("profiling every region (selective, full, compressed) ...")
     front = fronts(b, spec, budgets)
     print(format_table(front["rows"], title=f"fronts: {b.preset.name}, batch {b.train.batch_size}, {args.format}, "
@@ -194,7 +197,7 @@ def run(args) -> int:
                                                           f"{record['batch']['budget_bytes'] / 2**20:.2f} MiB"))
     record["step_time"] = step_times(b, formats)
     print(format_table(record["step_time"], title=f"step time, interleaved with the plain model "
-                                                  f"({args.steps} steps after {args.warmup} warm-up)"))
+                                                  f"({args.steps_per_variant} steps after {args.warmup} warm-up)"))
     if args.parity_seeds:
         record["parity"] = parity(b.preset.name, spec, args.parity_seeds, args.parity_steps, log=log)
         par = record["parity"]

@@ -24,16 +24,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..autoac.profile import activation_bytes, forward_loss
+from ..autoac.profile import activation_bytes
 from ..balance import SAMPLER_POLICIES, SampleCost, calibrate
 from ..balance.compare import compare_over_steps, exchange_bytes
+from ..errors import UsageError
+from ..commands.args import output_file
 from ..config import get_preset
 from ..data.batches import batch_with_lengths
 from ..data.sampler import BalancedDistributedBatchSampler
@@ -56,7 +57,7 @@ def _lengths(preset, n: int, seed) -> np.ndarray:
 def activation_model(preset_name: str, batches: int = 8, seed: int = 0) -> SampleCost:
     """Activation bytes per sample (c0 + c1*L + c2*L^2), fitted to bytes measured on the preset's model."""
     preset = get_preset(preset_name)
-    model = gem_model(preset_name, preset.model.max_len)
+    model, _ = gem_model(preset_name, preset.model.max_len)
     rng = np.random.default_rng([seed, 77])
     pool = _lengths(preset, 4096, rng)
     lengths_list = [rng.choice(pool, size=int(rng.integers(2, 33))) for _ in range(batches)]
@@ -70,7 +71,7 @@ def simulate(args, cost: SampleCost, memory: SampleCost | None) -> list[dict]:
     rows = []
     for ranks in args.ranks:
         steps = np.stack([_lengths(preset, ranks * args.per_rank_batch, np.random.default_rng([args.seed, s]))
-                          for s in range(args.steps)])
+                          for s in range(args.simulated_steps)])
         policies = [p for p in args.policies if p != "kk" or ranks <= args.kk_max_ranks]
         for row in compare_over_steps(steps, cost, ranks, policies, pool_steps=args.pool_steps,
                                       target_per_sample=target, memory=memory):
@@ -80,28 +81,36 @@ def simulate(args, cost: SampleCost, memory: SampleCost | None) -> list[dict]:
 
 
 def _measure_rank(rank, world, preset_name, lengths, global_batch, policies, pool_steps, warmup, seed):
-    """One gloo rank: per policy and step, [compute wall s, compute CPU s, all-reduce s, samples, act bytes]."""
-    from ..model import ranking_loss
+    """One gloo rank: per policy and step, [compute wall s, compute CPU s, all-reduce s, samples, act bytes].
+
+    Each step is training's step (gemref/step.py) with the gradient all-reduce of replicated
+    data parallelism (bench balance's) timed apart from the forward+backward before it."""
+    from ..step import train_step
+    from .balance import _all_reduce_grads
 
     preset = get_preset(preset_name)
-    model = gem_model(preset_name, preset.model.max_len)
+    model, optimizer = gem_model(preset_name, preset.model.max_len)
     cost = SampleCost(*sample_cost_coefficients(model.cfg))
     plans = {p: list(BalancedDistributedBatchSampler(lengths, global_batch, cost, rank=rank, world_size=world,
                                                      seed=seed, policy=p, drop_last=True, pool_steps=pool_steps))
              for p in policies}
     out = {p: [] for p in policies}
+    marks: list[float] = []
+
+    def timed_all_reduce(m) -> None:
+        marks.extend((time.perf_counter(), time.thread_time()))
+        _all_reduce_grads(m)
+        marks.append(time.perf_counter())
+
     for step in range(len(plans[policies[0]])):
         for policy in policies:
             ids = plans[policy][step]
             batch = batch_with_lengths(model.cfg, lengths[ids], seed=step * world + rank)
-            model.zero_grad(set_to_none=True)
             dist.barrier()
+            marks.clear()
             t0, c0 = time.perf_counter(), time.thread_time()
-            ranking_loss(model(batch), batch.labels, normalizer=global_batch).backward()
-            t1, c1 = time.perf_counter(), time.thread_time()
-            flat = torch.cat([p.grad.flatten() for p in model.parameters()])
-            dist.all_reduce(flat)
-            t2 = time.perf_counter()
+            train_step(model, optimizer, batch, normalizer=global_batch, finish_backward=timed_all_reduce)
+            t1, c1, t2 = marks
             nbytes = activation_bytes(model, batch)            # untimed, separate forward
             if step >= warmup:
                 out[policy].append([t1 - t0, c1 - c0, t2 - t1, len(ids), nbytes])
@@ -138,14 +147,14 @@ def _ints(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+        raise UsageError(f"expected comma-separated integers, got {text!r}") from None
     return values
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", default="8,64,256,1024", help="simulated rank counts (comma separated)")
     p.add_argument("--per-rank-batch", type=int, default=32, help="samples per rank per step")
-    p.add_argument("--steps", type=int, default=64, help="steps in the simulated epoch")
+    p.add_argument("--simulated-steps", type=int, default=64, help="steps in the simulated epoch")
     p.add_argument("--pool-steps", type=int, default=8, help='"local": steps a sample may move (its pool, k)')
     p.add_argument("--policies", default="round_robin,lpt,kk,local", help="policies (comma separated)")
     p.add_argument("--kk-max-ranks", type=int, default=256, help="run kk only up to this many simulated ranks")
@@ -157,7 +166,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--measure-steps", type=int, default=12, help="timed steps per policy")
     p.add_argument("--measure-warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", metavar="PATH", help="write the record here")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,18 +174,18 @@ def run(args: argparse.Namespace) -> int:
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in args.policies if p not in SAMPLER_POLICIES]
     if bad or not args.policies:
-        raise ValueError(f"--policies {bad or args.policies}: valid: {', '.join(SAMPLER_POLICIES)}")
-    for name in ("per_rank_batch", "steps", "pool_steps", "measure_per_rank_batch", "measure_steps"):
+        raise UsageError(f"--policies {bad or args.policies}: valid: {', '.join(SAMPLER_POLICIES)}")
+    for name in ("per_rank_batch", "simulated_steps", "pool_steps", "measure_per_rank_batch", "measure_steps"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not args.ranks or min(args.ranks + measure_ranks + [1]) < 1:
-        raise ValueError("--ranks and --measure-ranks take integers >= 1 (--measure-ranks 0 skips)")
+        raise UsageError("--ranks and --measure-ranks take integers >= 1 (--measure-ranks 0 skips)")
     cost = SampleCost(*sample_cost_coefficients(get_preset(args.preset).model))
     memory = None if args.no_act_model else activation_model(args.preset, seed=args.seed)
     sim = simulate(args, cost, memory)
     show = [{k: f"{v:.4f}" if isinstance(v, float) and k.startswith(("imb", "of_", "gap")) else v
              for k, v in row.items()} for row in sim]
-    print(format_table(show, SIM_COLUMNS, title=f"simulated: {args.preset} lengths and FLOPs, {args.steps} steps of "
+    print(format_table(show, SIM_COLUMNS, title=f"simulated: {args.preset} lengths and FLOPs, {args.simulated_steps} steps of "
                                                 f"{args.per_rank_batch} samples per rank, local pool {args.pool_steps} steps"))
     record = {"bench": "local_balance", "config": {k: v for k, v in vars(args).items() if k != "func"},
               "simulated": sim, "activation_model": None if memory is None else

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..commands.args import output_file
 from ..config import PRESETS, get_preset
 from ..errors import UsageError
 from ..report import format_table, write_json
@@ -47,7 +48,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mfu-assumption", nargs="+", metavar="[RUNG=]MFU",
                    help="local MFU in (0, 1]: one value for every rung, or RUNG=VALUE (default: assumed per rung)")
     p.add_argument("--table-sync-every", type=int, default=1, help="all-reduce the table replicas every K steps")
-    p.add_argument("--json", metavar="PATH", help="write the record here")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
 
 
 def select_rungs(keys: list[str] | None) -> list:
