@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 export OMP_NUM_THREADS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: venv demo test clean
+.PHONY: venv demo test test-kernels clean
 
 venv: $(STAMP)
 
@@ -30,6 +30,12 @@ demo: venv
 test: venv
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 -m "not solo" --nbmake tests notebooks
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m solo tests
+
+# Every kernel property at >= 1000 drawn cases (hypothesis profile `thorough`), the Triton
+# kernels too (under TRITON_INTERPRET=1 on a CPU: slow, tens of minutes).
+test-kernels: venv
+	HYPOTHESIS_PROFILE=thorough OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 tests/test_attention_kernels.py \
+		tests/test_attention_plan.py tests/test_attention_triton.py tests/test_attention_triton_schedule.py
 
 clean:
 	rm -rf artifacts .pytest_cache

@@ -34,7 +34,7 @@ RUNGS: tuple[RungSpec, ...] = (
              "AutoAC: checkpoint what a memory budget requires, spend the memory on a larger batch",
              "gemref/autoac/solver.py"),
     RungSpec(5, "load_balance", "5 + load balance", "--balance kk",
-             "split each global batch across ranks by cost, not count", "gemref/balance.py"),
+             "split each global batch across ranks by cost, not count", "gemref/balance/"),
     RungSpec(6, "fsdp_2d", "6 + FSDP/2D sparse", "--mesh RxS --sparse-sharding row",
              "FSDP2 on a 2D mesh, 2D-sharded embedding tables, comm/compute overlap", "gemref/parallel/"),
     RungSpec(7, "low_precision", "7 + float8/MXFP8", "--precision float8_rowwise\\|mxfp8",

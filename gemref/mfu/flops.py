@@ -114,7 +114,7 @@ def sample_cost_coefficients(cfg: ModelConfig) -> tuple[int, int, int]:
     """(c0, c1, c2): model FLOPs of one training sample = c0 + c1 * L + c2 * L^2 (jagged, real L;
     exact convention: causal attention's L(L+1)/2 puts half a term into c1).
 
-    The load balancer's cost model (gemref/balance.py) uses these.
+    The load balancer's cost model (gemref/balance/) uses these.
     """
     one, two, three = (model_flops(cfg, [n]).total for n in (0, 1, 2))
     c2 = (three - 2 * two + one) // 2

@@ -17,7 +17,7 @@ the same two factors the waterfall measures (gemref/waterfall/stats.py).
 * scaling ratio: from the model, what survives the imbalance and the exposed communication.
 * imbalance: max/mean per-rank model FLOPs of global batches of W x b lengths drawn from
   the preset's length profile, priced with `sample_cost_coefficients` and split with the
-  rung's policy (gemref/balance.py): round robin (equal counts) before the load-balance
+  rung's policy (gemref/balance/): round robin (equal counts) before the load-balance
   rung, kk after it (lpt when n x R > KK_WORK: kk's extra seconds buy < 1e-5 there). A
   padded sample costs the same whatever its length: only counts can differ.
 * comm: every collective of one rank's step (gemref/parallel/volume.py, history events per
