@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import PRECISION_KERNELS, PRECISIONS
+from .fast_linear import FastLinear
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ def native_support(precision: str, device: torch.device | str) -> tuple[bool, st
 
 def _skip_reason(fqn: str, module: nn.Module, precision: str, min_dim: int,
                  exclude: tuple[str, ...]) -> str | None:
-    if type(module) is not nn.Linear:
+    if type(module) not in (nn.Linear, FastLinear):
         return f"{type(module).__name__} is a subclass of nn.Linear (its forward may not call F.linear)"
     if any(name in fqn for name in exclude):
         return "excluded by name (kept in high precision)"
@@ -237,6 +238,9 @@ def apply_precision(model: nn.Module, precision: str, *, device: torch.device | 
             skipped.append(SkippedLayer(fqn, m.in_features, m.out_features, why))
         else:
             chosen.append(fqn)
+    for fqn in chosen:          # a converted layer leaves the fp32 fast path: plain Linear again
+        if type(linears[fqn]) is FastLinear:
+            linears[fqn].__class__ = nn.Linear
     if chosen and precision == "mxfp8":
         _convert_mxfp8(model, set(chosen), kernel_used)
     elif chosen:
