@@ -324,6 +324,9 @@ def _add_notebooks(sub) -> None:
     r.add_argument("--grid", help="YAML mapping parameter -> list of values (cartesian product)")
     r.add_argument("--out", help="output folder (default: artifacts/notebooks/<profile>-<date>)")
     r.set_defaults(func=_cmd_notebooks, parser=r)
+    from .book import build_command, configure_build_parser   # `gemref notebooks build`: the reading copy
+    configure_build_parser(b := which.add_parser("build", help="execute the chapters, write the static reading copy"))
+    b.set_defaults(func=build_command, parser=b)
 
 
 def _cmd_simulate(args) -> int:
