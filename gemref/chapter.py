@@ -63,6 +63,14 @@ def card_markdown(name: str, *, measures: str, runs_on: str, command: str,
     return "| | |\n|---|---|\n" + "\n".join(f"| **{k}** | {v} |" for k, v in rows)
 
 
+def runs_on(device: str, ranks: int = 1) -> str:
+    """Where a chapter's runs happen, in words, from its DEVICE and RANKS parameters."""
+    if device == "cuda":
+        return "one GPU" if ranks == 1 else f"{ranks} GPUs, one NCCL rank each"
+    where = "one GPU if there is one, else the CPU" if device == "auto" else "CPU"
+    return f"{where}, one process" if ranks == 1 else f"{where}, {ranks} ranks (processes, gloo on CPU)"
+
+
 def open_chapter(name: str, *, measures: str, runs_on: str, command: str) -> None:
     """Show the chapter's card, start its clocks, and make figures render in static viewers."""
     from IPython.display import Markdown, display
@@ -81,6 +89,21 @@ def predicted(question: str, guess, measured, fmt: str = ".3g", unit: str = "", 
         line += f"  (set {parameter} in the parameters cell to commit to a guess)"
     print(line)
     return line
+
+
+def long_history(preset, max_len: int | None = None, len_sigma: float | None = None, samples: int = 4096):
+    """`preset` with longer histories: up to `max_len` events and log-normal sigma `len_sigma`
+    (same median: a heavier tail), on a dataset of `samples` training rows (a quarter as many
+    eval rows), generated once on first use. None keeps the preset's value; both None: unchanged."""
+    from .config import override
+
+    if max_len is None and len_sigma is None:
+        return preset
+    model = override(preset.model, max_len=max_len or preset.model.max_len)
+    data = override(preset.data, len_sigma=preset.data.len_sigma if len_sigma is None else len_sigma,
+                    n_train=samples, n_eval=max(1, samples // 4), shard_rows=samples)
+    name = f"{preset.name}-L{model.max_len}-s{data.len_sigma:g}"
+    return override(preset, name=name, model=model, data=data)
 
 
 # --- figures that static viewers draw ------------------------------------------------------
