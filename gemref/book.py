@@ -133,15 +133,16 @@ it spawned) and wall seconds; the budget is the profile's limit in CPU seconds.<
 """
 
 
-def build_book(profile: str, out_dir: Path, *, names: list[str] | None = None, log=print) -> list[Path]:
-    """Execute the chapters and write the reading copy; return the pages written."""
+def build_book(profile: str, out_dir: Path, *, names: list[str] | None = None,
+               notebook_dir: Path | None = None, log=print) -> list[Path]:
+    """Execute the chapters and write the reading copy; return the pages written (index first)."""
     from plotly.offline import get_plotlyjs
 
     out_dir = Path(out_dir)
     executed = out_dir / "executed"
     late = None
     try:
-        rows = run_notebooks(profile, executed, names=names, log=log)
+        rows = run_notebooks(profile, executed, names=names, notebook_dir=notebook_dir, log=log)
     except OverBudget as e:
         rows, late = e.rows, e
     titles = {r["notebook"]: chapter_title(executed / f"{r['notebook']}.ipynb") for r in rows}
