@@ -7,11 +7,12 @@ browse without a kernel:
   DIR/index.html        per chapter: CPU and wall seconds, its budget, the metrics it
                         recorded; and the waterfall figure of chapter 10 when it was built;
   DIR/<chapter>.html    the executed chapter (nbconvert's lab template) with its outputs and
-                        interactive figures: each chapter embeds plotly.js once
-                        (gemref.chapter.use_static_figures), nothing is loaded from a CDN
-                        (the template's require.js, MathJax and mermaid tags are left out);
-                        exercise answers (cells with `jupyter.source_hidden`) stay collapsed.
-  DIR/plotly.min.js     the plotly.js the index page draws with (from plotly's package).
+                        interactive figures; nothing is loaded from a CDN (the template's
+                        require.js, MathJax and mermaid tags are left out); exercise answers
+                        (cells with `jupyter.source_hidden`) stay collapsed. An executed chapter
+                        embeds plotly.js once (gemref.chapter.use_static_figures); its page
+                        loads the shared copy instead, so the site holds one plotly.js, not twelve.
+  DIR/plotly.min.js     that copy (from plotly's package), for the index and every chapter.
 
 A chapter over its profile's time budget still gets its page; the build then fails
 (OverBudget), like the batch.
@@ -22,6 +23,7 @@ import argparse
 import datetime
 import html
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -64,17 +66,19 @@ def chapter_title(notebook: Path) -> str:
 
 
 def write_chapter_page(executed: Path, out_dir: Path, nav: str) -> Path:
-    """nbconvert one executed chapter to out_dir/<name>.html (no CDN, answers collapsed)."""
+    """nbconvert one executed chapter to out_dir/<name>.html (no CDN, answers collapsed, the
+    embedded plotly.js replaced by out_dir/plotly.min.js)."""
     import jinja2
     import nbformat
     from nbconvert import HTMLExporter
+    from plotly.offline import get_plotlyjs
 
     exporter = HTMLExporter(template_name="lab", extra_loaders=[jinja2.DictLoader({"book.html.j2": TEMPLATE})],
                             template_file="book.html.j2")
     body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4),
                                           resources={"gemref_nav": nav, "metadata": {"name": chapter_title(executed)}})
     page = out_dir / f"{executed.stem}.html"
-    atomic_write_text(page, body)
+    atomic_write_text(page, body.replace(f"<script>{get_plotlyjs()}</script>", "<script src='plotly.min.js'></script>"))
     return page
 
 
@@ -113,8 +117,10 @@ def index_html(rows: list[dict], titles: dict[str, str], profile: str, waterfall
                   "Plotly.newPlot('waterfall', fig.data, fig.layout, {responsive: true});</script>")
     else:
         figure = f"<p>Chapter {WATERFALL_CHAPTER} was not part of this build: no waterfall figure.</p>"
+    from .mfu.peak import device_name
+
     built = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    machine = f"{platform.machine()} {platform.processor() or ''}".strip()
+    machine = f"{device_name('cpu')} ({os.cpu_count()} CPUs)"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>gemref walkthrough: reading copy ({profile})</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}}
@@ -145,6 +151,7 @@ def build_book(profile: str, out_dir: Path, *, names: list[str] | None = None,
         rows = run_notebooks(profile, executed, names=names, notebook_dir=notebook_dir, log=log)
     except OverBudget as e:
         rows, late = e.rows, e
+    atomic_write_text(out_dir / "plotly.min.js", get_plotlyjs())
     titles = {r["notebook"]: chapter_title(executed / f"{r['notebook']}.ipynb") for r in rows}
     order = [r["notebook"] for r in rows]
     pages = []
@@ -157,7 +164,6 @@ def build_book(profile: str, out_dir: Path, *, names: list[str] | None = None,
         pages.append(write_chapter_page(executed / f"{name}.ipynb", out_dir, " | ".join(links)))
     waterfall = (first_figure(executed / f"{WATERFALL_CHAPTER}.ipynb", "waterfall")
                  if WATERFALL_CHAPTER in order else None)
-    atomic_write_text(out_dir / "plotly.min.js", get_plotlyjs())
     atomic_write_text(out_dir / "index.html", index_html(rows, titles, profile, waterfall))
     pages.insert(0, out_dir / "index.html")
     log(f"reading copy: {out_dir / 'index.html'} ({len(order)} chapters)")

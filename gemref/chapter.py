@@ -14,6 +14,9 @@ reader's predictions printed beside the measurements.
   run no scripts.
 * `predicted(...)` prints the reader's guess (a parameter, None until they set it) beside
   the measured value; `chapter_time()` is the CPU and wall seconds since `open_chapter`.
+* `long_history(preset, max_len, len_sigma)`: the preset with longer histories on a small
+  dataset, the case where padding and materialised attention dominate a step (chapters 01-03
+  under the `ci` profile); `runs_on(device, ranks)` says where a chapter runs, in words.
 """
 from __future__ import annotations
 
