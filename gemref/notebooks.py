@@ -10,6 +10,11 @@ metrics into one table (CSV + HTML). A failing notebook is a NotebookFailure nam
 notebook and the cell; a parameter a notebook does not declare in its `parameters` cell, a
 value of another type than the declared default's, or a grid/profile file that is missing
 or not valid YAML is a UsageError naming it, raised before the first notebook runs.
+
+Each row records the notebook's wall seconds and CPU seconds (its kernel and every process the
+kernel waited for, e.g. spawned ranks: the time it costs whatever else the machine runs). A
+profile may set `budget_s` (CPU seconds per notebook) and `budgets: {notebook: seconds}`; after
+writing the summary the batch fails with `OverBudget`, naming each notebook over its budget.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import html
 import itertools
 import json
 import logging
+import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,10 +91,17 @@ def load_profile(profile: str, params_dir: Path | None = None) -> dict:
         valid = sorted(p.stem for p in params_dir.glob("*.yaml"))
         raise UsageError(f"unknown profile {profile!r}; valid: {', '.join(valid)}")
     data = read_yaml(path, "profile") or {}
-    unknown = set(data) - {"global", "notebooks"} if isinstance(data, dict) else {"(not a mapping)"}
+    unknown = set(data) - {"global", "notebooks", "budget_s", "budgets"} if isinstance(data, dict) \
+        else {"(not a mapping)"}
     if unknown:
-        raise UsageError(f"{path}: unknown top-level keys {sorted(unknown)}; expected global, notebooks")
-    return {"global": data.get("global") or {}, "notebooks": data.get("notebooks") or {}}
+        raise UsageError(f"{path}: unknown top-level keys {sorted(unknown)}; expected global, notebooks, "
+                         "budget_s, budgets")
+    budgets = data.get("budgets") or {}
+    for key, value in [("budget_s", data.get("budget_s")), *((f"budgets.{k}", v) for k, v in budgets.items())]:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise UsageError(f"{path}: {key} must be a positive number of CPU seconds, got {value!r}")
+    return {"global": data.get("global") or {}, "notebooks": data.get("notebooks") or {},
+            "budget_s": data.get("budget_s"), "budgets": budgets}
 
 
 def profile_params(profile: str, name: str, notebook_dir: Path | None = None) -> dict:
@@ -154,7 +167,7 @@ def execute(notebook: Path, out_path: Path, params: dict, *, progress: bool = Fa
     try:
         papermill.execute_notebook(str(notebook), str(out_path), parameters=params,
                                    cwd=str(notebook.parent), progress_bar=progress,
-                                   kernel_name="python3")
+                                   kernel_name="python3", config=kernel_config())
     except PapermillExecutionError as e:
         raise NotebookFailure(notebook.stem, f"{_failing_cell(out_path)} raised {e.ename}: {e.evalue} "
                                              f"(executed copy: {out_path})") from None
@@ -162,6 +175,14 @@ def execute(notebook: Path, out_path: Path, params: dict, *, progress: bool = Fa
         for lg in loggers:
             lg.removeFilter(noise)
     return read_metrics(out_path)
+
+
+def kernel_config():
+    """The kernel talks to papermill over local IPC sockets, not TCP (nothing to eavesdrop on,
+    and no "Kernel is running over TCP without encryption" warning on every run)."""
+    from traitlets.config import Config
+
+    return Config({"KernelManager": {"transport": "ipc"}})
 
 
 @dataclass
@@ -209,13 +230,44 @@ def run_notebooks(profile: str, out_dir: Path, *, names: list[str] | None = None
             plan.append((nb, point, merged, "" if len(points) == 1 else f"-{i:03d}"))
     rows = []
     for n, (nb, point, merged, tag) in enumerate(plan, start=1):
-        start = time.perf_counter()
         log(f"[{n}/{len(plan)}] {nb.stem}{tag} {point or ''}")
-        metrics = execute(nb, out_dir / f"{nb.stem}{tag}.ipynb", merged)
-        rows.append({"notebook": nb.stem, **{f"param.{k}": v for k, v in point.items()},
-                     "seconds": round(time.perf_counter() - start, 2), **metrics})
+        metrics, clock = timed_execute(nb, out_dir / f"{nb.stem}{tag}.ipynb", merged)
+        rows.append({"notebook": nb.stem, **{f"param.{k}": v for k, v in point.items()}, **clock,
+                     "budget_s": prof["budgets"].get(nb.stem, prof["budget_s"]), **metrics})
+        log(f"    {clock['cpu_seconds']:.1f} s CPU, {clock['seconds']:.1f} s wall")
     write_summary(rows, out_dir)
+    check_budgets(rows, profile)
     return rows
+
+
+def timed_execute(notebook: Path, out_path: Path, params: dict) -> tuple[dict, dict]:
+    """`execute`, plus {"seconds": wall, "cpu_seconds": CPU of the kernel and its waited-for
+    children}. Notebooks run one at a time, so no other child ends inside the window."""
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    cpu0, wall0 = cpu(), time.perf_counter()
+    metrics = execute(notebook, out_path, params)
+    return metrics, {"seconds": round(time.perf_counter() - wall0, 2), "cpu_seconds": round(cpu() - cpu0, 2)}
+
+
+class OverBudget(NotebookFailure):
+    """Notebooks that ran past their profile's CPU budget; `rows` is the batch's summary."""
+
+    def __init__(self, notebook: str, detail: str, rows: list[dict]):
+        super().__init__(notebook, detail)
+        self.rows = rows
+
+
+def check_budgets(rows: list[dict], profile: str) -> None:
+    """Raise OverBudget naming every row whose CPU seconds passed its budget."""
+    late = [r for r in rows if r.get("budget_s") and r["cpu_seconds"] > r["budget_s"]]
+    if late:
+        raise OverBudget(", ".join(r["notebook"] for r in late),
+                         "over the " + profile + " profile's time budget: " + "; ".join(
+                             f"{r['notebook']} {r['cpu_seconds']:.1f} s CPU > {r['budget_s']:g} s "
+                             f"(wall {r['seconds']:.1f} s)" for r in late), rows)
 
 
 def write_summary(rows: list[dict], out_dir: Path) -> None:

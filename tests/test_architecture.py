@@ -7,7 +7,8 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gemref"
-ENTRY_POINTS = ("gemref.cli", "gemref.commands", "gemref.__main__", "gemref.waterfall", "gemref.notebooks", "gemref.bench")
+ENTRY_POINTS = ("gemref.cli", "gemref.commands", "gemref.__main__", "gemref.waterfall", "gemref.notebooks", "gemref.bench",
+                "gemref.book", "gemref.chapter")   # book: `gemref notebooks build`; chapter: what notebooks call
 # Modules that run a training step to check something, and so sit above gemref.train.
 ABOVE_TRAIN = ("gemref.mfu.verify", "gemref.simulate.validate", "gemref.run_ranks")
 

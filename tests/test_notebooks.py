@@ -3,12 +3,15 @@
 Executed copies land in artifacts/notebooks/ci/ (open them in JupyterLab to see the figures).
 `pytest --nbmake notebooks/` (in `make test`) also runs each notebook with its own defaults.
 """
+import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from gemref.notebooks import NOTEBOOK_DIR, NotebookFailure, execute, profile_params, run_notebooks
+from gemref.notebook_params import declared_parameters
+from gemref.notebooks import (NOTEBOOK_DIR, NotebookFailure, OverBudget, execute, load_profile, profile_params,
+                              run_notebooks)
 
 OUT = Path(__file__).resolve().parent.parent / "artifacts" / "notebooks" / "ci"
 NOTEBOOKS = sorted(p.stem for p in NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
@@ -102,3 +105,71 @@ def test_batch_rejects_unknown_parameters(tmp_path):
         run_notebooks("ci", tmp_path / "out", notebook_dir=folder, params={"Y": 1}, log=lambda s: None)
     with pytest.raises(ValueError, match="unknown notebook"):
         run_notebooks("ci", tmp_path / "out", notebook_dir=folder, names=["99_nope"], log=lambda s: None)
+
+
+# --- the chapter shape (issue 18) and what the batch measures -------------------------------
+
+def _chapter(name: str):
+    return nbformat.read(NOTEBOOK_DIR / f"{name}.ipynb", as_version=4).cells
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_chapter_opens_with_a_card_and_ends_with_checks(name):
+    cells = _chapter(name)
+    first_params = next(i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", []))
+    card = cells[first_params + 1]
+    assert card.cell_type == "code" and "open_chapter(" in card.source and f'"{name}"' in card.source, card.source
+    last = cells[-1]
+    assert last.cell_type == "code" and "assert " in last.source and "chapter_time()" in last.source, last.source
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_chapter_has_two_predictions_and_two_worked_exercises(name):
+    cells = _chapter(name)
+    code = "\n".join(c.source for c in cells if c.cell_type == "code")
+    guesses = re.findall(r"^(PREDICT_\w+) = None$", code, re.M)
+    assert len(guesses) >= 2, guesses
+    for guess in guesses:   # each guess is printed beside its measurement
+        assert any("predicted(" in c.source and f"{guess}," in c.source for c in cells), guess
+    answers = [i for i, c in enumerate(cells) if c.metadata.get("jupyter", {}).get("source_hidden")]
+    assert len(answers) >= 2, "at least two exercises with collapsed worked answers"
+    for i in answers:
+        question = cells[i - 1]
+        assert question.cell_type == "markdown" and re.search(r"\*\*\d\.", question.source), question.source
+        assert cells[i].cell_type == "code" and "print(" in cells[i].source
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_parameter_cells_parse_for_papermill(name, caplog):
+    """papermill's line parser (used when it injects parameters) sees what gemref sees, silently."""
+    import papermill
+
+    with caplog.at_level("WARNING", logger="papermill"):
+        seen = set(papermill.inspect_notebook(str(NOTEBOOK_DIR / f"{name}.ipynb")))
+    assert seen == set(declared_parameters(NOTEBOOK_DIR / f"{name}.ipynb"))
+    assert not [r for r in caplog.records if "Unable to parse" in r.getMessage()]
+
+
+def test_profile_budgets_are_checked(tmp_path):
+    (tmp_path / "params").mkdir()
+    for bad in ("budget_s: -1", "budget_s: fast", "budgets: {00_x: 0}", "budget_s: true"):
+        (tmp_path / "params" / "p.yaml").write_text(bad + "\n")
+        with pytest.raises(ValueError, match="positive number of CPU seconds"):
+            load_profile("p", tmp_path / "params")
+    assert load_profile("ci")["budget_s"] == 60
+
+
+def test_batch_times_each_notebook_and_fails_over_budget(tmp_path, capfd):
+    folder = _toy_notebooks(tmp_path / "nb", "x = sum(i * i for i in range(10))")
+    (folder / "params" / "ci.yaml").write_text("budget_s: 600\nglobal:\n  X: 2\n")
+    rows = run_notebooks("ci", tmp_path / "ok", notebook_dir=folder, log=lambda s: None)
+    assert rows[0]["cpu_seconds"] > 0 and rows[0]["seconds"] > 0 and rows[0]["budget_s"] == 600
+    assert "cpu_seconds" in (tmp_path / "ok" / "summary.csv").read_text().splitlines()[0]
+    assert "TCP" not in capfd.readouterr().err, "the kernel must talk over IPC, not TCP"
+    # starting a kernel alone costs more than 0.01 s of CPU: over any such budget
+    (folder / "params" / "ci.yaml").write_text("budget_s: 600\nbudgets:\n  00_toy: 0.01\nglobal:\n  X: 2\n")
+    with pytest.raises(OverBudget, match=r"00_toy failed: over the ci profile's time budget: 00_toy [0-9.]+ s CPU "
+                                         r"> 0.01 s \(wall [0-9.]+ s\)") as failed:
+        run_notebooks("ci", tmp_path / "late", notebook_dir=folder, log=lambda s: None)
+    assert failed.value.rows[0]["notebook"] == "00_toy"
+    assert (tmp_path / "late" / "summary.csv").exists(), "the summary is written before the batch fails"

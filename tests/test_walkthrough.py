@@ -1,5 +1,7 @@
-"""The walkthrough as a user meets it: JupyterLab lists the notebooks and starts a kernel, and an
-executed notebook's plotly figure draws in a real (headless) browser.
+"""The walkthrough as a user meets it: JupyterLab lists the notebooks and starts a kernel, and the
+reading copy (`gemref notebooks build`) draws its figures in a real (headless) browser with no
+console errors, while the executed chapters carry a PNG of every figure for viewers that run
+no scripts.
 
 The browser half needs a Chromium (`apt-get install -y chromium`, see README); it is skipped,
 with that reason, only where none is installed.
@@ -17,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from gemref.notebooks import NOTEBOOK_DIR, execute, profile_params
+from gemref.book import build_book
+from gemref.notebooks import NOTEBOOK_DIR
 from gemref.report.figures import find_chromium
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -107,39 +110,83 @@ def test_jupyterlab_lists_notebooks_and_starts_a_kernel(jupyterlab):
         _api(base, token, f"/api/kernels/{kernel['id']}", "DELETE")
 
 
-def _first_plotly_figure(executed: Path) -> dict:
+# Per plotly figure on the page: its box, the traces drawn, the marks with a real path, their area.
+PLOTS_JS = """(() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => {
+  const box = el.getBoundingClientRect();
+  const traces = Array.from(el.querySelectorAll('g.trace'));
+  const area = traces.reduce((a, t) => { const b = t.getBBox(); return a + b.width * b.height; }, 0);
+  const marks = traces.reduce((n, t) => n + Array.from(t.querySelectorAll('path'))
+      .filter(p => (p.getAttribute('d') || '').length > 4).length, 0);
+  return {width: box.width, height: box.height, traces: traces.length, marks: marks, area: area};
+}))()"""
+
+
+async def _open_page(url: str, chromium: str) -> tuple[list[dict], list[str]]:
+    """Load `url` in headless Chromium (DevTools protocol); return its plotly figures and every
+    console error, uncaught exception and failed load."""
+    import asyncio
+
+    import choreographer
+
+    problems: list[str] = []
+
+    async def on_console(msg):
+        if msg["params"]["type"] in ("error", "assert"):
+            problems.append("console: " + " ".join(str(a.get("value", a.get("description", "")))
+                                                   for a in msg["params"]["args"]))
+
+    async def on_exception(msg):
+        details = msg["params"]["exceptionDetails"]
+        problems.append("exception: " + details.get("exception", {}).get("description", details.get("text", "")))
+
+    async def on_log(msg):
+        if msg["params"]["entry"]["level"] == "error":
+            problems.append(f"log: {msg['params']['entry']['text']} {msg['params']['entry'].get('url', '')}")
+
+    async with choreographer.Browser(path=chromium, headless=True) as browser:
+        tab = await browser.create_tab("")
+        tab.subscribe("Runtime.consoleAPICalled", on_console)
+        tab.subscribe("Runtime.exceptionThrown", on_exception)
+        tab.subscribe("Log.entryAdded", on_log)
+        for domain in ("Runtime", "Log", "Page"):
+            await tab.send_command(f"{domain}.enable")
+        loaded = tab.subscribe_once("Page.loadEventFired")
+        await tab.send_command("Page.navigate", params={"url": url})
+        await asyncio.wait_for(loaded, 60)
+        await asyncio.sleep(1.0)                                    # let plotly finish drawing
+        result = await tab.send_command("Runtime.evaluate", params={"expression": PLOTS_JS, "returnByValue": True})
+    return result["result"]["result"]["value"], problems
+
+
+def _figure_outputs(executed: Path) -> list[dict]:
     nb = json.loads(executed.read_text())
-    for cell in nb["cells"]:
-        for output in cell.get("outputs", []):
-            if PLOTLY_MIME in output.get("data", {}):
-                return output["data"][PLOTLY_MIME]
-    raise AssertionError(f"{executed} has no plotly output")
+    return [o["data"] for c in nb["cells"] for o in c.get("outputs", []) if PLOTLY_MIME in o.get("data", {})]
 
 
-def test_executed_notebook_figure_draws_in_chromium(tmp_path, data_root):
+def test_reading_copy_draws_in_chromium(tmp_path, data_root):
     chromium = find_chromium()
     if chromium is None:
-        pytest.skip("no Chromium installed (apt-get install -y chromium): cannot render the figure")
-    import plotly.graph_objects as go
+        pytest.skip("no Chromium installed (apt-get install -y chromium): cannot render the reading copy")
+    import asyncio
+    import base64
+    import io
+
+    import numpy as np
     from PIL import Image
 
-    name = "00_mfu_baseline"
-    params = profile_params("ci", name)
-    executed = tmp_path / f"{name}.ipynb"
-    execute(NOTEBOOK_DIR / f"{name}.ipynb", executed, params)
-    fig = go.Figure(_first_plotly_figure(executed))
-    page = tmp_path / "figure.html"
-    fig.write_html(page, include_plotlyjs=True, full_html=True)      # offline: plotly.js inlined
-    shot = tmp_path / "figure.png"
-    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,650",
-                    "--virtual-time-budget=5000", f"--screenshot={shot}", page.as_uri()],
-                   check=True, capture_output=True, timeout=120)
-    image = Image.open(shot).convert("RGB")
-    pixels = list(image.getdata())
-    non_white = sum(1 for p in pixels if min(p) < 235) / len(pixels)
-    # Plotly's first trace colour (#636efa) must appear: the bars were drawn, not just a frame.
-    trace_blue = sum(1 for r, g, b in pixels if abs(r - 99) < 25 and abs(g - 110) < 25 and b > 220)
-    assert non_white > 0.01, f"screenshot is blank ({non_white:.2%} non-white)"
-    assert trace_blue > 200, f"no bars drawn ({trace_blue} pixels of the first trace colour)"
+    chapter = "06_load_balancing"
+    out = tmp_path / "book"
+    build_book("ci", out, names=[chapter, "10_waterfall"], log=lambda s: None)
+    figures = _figure_outputs(out / "executed" / f"{chapter}.ipynb")
+    for page, expected in (("index.html", 1), (f"{chapter}.html", len(figures))):
+        plots, problems = asyncio.run(asyncio.wait_for(_open_page((out / page).as_uri(), chromium), 180))
+        assert not problems, f"{page}: {problems}"
+        assert len(plots) == expected, f"{page}: {len(plots)} figures drawn, {expected} expected"
+        for plot in plots:
+            assert plot["width"] > 100 and plot["height"] > 100, (page, plot)
+            assert plot["traces"] > 0 and plot["marks"] > 0 and plot["area"] > 0, f"{page}: an empty plot {plot}"
+    # Viewers that run no scripts get the PNG each figure carries beside its interactive form.
+    for data in figures:
+        assert "text/html" in data and "image/png" in data, sorted(data)
+        pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(data["image/png"]))).convert("RGB"))
+        assert (pixels.min(axis=2) < 235).mean() > 0.01, "a blank PNG"

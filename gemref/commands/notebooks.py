@@ -1,4 +1,5 @@
-"""`gemref notebooks run`: execute the notebooks headless (papermill) with a parameter profile and grid."""
+"""`gemref notebooks run|build`: execute the notebooks headless (papermill) with a parameter profile and
+grid; `build` also writes the static reading copy (gemref/book.py)."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +20,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     r.add_argument("--grid", metavar="FILE", help="YAML mapping parameter -> list of values (cartesian product)")
     r.add_argument("--out", metavar="DIR", type=output_dir, help="output folder (default: artifacts/notebooks/<profile>-<date>)")
     r.set_defaults(func=run)
+    b = which.add_parser("build", help="execute the chapters under a profile, write the static reading copy")
+    b.add_argument("notebooks", nargs="*", help="chapter names (default: all), e.g. 02_flash_attention")
+    b.add_argument("--profile", default="ci", help="notebooks/params/<profile>.yaml: ci, cpu, gpu")
+    b.add_argument("--out", metavar="DIR", type=output_dir, help="output folder (default: artifacts/book/<profile>)")
+    b.set_defaults(func=build)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,4 +47,21 @@ def run(args: argparse.Namespace) -> int:
     long = [{"notebook": r["notebook"], "metric": k, "value": v} for r in rows for k, v in r.items()
             if k != "notebook"]
     print(format_table(long, title=f"notebook metrics ({args.profile}); wide table: {out}/summary.csv"))
+    return 0
+
+
+def build(args: argparse.Namespace) -> int:
+    """`gemref notebooks build`: exit 0, or 1 naming the chapter that failed or ran over budget."""
+    import sys
+    from pathlib import Path
+
+    from ..book import build_book
+    from ..notebooks import NotebookFailure
+
+    out = Path(args.out or check_output_dir(f"artifacts/book/{args.profile}", "--out"))
+    try:
+        build_book(args.profile, out, names=args.notebooks or None)
+    except NotebookFailure as e:
+        print(f"gemref notebooks build: {e}", file=sys.stderr)
+        return 1
     return 0
