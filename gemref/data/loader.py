@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
+from ..errors import UsageError
 from ..config import ModelConfig
 from .jagged import JaggedBatch, model_contract
 from .schema import ShardArrays, table_to_arrays
@@ -30,7 +31,7 @@ def read_shard(path: str | Path, cfg: ModelConfig) -> ShardArrays:
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as e:
-        raise ValueError(f"{path}: cannot read as Parquet ({type(e).__name__}: {e})") from None
+        raise UsageError(f"{path}: cannot read as Parquet ({type(e).__name__}: {e})") from None
     return table_to_arrays(table, cfg, str(path))
 
 
@@ -40,7 +41,7 @@ class EventDataset(Dataset):
     def __init__(self, paths: Iterable[str | Path], cfg: ModelConfig):
         shards = [read_shard(p, cfg) for p in paths]
         if not shards:
-            raise ValueError("no shards given")
+            raise UsageError("no shards given")
         lengths = np.concatenate([np.diff(s.offsets) for s in shards])
         self.offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self.history = np.concatenate([s.history for s in shards])
@@ -61,10 +62,10 @@ class EventDataset(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> JaggedBatch:
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size == 0:
-            raise ValueError("empty batch: no indices")
+            raise UsageError("empty batch: no indices")
         if idx.min() < 0 or idx.max() >= len(self):
             bad = int(idx[(idx < 0) | (idx >= len(self))][0])
-            raise ValueError(f"sample index {bad} out of range [0, {len(self)})")
+            raise UsageError(f"sample index {bad} out of range [0, {len(self)})")
         starts, lengths = self.offsets[idx], self.offsets[idx + 1] - self.offsets[idx]
         new_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         rows = np.arange(new_offsets[-1]) - np.repeat(new_offsets[:-1] - starts, lengths)
@@ -90,9 +91,9 @@ def make_loader(dataset: EventDataset, batch_size: int | None = None, *, shuffle
     """A DataLoader yielding JaggedBatches: shuffled fixed-size batches, or any `batch_sampler`."""
     if batch_sampler is None:
         if batch_size is None or batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise UsageError(f"batch_size must be >= 1, got {batch_size}")
         if drop_last and batch_size > len(dataset):
-            raise ValueError(f"batch_size={batch_size} > {len(dataset)} samples: every batch would be dropped")
+            raise UsageError(f"batch_size={batch_size} > {len(dataset)} samples: every batch would be dropped")
         generator = torch.Generator().manual_seed(seed)
         sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
         batch_sampler = BatchSampler(sampler, batch_size, drop_last=drop_last)

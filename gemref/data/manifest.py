@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..errors import UsageError
 from ..report import atomic_write_text, write_json
 
 log = logging.getLogger(__name__)
@@ -45,21 +46,21 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 def _check_entry(entry, where: str) -> None:
     if not isinstance(entry, dict):
-        raise ValueError(f"{where}: must be an object with {', '.join(_REQUIRED)}, got {type(entry).__name__}")
+        raise UsageError(f"{where}: must be an object with {', '.join(_REQUIRED)}, got {type(entry).__name__}")
     for key, kind in _REQUIRED.items():
         if key not in entry:
-            raise ValueError(f"{where}: no {key!r} (each shard needs {', '.join(_REQUIRED)}; "
+            raise UsageError(f"{where}: no {key!r} (each shard needs {', '.join(_REQUIRED)}; "
                              "gemref.data.manifest.write_manifest writes them)")
         value = entry[key]
         if not isinstance(value, kind) or isinstance(value, bool):
-            raise ValueError(f"{where}: {key!r} must be {kind.__name__}, got {value!r}")
+            raise UsageError(f"{where}: {key!r} must be {kind.__name__}, got {value!r}")
     if entry["rows"] < 1 or entry["bytes"] < 1:
-        raise ValueError(f"{where}: rows and bytes must be >= 1, got {entry['rows']} and {entry['bytes']}")
+        raise UsageError(f"{where}: rows and bytes must be >= 1, got {entry['rows']} and {entry['bytes']}")
     if not _SHA256.match(entry["sha256"]):
-        raise ValueError(f"{where}: 'sha256' must be 64 lowercase hex digits, got {entry['sha256']!r}")
+        raise UsageError(f"{where}: 'sha256' must be 64 lowercase hex digits, got {entry['sha256']!r}")
     name = PurePosixPath(entry["file"])
     if not entry["file"] or name.is_absolute() or entry["file"].startswith(("/", "\\")) or ".." in name.parts:
-        raise ValueError(f"{where}: file {entry['file']!r} must be a path relative to the dataset "
+        raise UsageError(f"{where}: file {entry['file']!r} must be a path relative to the dataset "
                          "folder, without '..'")
 
 
@@ -67,25 +68,25 @@ def load_manifest(folder: str | Path) -> dict:
     """The parsed manifest.json of `folder`, its schema checked (ValueError naming file and entry)."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
-        raise ValueError(f"{folder}: no {MANIFEST} (generate with `gemref data generate`; "
+        raise UsageError(f"{folder}: no {MANIFEST} (generate with `gemref data generate`; "
                          "for your own shards see data/README.md)")
     try:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        raise UsageError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict):
         got = type(manifest).__name__ if not isinstance(manifest, dict) else "no 'splits' object"
-        raise ValueError(f'{path}: must be an object {{"splits": {{"train": [...], ...}}}}, got {got}')
+        raise UsageError(f'{path}: must be an object {{"splits": {{"train": [...], ...}}}}, got {got}')
     seen: dict[str, str] = {}
     for split, entries in manifest["splits"].items():
         if not isinstance(entries, list) or not entries:
-            raise ValueError(f"{path}: splits.{split} must be a non-empty list of shards")
+            raise UsageError(f"{path}: splits.{split} must be a non-empty list of shards")
         for i, entry in enumerate(entries):
             where = f"{path}: splits.{split}[{i}]"
             _check_entry(entry, where)
             key = os.path.normpath(entry["file"])
             if key in seen:
-                raise ValueError(f"{where}: {entry['file']!r} is listed twice (also at {seen[key]})")
+                raise UsageError(f"{where}: {entry['file']!r} is listed twice (also at {seen[key]})")
             seen[key] = f"splits.{split}[{i}]"
     return manifest
 
@@ -94,7 +95,7 @@ def _confined(folder: Path, name: str, where: str) -> Path:
     root = folder.resolve()
     path = (root / name).resolve()
     if not path.is_relative_to(root):
-        raise ValueError(f"{where}: {name!r} resolves to {path}, outside the dataset folder {root}")
+        raise UsageError(f"{where}: {name!r} resolves to {path}, outside the dataset folder {root}")
     return path
 
 
@@ -129,7 +130,7 @@ def verified_shards(folder: str | Path, split: str) -> list[Path]:
     manifest = load_manifest(folder)
     splits = manifest["splits"]
     if split not in splits:
-        raise ValueError(f"{folder}: manifest has no split {split!r}; has {sorted(splits)}")
+        raise UsageError(f"{folder}: manifest has no split {split!r}; has {sorted(splits)}")
     cache, hashed, paths = _read_cache(folder), {}, []
     for i, entry in enumerate(splits[split]):
         name, where = entry["file"], f"{folder / MANIFEST}: splits.{split}[{i}]"
@@ -137,23 +138,23 @@ def verified_shards(folder: str | Path, split: str) -> list[Path]:
         try:
             st = path.stat()
         except OSError as e:
-            raise ValueError(f"{where}: {path} is listed but cannot be read ({e.strerror})") from None
+            raise UsageError(f"{where}: {path} is listed but cannot be read ({e.strerror})") from None
         if st.st_size != entry["bytes"]:
-            raise ValueError(f"{path}: {st.st_size} bytes, the manifest says {entry['bytes']} "
+            raise UsageError(f"{path}: {st.st_size} bytes, the manifest says {entry['bytes']} "
                              "(changed, truncated or swapped since the manifest was written)")
         known = cache.get(name, {})
         if not (known.get("stat") == _stat_key(st) and known.get("sha256") == entry["sha256"]):
             digest = sha256_file(path)
             if digest != entry["sha256"]:
-                raise ValueError(f"{path}: sha256 {digest[:16]}..., the manifest says {entry['sha256'][:16]}... "
+                raise UsageError(f"{path}: sha256 {digest[:16]}..., the manifest says {entry['sha256'][:16]}... "
                                  "(the file was changed or swapped since the manifest was written)")
             hashed[name] = digest
         try:
             rows = pq.read_metadata(path).num_rows
         except (pa.ArrowException, OSError) as e:
-            raise ValueError(f"{path}: cannot read as Parquet ({type(e).__name__}: {e})") from None
+            raise UsageError(f"{path}: cannot read as Parquet ({type(e).__name__}: {e})") from None
         if rows != entry["rows"]:
-            raise ValueError(f"{path}: {rows} rows, the manifest says {entry['rows']}")
+            raise UsageError(f"{path}: {rows} rows, the manifest says {entry['rows']}")
         paths.append(path)
     if hashed:
         record_verified(folder, hashed)

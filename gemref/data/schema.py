@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ..errors import UsageError
 from ..config import ModelConfig
 
 SCHEMA_VERSION = 1
@@ -98,23 +99,23 @@ def _check_range(values: np.ndarray, vocab: int, where: str, field: str, rows: n
     if bad.any():
         i = _first(bad)
         row = f"row {int(rows[i])}" if rows is not None else f"row {i}"
-        raise ValueError(f"{where}: {field} at {row} is {int(values[i])}, outside the table's vocab [0, {vocab})")
+        raise UsageError(f"{where}: {field} at {row} is {int(values[i])}, outside the table's vocab [0, {vocab})")
 
 
 def table_to_arrays(table: pa.Table, cfg: ModelConfig, where: str) -> ShardArrays:
     """Validate an Arrow table against the schema and the model's vocab sizes; return arrays."""
     if table.num_rows == 0:
-        raise ValueError(f"{where}: empty shard (0 rows)")
+        raise UsageError(f"{where}: empty shard (0 rows)")
     expected = arrow_schema(cfg.n_sparse)
     for field in expected:
         if field.name not in table.column_names:
-            raise ValueError(f"{where}: missing column {field.name!r} (schema: data/README.md)")
+            raise UsageError(f"{where}: missing column {field.name!r} (schema: data/README.md)")
         got = table.schema.field(field.name).type
         if not got.equals(field.type):
-            raise ValueError(f"{where}: column {field.name!r} has type {got}, expected {field.type}")
+            raise UsageError(f"{where}: column {field.name!r} has type {got}, expected {field.type}")
         row = first_null_row(table.column(field.name).combine_chunks())
         if row is not None:
-            raise ValueError(f"{where}: column {field.name!r} holds a null at row {row} (nulls are not "
+            raise UsageError(f"{where}: column {field.name!r} holds a null at row {row} (nulls are not "
                              "allowed, at any depth of a list)")
 
     offsets, items, _ = _list_parts(table.column("hist_item"))
@@ -124,13 +125,13 @@ def table_to_arrays(table: pa.Table, cfg: ModelConfig, where: str) -> ShardArray
         o, v, _ = _list_parts(table.column(name))
         if not np.array_equal(o, offsets):
             row = _first(np.diff(o) != lengths)
-            raise ValueError(f"{where}: {name} at row {row} has {int(np.diff(o)[row])} events, "
+            raise UsageError(f"{where}: {name} at row {row} has {int(np.diff(o)[row])} events, "
                              f"hist_item has {int(lengths[row])}")
         hist.append(v.astype(np.int64))
     too_long = lengths > cfg.max_len
     if too_long.any():
         row = _first(too_long)
-        raise ValueError(f"{where}: history at row {row} has {int(lengths[row])} events > max_len={cfg.max_len}")
+        raise UsageError(f"{where}: history at row {row} has {int(lengths[row])} events > max_len={cfg.max_len}")
     owner = np.repeat(np.arange(len(lengths)), lengths)
     for name, values, vocab in zip(HISTORY_COLUMNS, hist, (cfg.item_vocab, cfg.action_vocab, cfg.time_buckets)):
         _check_range(values, vocab, where, name, owner)
@@ -142,17 +143,17 @@ def table_to_arrays(table: pa.Table, cfg: ModelConfig, where: str) -> ShardArray
     widths = np.diff(d_off)
     if (widths != cfg.n_dense).any():
         row = _first(widths != cfg.n_dense)
-        raise ValueError(f"{where}: dense at row {row} has {int(widths[row])} values, expected {cfg.n_dense}")
+        raise UsageError(f"{where}: dense at row {row} has {int(widths[row])} values, expected {cfg.n_dense}")
     dense = d_val.astype(np.float32).reshape(-1, cfg.n_dense)
     if not np.isfinite(dense).all():
         row, col = (int(x) for x in np.argwhere(~np.isfinite(dense))[0])
-        raise ValueError(f"{where}: dense[{col}] at row {row} is {dense[row, col]} (not finite)")
+        raise UsageError(f"{where}: dense[{col}] at row {row} is {dense[row, col]} (not finite)")
     ad_ids = table.column("ad_id").to_numpy()
     _check_range(ad_ids, cfg.item_vocab, where, "ad_id")
     labels = np.stack([table.column(c).to_numpy() for c in ("click", "conversion")], axis=1)
     bad = (labels != 0) & (labels != 1)
     if bad.any():
         row, col = (int(x) for x in np.argwhere(bad)[0])
-        raise ValueError(f"{where}: {('click', 'conversion')[col]} at row {row} is {labels[row, col]}, not 0 or 1")
+        raise UsageError(f"{where}: {('click', 'conversion')[col]} at row {row} is {labels[row, col]}, not 0 or 1")
     return ShardArrays(offsets, np.stack(hist, axis=1).astype(np.int64), sparse.astype(np.int64),
                        dense, ad_ids.astype(np.int64), labels.astype(np.float32))

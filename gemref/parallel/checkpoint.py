@@ -51,6 +51,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
 
+from ..errors import UsageError
 from .checkpoint_files import (checkpoint_path, claim_folder, complete_checkpoints, fsync_dir, latest_checkpoint,
                                remove_checkpoint, resume_checkpoint, run_description, verify_checkpoint,
                                write_manifest)
@@ -73,7 +74,8 @@ def _barrier() -> None:
 
 
 def _on_rank0(fn: Callable[[], None]) -> None:
-    """Run fn on rank 0; a ValueError there is raised on every rank (so no rank waits forever)."""
+    """Run fn on rank 0; a ValueError there is raised on every rank as a UsageError (a bad checkpoint
+    folder is the user's input), so no rank waits forever."""
     error = None
     if _rank() == 0:
         try:
@@ -85,7 +87,7 @@ def _on_rank0(fn: Callable[[], None]) -> None:
         dist.broadcast_object_list(box, src=0)
         error = box[0]
     if error:
-        raise ValueError(error)
+        raise UsageError(error)
 
 
 @contextmanager
@@ -164,7 +166,7 @@ def start_from_checkpoint(root: str | Path, model: nn.Module, optimizer: torch.o
     """Collective, before the first step: when resuming, load the newest complete checkpoint under
     `root` and return its step; else claim `root` for this run and return 0."""
     if resume and overwrite:
-        raise ValueError("resume and overwrite contradict each other: resuming keeps the checkpoints")
+        raise UsageError("resume and overwrite contradict each other: resuming keeps the checkpoints")
     if not resume:
         claim_checkpoint_dir(root, model, global_batch=global_batch, seed=seed, run=run, overwrite=overwrite)
         return 0

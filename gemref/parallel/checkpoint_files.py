@@ -19,6 +19,7 @@ import stat
 from dataclasses import asdict
 from pathlib import Path
 
+from ..errors import UsageError
 from ..config import Preset, TrainConfig
 from ..data.manifest import sha256_file
 from ..report import atomic_write_text
@@ -45,7 +46,7 @@ def latest_checkpoint(root: str | Path) -> tuple[int, Path] | None:
     a `root` that is not a folder is a ValueError (a mistyped resume folder)."""
     root = Path(root)
     if not root.is_dir():
-        raise ValueError(f"{root}: not an existing checkpoint folder")
+        raise UsageError(f"{root}: not an existing checkpoint folder")
     found = complete_checkpoints(root)
     return found[-1] if found else None
 
@@ -55,7 +56,7 @@ def resume_checkpoint(root: str | Path) -> tuple[int, Path]:
     found = latest_checkpoint(root)
     if found is None:
         partial = sorted(p.name for p in Path(root).iterdir() if p.name.startswith((".tmp-step-", "step-")))
-        raise ValueError(f"{root}: no complete checkpoint to resume from"
+        raise UsageError(f"{root}: no complete checkpoint to resume from"
                          + (f" (incomplete saves: {', '.join(partial)})" if partial else ""))
     return found
 
@@ -84,9 +85,9 @@ def _load_json(path: Path, what: str) -> dict:
     try:
         value = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: unreadable {what} ({type(e).__name__}: {e})") from None
+        raise UsageError(f"{path}: unreadable {what} ({type(e).__name__}: {e})") from None
     if not isinstance(value, dict) or value.get("format") != FORMAT or not isinstance(value.get("identity"), dict):
-        raise ValueError(f"{path}: not a {what} of format {FORMAT}")
+        raise UsageError(f"{path}: not a {what} of format {FORMAT}")
     return value
 
 
@@ -97,7 +98,7 @@ def _files(folder: Path) -> dict[str, Path]:
         for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
             path = Path(dirpath) / name
             if not stat.S_ISREG(path.lstat().st_mode):
-                raise ValueError(f"{path}: not a regular file (links are refused in a checkpoint)")
+                raise UsageError(f"{path}: not a regular file (links are refused in a checkpoint)")
             out[path.relative_to(folder).as_posix()] = path
     out.pop(MANIFEST, None)
     return out
@@ -114,7 +115,7 @@ def remove_checkpoint(path: Path) -> None:
 def claim_folder(root: Path, identity: dict, overwrite: bool, step: int) -> None:
     """Rank 0: make `root` this run's folder, or check that it is, before writing `step`."""
     if root.exists() and not root.is_dir():
-        raise ValueError(f"{root}: not a folder (checkpoint_dir must be a folder)")
+        raise UsageError(f"{root}: not a folder (checkpoint_dir must be a folder)")
     root.mkdir(parents=True, exist_ok=True)
     owner = root / OWNER
     if owner.exists():
@@ -135,7 +136,7 @@ def claim_folder(root: Path, identity: dict, overwrite: bool, step: int) -> None
                       f"it already holds {ours[-1][1].name} of this run, not older than step {step}")
             options = "resume from it, choose another folder"
         if not overwrite:
-            raise ValueError(f"{root}: refusing to write checkpoints here: {reason}; {options}, "
+            raise UsageError(f"{root}: refusing to write checkpoints here: {reason}; {options}, "
                              "or overwrite it (deletes its checkpoints)")
         for path in root.iterdir():
             if STEP_DIR.match(path.name) and (foreign or int(path.name[5:]) >= step):
@@ -164,26 +165,26 @@ def verify_checkpoint(path: str | Path, identity: dict) -> int:
     file through pickle; return its step. Any mismatch is a ValueError naming the file."""
     path = Path(path)
     if not path.is_dir():
-        raise ValueError(f"{path}: no such checkpoint folder")
+        raise UsageError(f"{path}: no such checkpoint folder")
     if not (path / MANIFEST).is_file():
-        raise ValueError(f"{path}: not a complete checkpoint (no {MANIFEST}: the save did not finish)")
+        raise UsageError(f"{path}: not a complete checkpoint (no {MANIFEST}: the save did not finish)")
     manifest = _load_json(path / MANIFEST, "checkpoint manifest")
     step, listed = manifest.get("step"), manifest.get("files")
     m = STEP_DIR.match(path.name)
     if not isinstance(step, int) or (m and int(m.group(1)) != step) or not isinstance(listed, dict):
-        raise ValueError(f"{path / MANIFEST}: step {step!r} or file list does not match the folder {path.name}")
+        raise UsageError(f"{path / MANIFEST}: step {step!r} or file list does not match the folder {path.name}")
     if (diff := _difference(manifest["identity"], identity)) is not None:
-        raise ValueError(f"{path / MANIFEST}: written by another run ({diff}); resuming needs the same run")
+        raise UsageError(f"{path / MANIFEST}: written by another run ({diff}); resuming needs the same run")
     present = _files(path)
     for name in sorted(set(listed) | set(present)):
         if name not in present:
-            raise ValueError(f"{path / name}: missing (listed in {MANIFEST})")
+            raise UsageError(f"{path / name}: missing (listed in {MANIFEST})")
         if name not in listed:
-            raise ValueError(f"{present[name]}: not listed in {MANIFEST} (a foreign file in the checkpoint)")
+            raise UsageError(f"{present[name]}: not listed in {MANIFEST} (a foreign file in the checkpoint)")
         entry = listed[name] if isinstance(listed[name], dict) else {}
         size = present[name].stat().st_size
         if entry.get("bytes") != size:
-            raise ValueError(f"{present[name]}: {size} bytes, {MANIFEST} says {entry.get('bytes')} (truncated or changed)")
+            raise UsageError(f"{present[name]}: {size} bytes, {MANIFEST} says {entry.get('bytes')} (truncated or changed)")
         if sha256_file(present[name]) != entry.get("sha256"):
-            raise ValueError(f"{present[name]}: sha256 does not match {MANIFEST} (corrupted or changed)")
+            raise UsageError(f"{present[name]}: sha256 does not match {MANIFEST} (corrupted or changed)")
     return step
