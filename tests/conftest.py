@@ -2,9 +2,12 @@
 
 Hypothesis profiles, chosen by the environment variable HYPOTHESIS_PROFILE:
   ci        (default) hypothesis' own 100 examples per property, unless a test asks for
-            fewer; the CPU attention kernels take 1000 (attention_cases.CPU_KERNEL_EXAMPLES);
+            fewer; the CPU attention kernels take 1000 (attention_cases.CPU_KERNEL_EXAMPLES).
+            Derandomized: the same draws on every run, so CI passes or fails on the code, not
+            on the luck of the draw;
   thorough  at least 1000 examples for every property that does not fix its own count
-            (`make test-kernels`: every kernel property, Triton under the interpreter too).
+            (`make test-kernels`: every kernel property, Triton under the interpreter too),
+            with fresh random draws each run: the profile that explores.
 No deadline in either (timings on a shared CI machine vary). The number of examples each
 counted property ran is printed at the end of the session.
 """
@@ -18,7 +21,7 @@ from hypothesis import settings
 
 from attention_cases import EXAMPLES
 
-settings.register_profile("ci", deadline=None, print_blob=True)
+settings.register_profile("ci", deadline=None, print_blob=True, derandomize=True)
 settings.register_profile("thorough", deadline=None, print_blob=True, max_examples=1000)
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 settings.load_profile(PROFILE)
