@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import torch
 from torch import Tensor
@@ -99,6 +99,18 @@ class Plan:
     def workspace(self) -> int:
         """Score entries of the largest wave."""
         return max((sum(p.entries for p in wave) for wave in self.waves), default=0)
+
+    @cached_property
+    def q_written(self) -> bool:
+        """Whether the pieces that write (not add to) query rows cover every padded query row,
+        so the kernel's padded out / dq need no zeroing first. Writing pieces never overlap
+        (tests/test_attention_plan.py), so counting their rows is enough."""
+        return sum(p.batch * p.rows for wave in self.waves for p in wave if not p.q_acc) == self.q.rows
+
+    @cached_property
+    def k_written(self) -> bool:
+        """The same for key rows (padded dk, dv)."""
+        return sum(p.batch * p.keys for wave in self.waves for p in wave if not p.k_acc) == self.kv.rows
 
 
 def tree_levels(length: int) -> int:
