@@ -84,7 +84,8 @@ def _rows_of(side, heads):
 def test_cpu_jagged_plan_covers_every_allowed_pair_once(q_lens, data, mask, softmax, budget, leaf):
     """Replaying a plan's pieces (views, masks) on the padded layout visits every allowed
     (query, key) pair of every sequence exactly once; a piece that writes (not adds) its
-    rows writes rows no earlier piece wrote; softmax pieces hold whole rows and carry the
+    rows writes rows no earlier piece wrote, and Plan.q_written / k_written say whether
+    writing pieces cover every row; softmax pieces hold whole rows and carry the
     padding bias whenever an unmasked key of a real row is padding; waves fit the budget."""
     from gemref.attention import cpu_jagged_plan as plan_module
     causal, window = mask
@@ -104,6 +105,7 @@ def test_cpu_jagged_plan_covers_every_allowed_pair_once(q_lens, data, mask, soft
     seq_k = torch.repeat_interleave(torch.arange(len(kv_lens)), torch.tensor(kv_lens)).tolist()
     covered: dict[tuple, int] = {}
     q_written, k_written, softmax_rows = set(), set(), Counter()
+    q_by_writes, k_by_writes = set(), set()   # rows some writing piece writes
     for wave in plan.waves:
         assert sum(p.entries for p in wave) <= budget or len(wave) == 1
         for p in wave:
@@ -117,6 +119,8 @@ def test_cpu_jagged_plan_covers_every_allowed_pair_once(q_lens, data, mask, soft
                     assert not k_written & set(kr), "a writing piece overwrites key rows"
                 q_written |= set(qr)
                 k_written |= set(kr)
+                q_by_writes |= set() if p.q_acc else set(qr)
+                k_by_writes |= set() if p.k_acc else set(kr)
                 if softmax:
                     softmax_rows.update(q_rows[row] for row in qr if q_rows[row] is not None)
                 for r, row in enumerate(qr):
@@ -143,3 +147,34 @@ def test_cpu_jagged_plan_covers_every_allowed_pair_once(q_lens, data, mask, soft
                 expected[(h, q_off[s] + i, kv_off[s] + j)] = 1
     assert covered == expected
     assert max(softmax_rows.values(), default=1) == 1, "a softmax row is split over pieces"
+    # The kernel skips zeroing its padded results exactly when writing pieces cover every row.
+    assert plan.q_written == (q_by_writes == set(range(plan.q.rows)))
+    assert plan.k_written == (k_by_writes == set(range(plan.kv.rows)))
+
+
+@given(q_lens=LENGTHS, kv_lens=LENGTHS, slack=st.sampled_from([0, 1 << 10, 1 << 14]))
+@counted
+def test_bucket_slack_bounds_the_padding_of_every_bucket(q_lens, kv_lens, slack):
+    """Every bucket of two or more sequences pads within MAX_WASTE or within `min_slack`
+    entries; no slack argument means sdpa's MIN_SLACK_ENTRIES."""
+    kv_lens = (kv_lens * len(q_lens))[:len(q_lens)]
+    buckets = make_buckets(q_lens, kv_lens, slack)
+    for b in buckets:
+        padded, real = b.size * b.q_len * b.kv_len, sum(x * y for x, y in zip(b.q_lens, b.kv_lens))
+        assert padded <= (1 + MAX_WASTE) * real or padded - real <= slack or b.size == 1
+    assert make_buckets(q_lens, kv_lens) == make_buckets(q_lens, kv_lens, MIN_SLACK_ENTRIES)
+
+
+def test_cpu_jagged_cross_attention_pads_few_key_rows():
+    """Few queries over skewed histories: cpu_jagged's own, smaller slack keeps the padded key
+    rows (gathered in and out each pass) near the real ones, where sdpa's would not."""
+    from gemref.attention import cpu_jagged_plan as plan_module
+    gen = torch.Generator().manual_seed(0)
+    kv_lens = (torch.randn(64, generator=gen) * 1.1 + 3.7).exp().clamp(1, 512).long().tolist()
+    q_off, kv_off = list(range(0, 65 * 10, 10)), [0] + torch.cumsum(torch.tensor(kv_lens), 0).tolist()
+    plan = plan_module.make_plan(q_off, kv_off, 1, False, None, False, 1 << 18)
+    real = sum(kv_lens)
+    assert plan.kv.rows <= real + len(make_buckets([10] * 64, kv_lens, plan_module.SLACK_ENTRIES)) * \
+        plan_module.SLACK_ENTRIES // 10 + MAX_WASTE * real
+    sdpa_rows = sum(b.size * b.kv_len for b in make_buckets([10] * 64, kv_lens))
+    assert plan.kv.rows < 0.85 * sdpa_rows, (plan.kv.rows, sdpa_rows, real)

@@ -58,12 +58,14 @@ class Chunk:
     k1: int
 
 
-def make_buckets(q_lengths: Sequence[int], kv_lengths: Sequence[int]) -> list[Bucket]:
+def make_buckets(q_lengths: Sequence[int], kv_lengths: Sequence[int], min_slack: int | None = None) -> list[Bucket]:
     """Greedy buckets over sequences sorted by (key length, query length), longest first.
 
-    Sequences with no queries or no keys are left out: their outputs are zero.
+    Sequences with no queries or no keys are left out: their outputs are zero. `min_slack`
+    (score entries per head) defaults to MIN_SLACK_ENTRIES.
     """
-    max_waste, min_slack = MAX_WASTE, MIN_SLACK_ENTRIES
+    max_waste = MAX_WASTE
+    min_slack = MIN_SLACK_ENTRIES if min_slack is None else min_slack
     active = [b for b in range(len(q_lengths)) if q_lengths[b] > 0 and kv_lengths[b] > 0]
     order = sorted(active, key=lambda b: (kv_lengths[b], q_lengths[b]), reverse=True)
     buckets: list[Bucket] = []

@@ -96,7 +96,7 @@ def _forward(q, k, v, plan: Plan, activation, qk_scale, out_scale) -> Tensor:
     dtype, D = compute_dtype(q), q.shape[-1]
     softmax = activation == "softmax"
     qp, kp, vp = pad(q, plan.q, dtype), pad(k, plan.kv, dtype, qk_scale), pad(v, plan.kv, dtype, out_scale)
-    out = new_padded(plan.q, D, q, dtype)
+    out = new_padded(plan.q, D, q, dtype, plan.q_written)
     ws, scratch = q.new_empty(plan.workspace, dtype=dtype), _scratch(plan, q, D, dtype)
     bias = _key_bias(plan, softmax, dtype)
     for wave in plan.waves:
@@ -125,7 +125,8 @@ def _backward(grad_out, q, k, v, plan: Plan, activation, qk_scale, out_scale):
     softmax = activation == "softmax"
     qp, kp, vp = pad(q, plan.q, dtype), pad(k, plan.kv, dtype, qk_scale), pad(v, plan.kv, dtype)
     dop = pad(grad_out, plan.q, dtype, out_scale)
-    dq, dk, dv = (new_padded(side, D, q, dtype) for side in (plan.q, plan.kv, plan.kv))
+    dq = new_padded(plan.q, D, q, dtype, plan.q_written)
+    dk, dv = (new_padded(plan.kv, D, q, dtype, plan.k_written) for _ in range(2))
     ws_s, ws_ds = q.new_empty(plan.workspace, dtype=dtype), q.new_empty(plan.workspace, dtype=dtype)
     scratch = _scratch(plan, q, D, dtype)
     bias = _key_bias(plan, softmax, dtype)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import torch
 from torch import Tensor
@@ -45,6 +45,13 @@ from . import bucketing
 from .bucketing import Bucket, key_span, make_buckets
 
 LEAF_MIN = 32   # leaf (tree) / chunk (causal rows) size floor: smaller matmuls run far below peak
+# Bucket slack (score entries per head; bucketing.MIN_SLACK_ENTRIES is sdpa's): a padded row
+# costs this kernel a gather in and out in forward and backward (6 row moves per key row),
+# as much as ~10 score entries of its matmuls, so it takes less padding for fewer calls.
+# Cross attention with a few queries per sample pays most: there 16 Ki entries of slack
+# were 1.6 Ki padded key rows per head and bucket (71% more key rows than real ones on the
+# small preset; 24% with this slack).
+SLACK_ENTRIES = 1 << 10
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,18 @@ class Plan:
     def workspace(self) -> int:
         """Score entries of the largest wave."""
         return max((sum(p.entries for p in wave) for wave in self.waves), default=0)
+
+    @cached_property
+    def q_written(self) -> bool:
+        """Whether the pieces that write (not add to) query rows cover every padded query row,
+        so the kernel's padded out / dq need no zeroing first. Writing pieces never overlap
+        (tests/test_attention_plan.py), so counting their rows is enough."""
+        return sum(p.batch * p.rows for wave in self.waves for p in wave if not p.q_acc) == self.q.rows
+
+    @cached_property
+    def k_written(self) -> bool:
+        """The same for key rows (padded dk, dv)."""
+        return sum(p.batch * p.keys for wave in self.waves for p in wave if not p.k_acc) == self.kv.rows
 
 
 def tree_levels(length: int) -> int:
@@ -210,9 +229,11 @@ def _side(offsets: list[int], buckets: list[Bucket], lens: list[tuple[int, ...]]
 def _cached_plan(q_offs: tuple[int, ...], kv_offs: tuple[int, ...], heads: int, causal: bool,
                  window: int | None, softmax: bool, budget: int, leaf_min: int, waste: float,
                  slack: int) -> Plan:
+    """`slack`: the bucket slack, min(SLACK_ENTRIES, bucketing.MIN_SLACK_ENTRIES) (tests
+    lower the latter to cut more buckets)."""
     q_lens = [b - a for a, b in zip(q_offs, q_offs[1:])]
     kv_lens = [b - a for a, b in zip(kv_offs, kv_offs[1:])]
-    buckets = make_buckets(q_lens, kv_lens)
+    buckets = make_buckets(q_lens, kv_lens, slack)
     pieces, q_base, k_base, lq_pad, lk_pad = [], 0, 0, [], []
     for b in buckets:
         nh = b.size * heads
@@ -239,4 +260,4 @@ def make_plan(q_offsets: list[int], kv_offsets: list[int], heads: int, causal: b
     """The plan for these offsets (host lists), cached: forward, backward and every layer of
     a step share the batch's offsets. The tunables are part of the key (tests patch them)."""
     return _cached_plan(tuple(q_offsets), tuple(kv_offsets), heads, causal, window, softmax, budget,
-                        LEAF_MIN, bucketing.MAX_WASTE, bucketing.MIN_SLACK_ENTRIES)
+                        LEAF_MIN, bucketing.MAX_WASTE, min(SLACK_ENTRIES, bucketing.MIN_SLACK_ENTRIES))

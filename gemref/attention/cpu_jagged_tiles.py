@@ -131,10 +131,15 @@ def pad(x: Tensor, side: Side, dtype: torch.dtype, scale: float = 1.0) -> Tensor
     return flat.index_select(0, side.gather)
 
 
-def new_padded(side: Side, D: int, like: Tensor, dtype: torch.dtype) -> Tensor:
-    """A zeroed padded buffer with one extra zero row at the end (read by `unpad` for
-    jagged rows that are in no bucket)."""
-    return like.new_zeros((side.rows + 1, D), dtype=dtype)
+def new_padded(side: Side, D: int, like: Tensor, dtype: torch.dtype, written: bool) -> Tensor:
+    """A padded result buffer with one extra zero row at the end (read by `unpad` for
+    jagged rows that are in no bucket). `written`: the plan's writing pieces cover every
+    row (Plan.q_written / k_written), so only that extra row is zeroed; else all rows are."""
+    if not written:
+        return like.new_zeros((side.rows + 1, D), dtype=dtype)
+    buf = like.new_empty((side.rows + 1, D), dtype=dtype)
+    buf[-1].zero_()
+    return buf
 
 
 def unpad(buf: Tensor, side: Side, like: Tensor, scale: float = 1.0) -> Tensor:
