@@ -79,3 +79,27 @@ def test_bench_window_user_errors_exit_2(argv, message, capsys):
 def test_bench_window_json_path_is_checked_before_any_work(tmp_path, capsys):
     assert _main(["bench", "window", "--lengths", "16", "--json", str(tmp_path)]) == 2
     assert "window" not in capsys.readouterr().out
+
+
+def _row(L, variant, flops, executed, wall, speedup, window=16):
+    return {"history_len": L, "variant": variant, "window": None if variant == "full" else window,
+            "model_flops": flops, "executed_flops": executed, "flops_vs_full": None, "wall_ms": wall,
+            "cpu_over_wall": 0.9, "peak_mib": 2.0, "speedup": speedup}
+
+
+def test_takeaway_reads_the_numbers_it_is_given():
+    from gemref.bench.window import window_takeaway
+
+    rows = [_row(16, "full", 100, 120, 1.0, 1.0), _row(16, "window", 100, 120, 1.0, 1.0),
+            _row(64, "full", 1600, 2000, 8.0, 1.0), _row(64, "window", 400, 500, 2.0, 4.0)]
+    rows[3]["flops_vs_full"] = 0.25
+    quality = {"window": 8, "seeds": 3, "summary": [
+        {"metric": "ne_click", "full_mean": 0.9, "window_mean": 0.95, "mean_difference": 0.05,
+         "full_seed_band": 0.01, "within_band": False},
+        {"metric": "auc_click", "full_mean": 0.7, "window_mean": 0.7, "mean_difference": 0.0,
+         "full_seed_band": None, "within_band": None}]}
+    text = "\n".join(window_takeaway(rows, quality))
+    assert "computes 25.0% of full" in text and "executes 25.0% of its" in text and "4.00x faster" in text
+    assert "FLOPs grew 16.0x, the window's 4.0x" in text and "(here L = 16)" in text
+    assert "+0.0500, outside the full runs' seed band 0.0100 over 3 seeds" in text
+    assert "auc_click: 0.7000 full vs 0.7000" in text and "no seed band" in text

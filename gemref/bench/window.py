@@ -143,6 +143,42 @@ def quality_cost(preset: str, window: int, seeds: int, steps: int, data_root=Non
             "differences": diffs, "summary": summary}
 
 
+def window_takeaway(rows: list[dict], quality: dict | None = None) -> list[str]:
+    """Sentences that read a `window_sweep` (and `quality_cost`) result: what the window saved at
+    the longest history, how the costs grew, and the quality difference against the seed band."""
+    by = {(r["history_len"], r["variant"]): r for r in rows}
+    lengths = sorted({r["history_len"] for r in rows})
+    top, low = lengths[-1], lengths[0]
+    full, win = by[(top, "full")], by[(top, "window")]
+    W = win["window"]
+    lines = [f"At L = {top} events a window of {W} computes {win['flops_vs_full']:.1%} of full causal attention's "
+             f"model FLOPs, and the kernel executes {win['executed_flops'] / full['executed_flops']:.1%} of its "
+             f"full-attention FLOPs; forward+backward ran {win['speedup']:.2f}x faster ({full['wall_ms']:.1f} -> "
+             f"{win['wall_ms']:.1f} ms; process CPU / wall {full['cpu_over_wall']:.2f} and "
+             f"{win['cpu_over_wall']:.2f}), peak memory {full['peak_mib']:.1f} -> {win['peak_mib']:.1f} MiB."]
+    if top > low:
+        grow = {v: by[(top, v)]["model_flops"] / by[(low, v)]["model_flops"] for v in VARIANTS}
+        lines.append(f"From L = {low} to {top} ({top / low:.0f}x longer) full attention's FLOPs grew "
+                     f"{grow['full']:.1f}x, the window's {grow['window']:.1f}x.")
+    short = [L for L in lengths if L <= W]
+    if short:
+        lines.append(f"Histories of at most {W} events (here L = {', '.join(map(str, short))}) fit in the window: "
+                     "it changes nothing there.")
+    for s in (quality or {}).get("summary", []):
+        if s["metric"] not in ("ne_click", "auc_click"):
+            continue
+        head = (f"Eval {s['metric']}: {s['full_mean']:.4f} full vs {s['window_mean']:.4f} with window "
+                f"{quality['window']} ({s['mean_difference']:+.4f})")
+        if s["full_seed_band"] is None:
+            lines.append(head + "; one seed per variant, so no seed band: this difference cannot be told from "
+                                "seed noise.")
+        else:
+            where = "inside" if s["within_band"] else "outside"
+            lines.append(head + f", {where} the full runs' seed band {s['full_seed_band']:.4f} over "
+                                f"{quality['seeds']} seeds.")
+    return lines
+
+
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", nargs="+", type=positive_int, default=None,
                    help="history lengths (default 512 1024 2048 4096; 256 512 1024 with --quick)")
@@ -201,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(quality["summary"], title=f"quality: {args.quality_preset}, {args.quality_steps} steps, "
                                                      f"window {args.quality_window} vs full, {args.quality_seeds} "
                                                      f"seed(s); {band}"))
+    print("\n".join(window_takeaway(rows, record["quality"])))
     if args.json:
         write_json(args.json, record)
     return 0
