@@ -101,5 +101,5 @@ def test_takeaway_reads_the_numbers_it_is_given():
     text = "\n".join(window_takeaway(rows, quality))
     assert "computes 25.0% of full" in text and "executes 25.0% of its" in text and "4.00x faster" in text
     assert "FLOPs grew 16.0x, the window's 4.0x" in text and "(here L = 16)" in text
-    assert "+0.0500, outside the full runs' seed band 0.0100 over 3 seeds" in text
+    assert "(+0.0500), outside the full runs' seed band 0.0100 over 3 seeds" in text
     assert "auc_click: 0.7000 full vs 0.7000" in text and "no seed band" in text
