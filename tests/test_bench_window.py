@@ -103,3 +103,6 @@ def test_takeaway_reads_the_numbers_it_is_given():
     assert "FLOPs grew 16.0x, the window's 4.0x" in text and "(here L = 16)" in text
     assert "(+0.0500), outside the full runs' seed band 0.0100 over 3 seeds" in text
     assert "auc_click: 0.7000 full vs 0.7000" in text and "no seed band" in text
+    assert "executed MORE" not in text
+    rows[1]["executed_flops"] = 130          # a history a few windows long: the band tiles cost more
+    assert "At L = 16 the windowed kernel executed MORE FLOPs" in "\n".join(window_takeaway(rows))

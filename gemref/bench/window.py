@@ -160,6 +160,11 @@ def window_takeaway(rows: list[dict], quality: dict | None = None) -> list[str]:
         grow = {v: by[(top, v)]["model_flops"] / by[(low, v)]["model_flops"] for v in VARIANTS}
         lines.append(f"From L = {low} to {top} ({top / low:.0f}x longer) full attention's FLOPs grew "
                      f"{grow['full']:.1f}x, the window's {grow['window']:.1f}x.")
+    more = [L for L in lengths if by[(L, "window")]["executed_flops"] > by[(L, "full")]["executed_flops"]]
+    if more:
+        lines.append(f"At L = {', '.join(map(str, more))} the windowed kernel executed MORE FLOPs than full attention: "
+                     "with a history a few windows long its band tiles cover more than the full causal triangle "
+                     "(which it splits into blocks), so the window pays off only on longer histories.")
     short = [L for L in lengths if L <= W]
     if short:
         lines.append(f"Histories of at most {W} events (here L = {', '.join(map(str, short))}) fit in the window: "
