@@ -126,3 +126,24 @@ def test_a_window_covering_every_history_changes_nothing_but_the_pointwise_scale
     torch.manual_seed(0)
     wide = GEMRef(dataclasses.replace(TINY, window=TINY.max_len), jagged=True)(batch)
     torch.testing.assert_close(wide, full, rtol=0, atol=0)
+
+
+def test_gemref_train_attention_window_reaches_the_model_and_the_record(data_root, tmp_path):
+    import json
+
+    from gemref.cli import main
+
+    path = tmp_path / "run.json"
+    assert main(["train", "--preset", "tiny", "--steps", "2", "--device", "cpu", "--quiet", "--jagged",
+                 "--attention-window", "4", "--eval-batches", "1", "--warmup-steps", "1", "--json", str(path)]) == 0
+    record = json.loads(path.read_text())
+    assert record["config"]["model"]["window"] == 4
+
+
+@pytest.mark.parametrize("value, message", [("0", "ModelConfig.window must be None (full causal) or >= 1"),
+                                            ("x", "ModelConfig.window expects an integer or none, got 'x'")])
+def test_gemref_train_bad_attention_window_exits_2(value, message, capsys):
+    from gemref.cli import main
+
+    assert main(["train", "--preset", "tiny", "--steps", "2", "--attention-window", value]) == 2
+    assert message in capsys.readouterr().err
