@@ -106,3 +106,15 @@ def test_takeaway_reads_the_numbers_it_is_given():
     assert "executed MORE" not in text
     rows[1]["executed_flops"] = 130          # a history a few windows long: the band tiles cost more
     assert "At L = 16 the windowed kernel executed MORE FLOPs" in "\n".join(window_takeaway(rows))
+
+
+def test_window_figure_has_one_line_per_variant_in_each_panel():
+    from gemref.report.figures import window_figure
+
+    rows = [{"history_len": L, "variant": v, "model_gflop": g, "wall_ms": 1.0 + g, "peak_mib": 2.0}
+            for L, g in ((64, 1.0), (128, 4.0)) for v in ("full", "window")]
+    fig = window_figure(rows)
+    assert len(fig.data) == 6 and {t.name for t in fig.data} == {"full", "window"}
+    full_flops = next(t for t in fig.data if t.name == "full" and t.xaxis == "x")
+    assert list(full_flops.x) == [64, 128] and list(full_flops.y) == [1.0, 4.0]
+    assert sum(t.showlegend for t in fig.data) == 2 and fig.layout.xaxis.type == "log"
