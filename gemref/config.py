@@ -86,6 +86,10 @@ class ModelConfig:
     n_dense: int            # dense float features per sample
     fm_rank: int            # rank of the compressed factorisation-machine interaction
     activation: str = "silu"  # GDPA activation in the sequence tower ("softmax" = standard)
+    # Sliding window of the history self-attention: event i attends events i-W+1..i (W keys,
+    # itself included); None = full causal. Cross attention (non-sequence tokens over the
+    # history) never windows: it is linear in L, and it keeps every event visible to the heads.
+    window: int | None = None
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -94,6 +98,9 @@ class ModelConfig:
         if self.d_model % self.n_heads:
             raise UsageError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         _one_of(self, "activation", ATTENTION_ACTIVATIONS)
+        if self.window is not None and self.window < 1:
+            raise UsageError(f"ModelConfig.window must be None (full causal) or >= 1 (events attended "
+                             f"per event), got {self.window}")
         if not self.sparse_vocab or min(self.sparse_vocab) < 1:
             raise UsageError(f"sparse_vocab needs >= 1 table of vocab >= 1, got {self.sparse_vocab}")
 

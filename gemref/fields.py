@@ -1,8 +1,10 @@
 """Typed values of config dataclass fields: parse a user's string by the field's declared type,
 and check that a value has it.
 
-The declared types gemref/config.py uses are int, float, bool, str and tuple[int, ...]:
+The declared types gemref/config.py uses are int, float, bool, str, tuple[int, ...] and
+int | None:
     int     decimal integers ("12", "-3"); "1.5" and "abc" are errors
+    int | None  an integer as above, or "none" (any case) for None
     float   finite numbers ("0.001", "1e-3", "2"); "nan", "inf" and "abc" are errors
     bool    true/false, 1/0, yes/no (any case); anything else is an error
     str     the text as given
@@ -22,8 +24,10 @@ from .errors import UsageError
 
 BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 INT_TUPLE = tuple[int, ...]
+OPTIONAL_INT = int | None
 _EXPECTED = {int: "an integer", float: "a finite number", bool: "a boolean (true/false, 1/0, yes/no)",
-             str: "a string", INT_TUPLE: "a list of integers like [8,64]"}
+             str: "a string", INT_TUPLE: "a list of integers like [8,64]",
+             OPTIONAL_INT: "an integer or none"}
 
 
 @functools.cache
@@ -36,7 +40,8 @@ def field_types(cls: type) -> dict[str, Any]:
 def expected(tp: Any) -> str:
     """'an integer', 'a finite number', ... for an error message."""
     if tp not in _EXPECTED:
-        raise TypeError(f"no parser for declared type {tp!r}; supported: int, float, bool, str, tuple[int, ...]")
+        raise TypeError(f"no parser for declared type {tp!r}; supported: int, float, bool, str, "
+                        "tuple[int, ...], int | None")
     return _EXPECTED[tp]
 
 
@@ -70,7 +75,11 @@ def _int_tuple(text: str) -> tuple[int, ...]:
     return tuple(_int(item) for item in items)
 
 
-_PARSERS = {int: _int, float: _float, bool: _bool, str: str, INT_TUPLE: _int_tuple}
+def _optional_int(text: str) -> int | None:
+    return None if text.strip().lower() == "none" else _int(text)
+
+
+_PARSERS = {int: _int, float: _float, bool: _bool, str: str, INT_TUPLE: _int_tuple, OPTIONAL_INT: _optional_int}
 
 
 def parse_as(tp: Any, text: str, what: str = "") -> Any:
@@ -104,6 +113,8 @@ def has_type(value: Any, tp: Any) -> bool:
         return isinstance(value, str)
     if tp == INT_TUPLE:
         return isinstance(value, tuple) and all(has_type(v, int) for v in value)
+    if tp == OPTIONAL_INT:
+        return value is None or has_type(value, int)
     raise TypeError(f"no check for declared type {tp!r}")
 
 

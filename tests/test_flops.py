@@ -1,5 +1,6 @@
 """Analytic FLOPs: exact against FlopCounterMode for the executed path; conventions for model FLOPs."""
 
+import dataclasses
 import json
 
 import pytest
@@ -85,3 +86,63 @@ def test_padding_is_waste_and_jagged_removes_most_of_it():
 def test_sample_cost_coefficients_reproduce_model_flops(L):
     c0, c1, c2 = sample_cost_coefficients(TINY)
     assert c0 + c1 * L + c2 * L * L == model_flops(TINY, [L]).total
+
+
+def _window_pairs_by_hand(L, W):
+    """Causal window W: row i sees keys max(0, i-W+1)..i, i.e. min(i + 1, W) of them."""
+    return sum(min(i + 1, W) for i in range(L))
+
+
+@pytest.mark.parametrize("lengths, W", [([10, 3, 0, 25], 4), ([64, 1], 1), ([5, 7], 64), ([17], 16)])
+def test_windowed_model_flops_count_only_the_pairs_inside_the_window(lengths, W):
+    cfg = dataclasses.replace(TINY, window=W)
+    H, D, L, N = cfg.n_heads, cfg.head_dim, cfg.n_layers, cfg.n_ns_tokens
+    windowed, full = model_flops(cfg, lengths), model_flops(TINY, lengths)
+    pairs = sum(_window_pairs_by_hand(n, W) for n in lengths)
+    assert windowed.forward["sequence_attention"] == L * 4 * H * D * pairs
+    # the cross attention never windows: N queries x every event
+    assert windowed.forward["cross_attention"] == L * 4 * H * D * N * sum(lengths)
+    assert {c: v for c, v in windowed.forward.items() if c != "sequence_attention"} == \
+        {c: v for c, v in full.forward.items() if c != "sequence_attention"}
+    assert windowed.total == 3 * windowed.total_forward
+
+
+def test_a_window_as_long_as_the_history_is_full_causal_attention():
+    lengths = [12, 40, 1]
+    wide = model_flops(dataclasses.replace(TINY, window=TINY.max_len), lengths)
+    assert wide.forward == model_flops(TINY, lengths).forward
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=6), st.integers(1, 45))
+def test_causal_window_pairs_are_the_band_below_the_diagonal(lengths, W):
+    by_hand = [sum(1 for i in range(n) for j in range(n) if j <= i and i - j < W) for n in lengths]
+    assert allowed_pairs_per_sequence(lengths, lengths, causal=True, window=W).tolist() == by_hand
+    assert by_hand == [_window_pairs_by_hand(n, W) for n in lengths]
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.integers(0, TINY.max_len), min_size=1, max_size=4), st.integers(1, 8), st.booleans())
+def test_windowed_reference_path_executes_the_full_matrix_as_flop_counter_sees(lengths, W, jagged):
+    """The reference kernel masks the window but materialises every (query, key) entry, so its
+    executed FLOPs (FlopCounterMode's count) stay those of full attention."""
+    cfg = dataclasses.replace(TINY, window=W)
+    batch = batch_with_lengths(cfg, lengths)
+    model = GEMRef(cfg, jagged=jagged)
+    counted = count_with_flop_counter(lambda: ranking_loss(model(batch), batch.labels).backward())
+    assert counted == executed_flops(cfg, batch.lengths, jagged=jagged).total
+    assert counted == executed_flops(TINY, batch.lengths, jagged=jagged).total
+
+
+def test_cpu_jagged_executes_fewer_flops_under_a_window_but_never_fewer_than_the_model():
+    lengths = [64, 64, 40, 3]
+    cfg = dataclasses.replace(TINY, window=8)
+    windowed = executed_flops(cfg, lengths, jagged=True, kernel="cpu_jagged")
+    full = executed_flops(TINY, lengths, jagged=True, kernel="cpu_jagged")
+    assert windowed.forward["sequence_attention"] < full.forward["sequence_attention"]
+    assert windowed.forward["cross_attention"] == full.forward["cross_attention"]
+    assert windowed.total >= model_flops(cfg, lengths).total
+
+
+def test_sample_costs_of_a_windowed_model_are_those_of_full_causal_attention():
+    assert sample_cost_coefficients(dataclasses.replace(TINY, window=1)) == sample_cost_coefficients(TINY)

@@ -5,9 +5,11 @@ import argparse
 
 from dataclasses import replace
 
-from ..config import TrainConfig, get_preset, override, parse_mesh
+from ..config import ModelConfig, TrainConfig, get_preset, override, parse_mesh
 from ..errors import UsageError
-from .args import add_device_arg, add_preset_arg, check_local_ranks, device_of, output_dir, output_file, positive_int
+from ..fields import parse_field
+from .args import (add_device_arg, add_preset_arg, argtype, check_local_ranks, device_of, output_dir, output_file,
+                   positive_int)
 from .switches import add_train_switches, train_changes, train_config_from_args
 
 NAME = "train"
@@ -23,6 +25,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the run record here")
     p.add_argument("--out", metavar="DIR", type=output_dir, help="folder for run.json and run.html")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--attention-window", metavar="W", type=argtype(lambda t: parse_field(ModelConfig, "window", t), "window"),
+                   help="ModelConfig.window: each history event attends only its last W events (itself included); "
+                        "none = full causal (the preset's default). Cross attention always sees the whole history")
     add_train_switches(p, checkpoints=True)
     p.set_defaults(func=run)
 
@@ -78,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     from ..train import run as train_run
 
     preset = get_preset(args.preset)
+    if args.attention_window is not None:
+        preset = replace(preset, model=override(preset.model, window=args.attention_window))
     device = device_of(args.device)
     train, world = plan_ranks(train_config_from_args(args, preset.train), args.ranks, torchrun_world(),
                               device.type, mesh_given="mesh" in train_changes(args))

@@ -5,8 +5,10 @@ Two numbers are kept apart:
     training step (backward = 2x forward). Attention (gemref/attention/flops.py) counts
     2*H*D per allowed (query, key) pair per matmul, QK^T and PV: causal self-attention of
     length L is L(L+1)/2 pairs, cross attention N * L ("exact" convention, the MFU
-    numerator). `model_flops(..., convention="palm")` counts the full L^2 rectangle for
-    causal attention instead (PaLM appendix B, torchtitan), which `gemref flops` shows
+    numerator); under a sliding window (`cfg.window` = W) self-attention counts the pairs
+    the window allows, sum over positions i of min(i + 1, W), while cross attention stays
+    N * L (it never windows). `model_flops(..., convention="palm")` counts the full L^2
+    rectangle for causal attention instead (PaLM appendix B, torchtitan), which `gemref flops` shows
     beside it. Embedding lookups, element-wise ops and recomputation are not model FLOPs.
   * executed FLOPs: the matmul FLOPs the kernels really ran for the path that ran: padded
     rows, padded attention tiles, and each op's real backward (e.g. the dense-feature input
@@ -17,7 +19,7 @@ All counts are exact Python ints, in FLOPs (one multiply-add = 2 FLOPs).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -74,7 +76,7 @@ def model_flops(cfg: ModelConfig, lengths, convention: str = "exact") -> FlopCou
     H, D, N, L = cfg.n_heads, cfg.head_dim, cfg.n_ns_tokens, cfg.n_layers
     fwd = dict.fromkeys(COMPONENTS, 0)
     fwd.update(_linear_terms(cfg, rows=sum(ls), batch=len(ls)))
-    fwd["sequence_attention"] = L * attention_model_flops(ls, ls, H, D, causal=True, window=None,
+    fwd["sequence_attention"] = L * attention_model_flops(ls, ls, H, D, causal=True, window=cfg.window,
                                                           convention=convention)
     fwd["cross_attention"] = L * attention_model_flops([N] * len(ls), ls, H, D, causal=False, window=None,
                                                        convention=convention)
@@ -103,7 +105,7 @@ def executed_flops(cfg: ModelConfig, lengths, *, jagged: bool, kernel: str = "re
     fwd.update(_linear_terms(cfg, rows=rows, batch=B))
     bwd = {c: 2 * v for c, v in fwd.items()}
     bwd["dense_input"] = fwd["dense_input"]          # raw dense features need no input grad
-    self_f, self_b = attn(kv, kv, H, D, True, None)
+    self_f, self_b = attn(kv, kv, H, D, True, cfg.window)
     cross_f, cross_b = attn(q_cross, kv, H, D, False, None)
     fwd["sequence_attention"], bwd["sequence_attention"] = L * self_f, L * self_b
     fwd["cross_attention"], bwd["cross_attention"] = L * cross_f, L * cross_b
@@ -114,8 +116,12 @@ def sample_cost_coefficients(cfg: ModelConfig) -> tuple[int, int, int]:
     """(c0, c1, c2): model FLOPs of one training sample = c0 + c1 * L + c2 * L^2 (jagged, real L;
     exact convention: causal attention's L(L+1)/2 puts half a term into c1).
 
-    The load balancer's cost model (gemref/balance/) uses these.
+    The load balancer's cost model (gemref/balance/) uses these. With a sliding window the
+    attention cost per sample is no longer quadratic (linear in L beyond W), which a
+    quadratic cannot express: the coefficients are those of full causal attention (an upper
+    bound that still orders samples by length), whatever `cfg.window` says.
     """
+    cfg = replace(cfg, window=None)
     one, two, three = (model_flops(cfg, [n]).total for n in (0, 1, 2))
     c2 = (three - 2 * two + one) // 2
     c1 = two - one - c2

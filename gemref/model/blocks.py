@@ -1,12 +1,14 @@
 """The three blocks of a GEM-like layer. None of them knows about parallelism or kernels.
 
 * SequenceBlock: pre-norm causal GDPA self-attention over the user history + a gated FFN
-  (HSTU / InterFormer style; pointwise SiLU attention by default, softmax as an option).
+  (HSTU / InterFormer style; pointwise SiLU attention by default, softmax as an option),
+  optionally over a sliding window of the last `cfg.window` events.
 * InteractionBlock: Wukong-style factorisation-machine interaction over the non-sequence
   tokens (a compressed FM: every token dotted with k learned mixtures of the tokens, then an
   MLP back to tokens) plus a linear-compression branch.
 * CrossBlock: InterFormer-style exchange: the non-sequence tokens attend to the history
-  (cross GDPA), and a summary of the non-sequence side joins every history token.
+  (cross GDPA, always the whole history: `cfg.window` does not apply, see config.py), and a
+  summary of the non-sequence side joins every history token.
 
 History tokens are (rows, d) in the layout of `SequenceLayout`; non-sequence tokens are
 (B, N, d). Each block is wrapped in `torch.profiler.record_function` so a profile shows
@@ -33,10 +35,13 @@ def region(name: str):
     return contextlib.nullcontext() if torch.compiler.is_compiling() else record_function(name)
 
 
-def attention_out_scale(cfg: ModelConfig) -> float:
-    """Softmax rows are normalised already; pointwise GDPA sums up to max_len terms, so (as
-    HSTU does) it is divided by max_len, a constant, to keep activations O(1)."""
-    return 1.0 if cfg.activation == "softmax" else 1.0 / cfg.max_len
+def attention_out_scale(cfg: ModelConfig, window: int | None = None) -> float:
+    """Softmax rows are normalised already; pointwise GDPA sums up to max_len terms (up to
+    `window` under a sliding window), so (as HSTU does) it is divided by that count, a
+    constant, to keep activations O(1)."""
+    if cfg.activation == "softmax":
+        return 1.0
+    return 1.0 / min(cfg.max_len, window or cfg.max_len)
 
 
 class GatedFFN(nn.Module):
@@ -66,8 +71,8 @@ class SequenceBlock(nn.Module):
     def forward(self, x: Tensor, layout: SequenceLayout) -> Tensor:
         with region("sequence_block"):
             q, k, v = self.project(x)
-            a = layout.self_attention(q, k, v, activation=self.cfg.activation,
-                                      out_scale=attention_out_scale(self.cfg))
+            a = layout.self_attention(q, k, v, activation=self.cfg.activation, window=self.cfg.window,
+                                      out_scale=attention_out_scale(self.cfg, self.cfg.window))
             return self.mix(x, a)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

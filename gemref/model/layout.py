@@ -59,15 +59,16 @@ class SequenceLayout:
         return out
 
     def self_attention(self, q: Tensor, k: Tensor, v: Tensor, *, activation: str,
-                       out_scale: float) -> Tensor:
-        """Causal attention within each sequence; q, k, v: (rows, H, D) -> (rows, H, D)."""
+                       out_scale: float, window: int | None = None) -> Tensor:
+        """Causal attention within each sequence, each event over its last `window` events
+        (itself included; None: all earlier ones); q, k, v: (rows, H, D) -> (rows, H, D)."""
         if self.padded:
             B, L = self.batch_size, self.max_len
             out = gdpa_padded(q.view(B, L, *q.shape[1:]), k.view(B, L, *k.shape[1:]),
                               v.view(B, L, *v.shape[1:]), self.lengths, self.lengths,
-                              activation=activation, causal=True, out_scale=out_scale)
+                              activation=activation, causal=True, window=window, out_scale=out_scale)
             return out.reshape(q.shape)
-        return gdpa(q, k, v, self.offsets, activation=activation, causal=True,
+        return gdpa(q, k, v, self.offsets, activation=activation, causal=True, window=window,
                     out_scale=out_scale, kernel=self.kernel, max_len=self.max_len)
 
     def cross_attention(self, q: Tensor, k: Tensor, v: Tensor, *, activation: str,

@@ -10,6 +10,7 @@ from plotly.subplots import make_subplots
 
 log = logging.getLogger(__name__)
 TEMPLATE = "plotly_white"
+COLORS = ("#636efa", "#ef553b", "#00cc96")   # plotly's first three: one per variant, the same in every panel
 MB = 2 ** 20
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
 
@@ -343,4 +344,21 @@ def grouped_bars_figure(categories: list[str], series: dict[str, list[float]], t
         fig.update_yaxes(type="log")
     if hline:
         fig.add_hline(y=hline[0], line_dash="dash", annotation_text=hline[1])
+    return fig
+
+
+def window_figure(rows: list[dict], title: str = "full causal vs sliding-window attention, forward+backward") -> go.Figure:
+    """Model GFLOP, median wall ms and peak MiB against history length, one line per variant;
+    `rows` from gemref.bench.window.window_sweep (log-log axes)."""
+    panels = (("model_gflop", "model GFLOP"), ("wall_ms", "wall ms (median)"), ("peak_mib", "peak MiB"))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t in panels])
+    for i, variant in enumerate(dict.fromkeys(r["variant"] for r in rows)):
+        mine = [r for r in rows if r["variant"] == variant]
+        for col, (key, _) in enumerate(panels, start=1):
+            fig.add_trace(go.Scatter(x=[r["history_len"] for r in mine], y=[r[key] for r in mine], mode="lines+markers",
+                                     name=variant, legendgroup=variant, showlegend=col == 1,
+                                     marker_color=COLORS[i % len(COLORS)]), row=1, col=col)
+    fig.update_xaxes(type="log", title_text="history length (events)")
+    fig.update_yaxes(type="log")
+    fig.update_layout(title=title, template=TEMPLATE)
     return fig
