@@ -17,7 +17,7 @@ ENV = "GEMREF_BOOK"
 
 def prebuilt() -> Path | None:
     """The reading copy named by GEMREF_BOOK, or None."""
-    return Path(os.environ[ENV]) if os.environ.get(ENV) else None
+    return Path(os.environ[ENV]).resolve() if os.environ.get(ENV) else None
 
 
 def executed(book: Path, name: str) -> Path:
