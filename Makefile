@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine with Python 3.11 and pip:
 #   make demo   set up .venv, then run the main job (prints a table, writes artifacts/)
-#   make test   set up .venv, then run unit, notebook and multi-process tests
+#   make test   set up .venv, build the walkthrough's reading copy (every chapter run once, under
+#               the ci profile), then run unit, notebook, browser and multi-process tests
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -24,11 +25,17 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 demo: venv
 	$(BIN)/gemref waterfall --preset small --ranks 2 --out artifacts/waterfall
 
+# First the reading copy: every chapter executed once under the ci profile, alone on the machine
+# (chapter 10 measures the ladder), failing on a chapter that raises or runs over its CPU budget
+# (named, with its time). The tests then read its executed chapters and open it in Chromium
+# (GEMREF_BOOK) instead of running the notebooks again.
 # Two pytest workers with one thread each: more threads than cores makes OpenMP threads wait
 # on descheduled peers, which slows the many-op CPU kernels several times over. Tests marked
 # `solo` compare a timing model with measured runs: they run afterwards, alone on the machine.
+BOOK := artifacts/book/ci
 test: venv
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 -m "not solo" --nbmake tests notebooks
+	OMP_NUM_THREADS=1 $(BIN)/gemref notebooks build --profile ci --out $(BOOK)
+	OMP_NUM_THREADS=1 GEMREF_BOOK=$(BOOK) $(BIN)/python -m pytest -n 2 -m "not solo" tests
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m solo tests
 
 # Every kernel property at >= 1000 drawn cases (hypothesis profile `thorough`), the Triton

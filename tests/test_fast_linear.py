@@ -148,3 +148,12 @@ def test_under_torch_compile_the_layer_is_plain_f_linear():
     torch.testing.assert_close(torch.compile(layer, backend=backend)(x), F.linear(x, layer.weight, layer.bias))
     targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert targets == [torch._C._nn.linear]
+
+
+def test_a_2d_output_is_not_a_view():
+    """FSDP2 warns when a sharded module returns a view (the model's heads are a 2-D Linear)."""
+    layer = nn.Linear(8, 2)
+    layer.__class__, layer.plan = fl.FastLinear, ("onednn",) * 3
+    x = torch.randn(5, 8, requires_grad=True)
+    assert layer(x)._base is None
+    assert layer(x.reshape(5, 1, 8)).shape == (5, 1, 2)

@@ -3,8 +3,9 @@ reading copy (`gemref notebooks build`) draws its figures in a real (headless) b
 console errors, while the executed chapters carry a PNG of every figure for viewers that run
 no scripts.
 
-The browser half needs a Chromium (`apt-get install -y chromium`, see README); it is skipped,
-with that reason, only where none is installed.
+The browser half opens the reading copy `make test` built (tests/book_ci.py) and needs a
+Chromium (`apt-get install -y chromium`, see README); it is skipped, with that reason, only
+where none is installed.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gemref.book import build_book
+from book_ci import ci_book
 from gemref.notebooks import NOTEBOOK_DIR
 from gemref.report.figures import find_chromium
 
@@ -175,8 +176,7 @@ def test_reading_copy_draws_in_chromium(tmp_path, data_root):
     from PIL import Image
 
     chapter = "06_load_balancing"
-    out = tmp_path / "book"
-    build_book("ci", out, names=[chapter, "10_waterfall"], log=lambda s: None)
+    out = ci_book([chapter, "10_waterfall"], tmp_path / "book")     # make test's reading copy, or built here
     figures = _figure_outputs(out / "executed" / f"{chapter}.ipynb")
     for page, expected in (("index.html", 1), (f"{chapter}.html", len(figures))):
         plots, problems = asyncio.run(asyncio.wait_for(_open_page((out / page).as_uri(), chromium), 180))

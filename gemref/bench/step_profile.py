@@ -129,16 +129,17 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
 
 
-def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
-    preset = get_preset(args.preset)
-    train = override(preset.train, batch_size=args.batch_size, jagged=not args.padded, kernel=args.kernel)
-    s = setup(preset, train, device="cpu")
-    batch = sample_batch(s)
-    for _ in range(args.warmup):
+def profile_step(s, batch, *, warmup: int = 3, timed_steps: int = 10, profile_steps: int = 3,
+                 probe_reps: int = 20) -> dict:
+    """Steps 1-3 of the module docstring for a built Setup `s` (gemref.train.setup) on one batch:
+    {"step_wall_s", "step_cpu_s" (lists, seconds), "profiled_step_s", "profiled_step_cpu_s",
+    "classes" (ms per step and share, profiled), "gemm_shapes", "limits" (step_ms and MFU of the
+    step, with GEMMs at the best probed rate, with GEMMs at the peak), "model_flops",
+    "peak_flops", "peak_source"}."""
+    for _ in range(warmup):
         s.step(batch)
     wall, cpu = [], []
-    for _ in range(args.timed_steps):
+    for _ in range(timed_steps):
         w0, c0 = time.perf_counter(), time.process_time()
         s.step(batch)
         wall.append(time.perf_counter() - w0)
@@ -148,15 +149,15 @@ def run(args: argparse.Namespace) -> int:
     prof.record_shapes = True   # read when the trace starts
     with prof:
         t0, c0 = time.perf_counter(), time.process_time()
-        for _ in range(args.profile_steps):
+        for _ in range(profile_steps):
             s.step(batch)
-        profiled_s = (time.perf_counter() - t0) / args.profile_steps
-        profiled_cpu_s = (time.process_time() - c0) / args.profile_steps
-    seconds, shapes = classify(prof, args.profile_steps)
+        profiled_s = (time.perf_counter() - t0) / profile_steps
+        profiled_cpu_s = (time.process_time() - c0) / profile_steps
+    seconds, shapes = classify(prof, profile_steps)
     seconds["other"] += max(0.0, profiled_s - sum(seconds.values()))   # untraced Python and gaps
     gemm_rows = []
     for (b, m, k, n), use in sorted(shapes.items(), key=lambda kv: -kv[1]["seconds"]):
-        probe = probe_gemm(b, m, k, n, args.probe_reps)
+        probe = probe_gemm(b, m, k, n, probe_reps)
         flops = 2 * b * m * k * n * use["calls"]
         gemm_rows.append({"shape_bmkn": f"{b}x{m}x{k}x{n}", "calls_per_step": use["calls"],
                           "ms_per_step": 1e3 * use["seconds"], "step_gflops_per_s": flops / use["seconds"] / 1e9
@@ -167,29 +168,39 @@ def run(args: argparse.Namespace) -> int:
     gemm_best_s = sum(r["best_ms_per_step"] for r in gemm_rows) / 1e3
     gemm_flops = sum(r["gflop_per_step"] for r in gemm_rows) * 1e9
     peak = peak_flops("cpu", "fp32")
-    model = model_flops(preset.model, batch.lengths).total
+    model = model_flops(s.preset.model, batch.lengths).total
     limits = {"step": step_s, "gemm_at_best_rate": step_s - gemm_s + gemm_best_s,
               "gemm_at_peak": step_s - gemm_s + (gemm_flops / peak.flops if peak.flops else 0.0)}
-    limit_rows = [{"case": case, "step_ms": 1e3 * t, "mfu": model / t / peak.flops if peak.flops else None}
-                  for case, t in limits.items()]
-    class_rows = [{"class": c, "ms_per_step": 1e3 * seconds[c], "share": seconds[c] / profiled_s} for c in CLASSES]
+    return {"step_wall_s": wall, "step_cpu_s": cpu, "profiled_step_s": profiled_s,
+            "profiled_step_cpu_s": profiled_cpu_s,
+            "classes": [{"class": c, "ms_per_step": 1e3 * seconds[c], "share": seconds[c] / profiled_s}
+                        for c in CLASSES],
+            "gemm_shapes": gemm_rows,
+            "limits": [{"case": case, "step_ms": 1e3 * t, "mfu": model / t / peak.flops if peak.flops else None}
+                       for case, t in limits.items()],
+            "model_flops": model, "peak_flops": peak.flops, "peak_source": peak.source}
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    preset = get_preset(args.preset)
+    train = override(preset.train, batch_size=args.batch_size, jagged=not args.padded, kernel=args.kernel)
+    s = setup(preset, train, device="cpu")
+    rec = profile_step(s, sample_batch(s), warmup=args.warmup, timed_steps=args.timed_steps,
+                       profile_steps=args.profile_steps, probe_reps=args.probe_reps)
     where = (f"{preset.name}, {'padded' if args.padded else 'jagged'}, kernel {s.kernel}, batch {args.batch_size}, "
              f"{args.threads} thread(s), {device_name('cpu')}")
-    print(f"step: median wall {1e3 * step_s:.1f} ms, process CPU {1e3 * statistics.median(cpu):.1f} ms "
-          f"over {args.timed_steps} steps ({where}); profiled step {1e3 * profiled_s:.1f} ms wall, "
-          f"{1e3 * profiled_cpu_s:.1f} ms CPU")
-    print(format_table(class_rows, title="time per op class (self CPU time, profiled steps)"))
-    print(format_table(gemm_rows, ["shape_bmkn", "calls_per_step", "ms_per_step", "step_gflops_per_s",
-                                   "best_gflops_per_s", "best_path", "best_ms_per_step"],
+    print(f"step: median wall {1e3 * statistics.median(rec['step_wall_s']):.1f} ms, process CPU "
+          f"{1e3 * statistics.median(rec['step_cpu_s']):.1f} ms over {args.timed_steps} steps ({where}); profiled "
+          f"step {1e3 * rec['profiled_step_s']:.1f} ms wall, {1e3 * rec['profiled_step_cpu_s']:.1f} ms CPU")
+    print(format_table(rec["classes"], title="time per op class (self CPU time, profiled steps)"))
+    print(format_table(rec["gemm_shapes"], ["shape_bmkn", "calls_per_step", "ms_per_step", "step_gflops_per_s",
+                                            "best_gflops_per_s", "best_path", "best_ms_per_step"],
                        title="GEMM shapes of the step: in the step vs alone on the best path"))
-    print(format_table(limit_rows, title=f"the step and its limits; MFU against {peak.source}"))
+    print(format_table(rec["limits"], title=f"the step and its limits; MFU against {rec['peak_source']}"))
     if args.json:
         write_json(args.json, {"bench": "step_profile", "preset": preset.name, "batch_size": args.batch_size,
                                "kernel": s.kernel, "jagged": not args.padded, "threads": args.threads,
-                               "device": device_name("cpu"), "versions": versions(),
-                               "step_wall_s": wall, "step_cpu_s": cpu, "profiled_step_s": profiled_s,
-                               "profiled_step_cpu_s": profiled_cpu_s,
-                               "classes": class_rows, "gemm_shapes": gemm_rows, "limits": limit_rows,
-                               "model_flops": model, "peak_flops": peak.flops, "peak_source": peak.source})
+                               "device": device_name("cpu"), "versions": versions(), **rec})
         print(f"wrote {args.json}")
     return 0

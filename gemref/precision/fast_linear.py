@@ -62,7 +62,10 @@ class FastLinearFunction(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         ctx.save_for_backward(x2, weight)
         ctx.plan, ctx.x_shape, ctx.has_bias = plan, x.shape, bias is not None
-        return linear_gemm(plan[0], "forward", x2, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+        y = linear_gemm(plan[0], "forward", x2, weight, bias)
+        # A 2-D input keeps the GEMM's own tensor: reshaping it would return a view, and FSDP2
+        # warns ("returned a view tensor") when a sharded module's output is one (the heads).
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):

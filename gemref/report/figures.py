@@ -203,6 +203,20 @@ def waterfall_breakdown_figure(rows: list[dict], title: str = "where each rung's
     return fig
 
 
+def step_limits_figure(stacks: dict[str, dict[str, float]], mfu: dict[str, float | None],
+                       title: str = "one step by op class, and its limits") -> go.Figure:
+    """Stacked horizontal bars, one per case (the measured step, its limits), of ms per step by
+    op class; each case's MFU beside its name. stacks: {case: {class: ms}}, mfu: {case: MFU}."""
+    cases = list(stacks)
+    labels = [f"{c} (MFU {mfu[c]:.1%})" if mfu.get(c) is not None else c for c in cases]
+    classes = list(dict.fromkeys(k for c in cases for k in stacks[c]))
+    fig = go.Figure([go.Bar(name=k, y=labels, x=[stacks[c].get(k, 0.0) for c in cases], orientation="h")
+                     for k in classes])
+    fig.update_layout(barmode="stack", title=title, xaxis_title="ms per step", template=TEMPLATE,
+                      yaxis={"autorange": "reversed"})
+    return fig
+
+
 def length_histogram_figure(lengths, title: str = "history lengths") -> go.Figure:
     fig = go.Figure(go.Histogram(x=list(lengths), nbinsx=60))
     fig.update_layout(title=title, xaxis_title="events per history", yaxis_title="samples",
