@@ -86,7 +86,8 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, window
     for row, c, peak in zip(ran, configs, peaks):
         row.update(peak_flops=peak["flops"], peak_source=peak["source"],
                    switches={"jagged": c.jagged, "kernel": c.kernel, "kernel_resolved": row.pop("kernel_resolved"),
-                             "compile": c.compile, "ac": c.ac, "ac_budget": c.ac_budget, "balance": c.balance,
+                             "compile": c.compile, "ac": c.ac, "ac_budget": c.ac_budget,
+                             "ac_compress": c.ac_compress, "balance": c.balance,
                              "mesh": c.mesh, "sparse_sharding": c.sparse_sharding, "precision": c.precision})
     schedule = ("every rung alive, interleaved" if len(result["groups"]) == 1 else
                 "sliding pairs (the rungs' training state exceeds the memory share for all at once)")
