@@ -6,20 +6,57 @@ what it computes, so model FLOPs per sample are the same on every rung; a rung t
 the batch size (AutoAC spends the memory it frees on a larger batch) changes FLOPs per
 *step* only. The AutoAC rung's memory budget is the activation memory (CPU; peak step
 memory on CUDA) the previous rung's step used at its batch size.
+
+Options (`gemref waterfall --with ...`, WITH_OPTIONS) swap in GEM's later techniques without
+adding rungs: `local` balances rung 5 with policy "local" (each rank from its own pool, no
+cross-rank traffic) instead of kk; `compressed_ac` lets rung 4's AutoAC store a block's saved
+activations as MXFP8 instead of recomputing them (ac_compress, gemref/autoac/regions.py). Its
+batch search is unchanged: the largest batch is bounded by the fully checkpointed step, and
+full checkpointing frees more than compression in every GEMRef block (a compressed block still
+keeps ~1/4 of its bytes), so compression buys less recompute at that batch, not a larger one.
+`window` windows every rung's sequence attention (ModelConfig.window = WINDOW_FRACTION of the
+preset's max_len; `preset_with`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 import torch
 
 from ..autoac.profile import find_batch_size, step_bytes
-from ..config import Preset, TrainConfig, override
+from ..config import ModelConfig, Preset, TrainConfig, override
 from ..data.batches import representative_batch
+from ..errors import UsageError
 from ..ladder import RUNGS, RungSpec
 from ..precision.apply import native_support
 from ..train import build_model
+
+
+WITH_OPTIONS: dict[str, str] = {
+    "local": "rung 5 balances with policy local (each rank from its own pool) instead of kk",
+    "compressed_ac": "rung 4's AutoAC may store a block's saved activations as MXFP8 instead of recomputing them",
+    "window": "sequence attention sees only the last max_len/4 events (ModelConfig.window), every rung",
+}
+COMPRESSED_AC_FORMAT = "mxfp8"   # TrainConfig.ac_compress of rung 4 with --with compressed_ac
+WINDOW_FRACTION = 4              # --with window: window = max_len // WINDOW_FRACTION events
+
+
+def check_options(names) -> tuple[str, ...]:
+    """The --with names in WITH_OPTIONS' order; an unknown one is a UsageError listing the valid ones."""
+    unknown = [n for n in names if n not in WITH_OPTIONS]
+    if unknown:
+        raise UsageError(f"unknown waterfall option(s) {', '.join(map(repr, unknown))}; valid: {', '.join(WITH_OPTIONS)}")
+    return tuple(n for n in WITH_OPTIONS if n in names)
+
+
+def preset_with(preset: Preset, options) -> Preset:
+    """The preset every rung trains: with `window`, its ModelConfig.window set."""
+    if "window" not in options:
+        return preset
+    if "window" not in {f.name for f in fields(ModelConfig)}:
+        raise UsageError("window attention not available: ModelConfig has no window field in this build")
+    return replace(preset, model=replace(preset.model, window=max(1, preset.model.max_len // WINDOW_FRACTION)))
 
 
 @dataclass(frozen=True)
@@ -27,6 +64,7 @@ class Context:
     preset: Preset
     device: torch.device
     ranks: int
+    options: tuple[str, ...] = field(default=())   # WITH_OPTIONS turned on
 
 
 @dataclass(frozen=True)
@@ -67,6 +105,7 @@ def _autoac(train: TrainConfig, ctx: Context) -> TrainConfig | str:
         return "n/a here: checkpointing frees no room for a larger batch in this memory budget"
     no_ac_bytes = step_bytes(model, batch_of(found.autoac_batch))
     return override(train, ac="auto", ac_budget=min(1.0, budget / no_ac_bytes),
+                    ac_compress=COMPRESSED_AC_FORMAT if "compressed_ac" in ctx.options else "none",
                     batch_size=found.autoac_batch * ctx.ranks)
 
 
@@ -86,7 +125,7 @@ CONFIGURE: dict[str, Callable[[TrainConfig, Context], "TrainConfig | str"]] = {
     "fused_attention": lambda t, c: override(t, kernel="auto"),
     "compile": lambda t, c: override(t, compile=True),
     "autoac": _autoac,
-    "load_balance": _needs_ranks(lambda t, c: override(t, balance="kk")),
+    "load_balance": _needs_ranks(lambda t, c: override(t, balance="local" if "local" in c.options else "kk")),
     "fsdp_2d": _needs_ranks(lambda t, c: override(t, mesh=f"1x{c.ranks}", sparse_sharding="row")),
     "low_precision": _low_precision,
 }
