@@ -11,7 +11,8 @@ import argparse
 from dataclasses import fields
 from typing import Callable
 
-from ..config import AC_COMPRESSIONS, AC_MODES, BACKENDS, BALANCE_POLICIES, PRECISION_KERNELS, PRECISIONS, SPARSE_SHARDINGS
+from ..config import (AC_COMPRESSIONS, AC_MODES, BACKENDS, BALANCE_POLICIES, PRECISION_KERNELS, PRECISIONS,
+                      SPARSE_SHARDINGS)
 from ..config import TrainConfig, override
 from ..errors import UsageError
 from ..fields import field_types, parse_as, parse_field

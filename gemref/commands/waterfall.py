@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..report import atomic_write_text, format_table, markdown_table
     from ..report.figures import save_figure, waterfall_breakdown_figure, waterfall_figure
-    from ..waterfall import BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, check_options, notes, run_waterfall, table_rows
+    from ..waterfall import (BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, check_options, notes, run_waterfall,
+                             table_rows)
 
     preset = get_preset(args.preset)
     options = check_options([name.strip() for name in args.options.split(",") if name.strip()])

@@ -94,8 +94,8 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, window
                              "mesh": c.mesh, "sparse_sharding": c.sparse_sharding, "precision": c.precision})
     schedule = ("every rung alive, interleaved" if len(result["groups"]) == 1 else
                 "sliding pairs (the rungs' training state exceeds the memory share for all at once)")
-    record = {"preset": preset.name, "device": device, "ranks": ranks, "with": {name: WITH_OPTIONS[name] for name in options}, **asdict(settings),
-              "schedule": schedule,
+    record = {"preset": preset.name, "device": device, "ranks": ranks,
+              "with": {name: WITH_OPTIONS[name] for name in options}, **asdict(settings), "schedule": schedule,
               "groups": result["groups"], "schedstat": result["schedstat"], "retries_used": result["retries_used"],
               "measured_on": provenance(device, ranks), "rungs": rows}
     if out_dir:

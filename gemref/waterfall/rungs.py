@@ -50,7 +50,8 @@ def check_options(names) -> tuple[str, ...]:
     """The --with names in WITH_OPTIONS' order; an unknown one is a UsageError listing the valid ones."""
     unknown = [n for n in names if n not in WITH_OPTIONS]
     if unknown:
-        raise UsageError(f"unknown waterfall option(s) {', '.join(map(repr, unknown))}; valid: {', '.join(WITH_OPTIONS)}")
+        raise UsageError(f"unknown waterfall option(s) {', '.join(map(repr, unknown))}; "
+                         f"valid: {', '.join(WITH_OPTIONS)}")
     return tuple(n for n in WITH_OPTIONS if n in names)
 
 
@@ -118,11 +119,12 @@ def _autoac(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     enough that a larger batch fits in it (autoac.profile.find_batch_size), train that batch.
     With `compressed_ac`: the largest batch that fits with every block compressed (module doc)."""
     device, per_rank = ctx.device, train.batch_size // ctx.ranks
-    model = build_model(ctx.preset, override(train, compile=False, ac="none"), device)[0]   # eager twin
+    model = build_model(ctx.preset, override(train, compile=False, ac="none", ac_compress="none"), device)[0]  # eager twin
     batch_of = lambda n: representative_batch(ctx.preset, n, device, seed=train.seed)  # noqa: E731
     budget = step_bytes(model, batch_of(per_rank))
     if "compressed_ac" in ctx.options:
-        batch, compress = _largest_compressed_batch(model, batch_of, budget, per_rank, 4 * per_rank), COMPRESSED_AC_FORMAT
+        compress = COMPRESSED_AC_FORMAT
+        batch = _largest_compressed_batch(model, batch_of, budget, per_rank, 4 * per_rank)
     else:
         options = ("full",) if train.compile else ("selective", "full")
         batch = find_batch_size(model, batch_of, budget, max_batch=4 * per_rank, options=options).autoac_batch
