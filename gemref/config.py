@@ -22,6 +22,9 @@ BALANCE_POLICIES = ("none", "round_robin", "lpt", "kk", "local")   # gemref/bala
 SPARSE_SHARDINGS = ("none", "row", "table")               # gemref/parallel/sparse.py
 BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/comm.py
 AC_MODES = ("none", "full", "auto", "pt2")
+# Saved activations stored compressed (gemref/autoac/compress.py FORMATS; a test keeps them equal):
+# with ac "none" every block's dense regions, with ac "auto" one more option AutoAC weighs per block.
+AC_COMPRESSIONS = ("none", "fp8_tensor", "fp8_block", "mxfp8")
 PRECISIONS = ("fp32", "bf16", "float8_rowwise", "float8_tensorwise", "mxfp8")   # gemref/precision/apply.py
 PRECISION_KERNELS = ("auto", "native", "emulated")                            # float8/MXFP8 GEMM paths
 
@@ -163,6 +166,7 @@ class TrainConfig:
     compile: bool = False       # rung 3: torch.compile, block by block (gemref/compile.py)
     ac: str = "none"            # rung 4: activation checkpointing: none, full, auto (AutoAC), pt2
     ac_budget: float = 1.0      # auto/pt2: activation memory budget, fraction of the no-AC bytes
+    ac_compress: str = "none"   # saved activations as FP8/MX (AC_COMPRESSIONS): ac none = every block, auto = an option
     balance: str = "none"       # rung 5: split each global batch across ranks by cost (BALANCE_POLICIES)
     # rung 6 (gemref/parallel/): batch_size is the GLOBAL batch, split across the ranks
     mesh: str = "1x1"           # RxS: R replica groups x S-way sharding; R*S = number of ranks
@@ -191,7 +195,7 @@ class TrainConfig:
             raise UsageError(f"unknown precision_kernel {self.precision_kernel!r}; "
                              f"valid: {', '.join(PRECISION_KERNELS)}")
         for name, valid in (("balance", BALANCE_POLICIES), ("sparse_sharding", SPARSE_SHARDINGS),
-                            ("backend", BACKENDS), ("ac", AC_MODES)):
+                            ("backend", BACKENDS), ("ac", AC_MODES), ("ac_compress", AC_COMPRESSIONS)):
             _one_of(self, name, valid)
         parse_mesh(self.mesh)
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
@@ -201,6 +205,11 @@ class TrainConfig:
         if not 0.0 < self.ac_budget <= 1.0:
             raise UsageError(f"ac_budget must be in (0, 1] (a fraction of the no-AC activation bytes), "
                              f"got {self.ac_budget}")
+        if self.ac_compress != "none" and self.ac not in ("none", "auto"):
+            raise UsageError(f"ac_compress={self.ac_compress!r} needs ac 'none' (every block compressed) or 'auto' "
+                             f"(compression one more option per block), not ac={self.ac!r}: "
+                             + ("a fully checkpointed block keeps only its inputs, which the recompute needs exact"
+                                if self.ac == "full" else "PyTorch 2's budget decides inside compiled graphs"))
         if self.ac == "pt2" and not self.compile:
             raise UsageError("ac='pt2' (PyTorch 2's activation memory budget) acts inside compiled "
                              "regions: it needs compile=True")

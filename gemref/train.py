@@ -30,9 +30,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from .autoac.compress import CompressionSpec
 from .autoac.profile import auto_checkpoint
 from .attention import resolve_kernel
-from .autoac.solver import ac_blocks, applied_plan, apply_plan, plan_record, recompute_flops
+from .autoac.regions import auto_checkpoint_regions
+from .autoac.solver import ac_blocks, applied_plan, apply_plan, plan_record, recompute_flops, saved_compression
 from .compile import compile_model, compile_stats
 from .config import Preset, TrainConfig, get_preset
 from .data.batches import representative_batch
@@ -135,12 +137,19 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     report = apply_precision(model, precision, device=device, kernel=train.precision_kernel,
                              min_dim=train.precision_min_dim)
     use_fastest_cpu_gemms(model, device)   # CPU fp32: each Linear GEMM on the fastest measured path
+    compression = CompressionSpec(train.ac_compress) if train.ac_compress != "none" else None
     if train.ac == "full":
         apply_plan(model, {name: "full" for name in ac_blocks(model)})
     elif train.ac == "auto":   # profiled eagerly on a batch shaped like the preset's data
         batch = representative_batch(preset, train.batch_size, device, seed=train.seed)
-        auto_checkpoint(model, batch, train.ac_budget, options=("full",) if train.compile else
-                        ("selective", "full"), autocast_dtype=report.autocast_dtype)
+        options = ("full",) if train.compile else ("selective", "full")
+        if compression is None:
+            auto_checkpoint(model, batch, train.ac_budget, options=options, autocast_dtype=report.autocast_dtype)
+        else:                  # one budget per block, "compressed" one more option for each
+            auto_checkpoint_regions(model, batch, train.ac_budget, compression, options=options,
+                                    autocast_dtype=report.autocast_dtype)
+    elif compression is not None:   # no checkpointing: every block keeps its saved activations compressed
+        apply_plan(model, {name: "compressed" for name in ac_blocks(model)}, compression=compression)
     if train.compile:
         compile_model(model, activation_memory_budget=train.ac_budget if train.ac == "pt2" else None)
     if parallel is not None:
@@ -271,6 +280,20 @@ def measure_step(s: Setup, batches: Iterator[JaggedBatch], step: int) -> StepRes
     return StepResult(step, loss_value, flagged > 0, cpu_s, work)
 
 
+COMPRESSION_COUNTS = ("tensors", "bytes", "compressed", "compressed_bytes", "stored_bytes", "kept_bytes")
+
+
+def compression_record(s: Setup, before: dict, steps: int) -> dict | None:
+    """What the saved-activation hooks did per training step (bytes; mean over `steps` steps since
+    the counters read `before`), with the format; None when nothing is compressed."""
+    compression = saved_compression(s.model)
+    if compression is None or steps == 0:
+        return None
+    return {"format": compression.spec.format, "block": compression.spec.block,
+            "bytes_per_value": compression.spec.bytes_per_value(),
+            "per_step": {k: (compression.stats[k] - before.get(k, 0)) / steps for k in COMPRESSION_COUNTS}}
+
+
 def global_work(s: Setup, results: list[StepResult]) -> list[StepRecord]:
     """Each step's record for the meter: this rank's times, the global batch's work (one all-reduce)."""
     if s.parallel is None:
@@ -307,6 +330,8 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
     batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, start),
                                num_workers=tc.num_workers, device=s.device))
     good = checkpoint_path(tc.checkpoint_dir, start) if start else None   # newest checkpoint of a good state
+    compression = saved_compression(s.model)
+    counts_before = dict(compression.stats) if compression else {}
     results: list[StepResult] = []
     evals: list[EvalResult] = []
     bar = tqdm(range(start + 1, tc.steps + 1), desc=f"train {s.preset.name}", unit="step",
@@ -323,6 +348,7 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
         if tc.eval_every and step % tc.eval_every == 0 and step < tc.steps:
             evals.append(evaluate(s, tc.eval_batches, step))
     evals.append(evaluate(s, tc.eval_batches, tc.steps))
+    ac_compression = compression_record(s, counts_before, len(results))
     for work in global_work(s, results):
         meter.record(work)
     # one-off measurements on this rank's part of the run's last global batch
@@ -335,7 +361,7 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
                         compile=stats.as_record() if stats else None, ac_plan=plan_record(s.model),
                         parameters=global_parameters(s.model), start_step=start, summary=meter.summary(),
                         steps=meter.steps, losses=[r.loss for r in results], evals=evals,
-                        parallel=parallel, memory=memory)
+                        parallel=parallel, memory=memory, ac_compression=ac_compression)
     if json_path and s.rank == 0:
         write_json(json_path, record)
     return record

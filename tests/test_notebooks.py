@@ -30,7 +30,8 @@ EXPECT = {
     "03_gdpa": lambda m: (m["gdpa_kernel"] == "cpu_jagged" and m["mfu_gdpa"] > 0
                          and 0 < m["window_flops_vs_full_at_max"] < 1),
     "06_load_balancing": lambda m: (m["imbalance_kk"] <= 1.02 < m["imbalance_round_robin"]
-                                    and m["bubble_cut"] > 0.9),
+                                    and m["bubble_cut"] > 0.9 and m["local_exchange_bytes"] == 0 and m["local_once"]
+                                    and m["local_of_optimum"] > m["round_robin_of_optimum"]),
     # a busy machine may leave no uncontended pair of windows: then the ratio is None, and says why
     "10_waterfall": lambda m: (m["rungs_ran"] >= 3 and m["flops_per_sample_spread"] == 1.0
                                and (m["full_ladder_vs_baseline"] > 0 if m["full_ladder_vs_baseline"] is not None
@@ -54,7 +55,9 @@ EXPECT = {
                                    and 0 < m["mfu_compiled"] < 1),
     "05_autoac": lambda m: (m["auto_fits_every_budget"] and m["auto_prediction_error"] < 0.05
                             and m["auto_over_full_recompute_at_half"] <= 0.5 and m["full_recompute_pct"] > 0
-                            and m["autoac_batch"] > m["no_ac_batch"] >= 1),
+                            and m["autoac_batch"] > m["no_ac_batch"] >= 1 and m["joint_no_worse_than_uniform"]
+                            and m["compressed_act_ratio"] < 0.75 and m["compressed_no_ac_batch"] > m["no_ac_batch"]
+                            and m["compressed_parity_within_band"]),
     "11_scale_projection": lambda m: (0 < m["baseline_mfu"] < m["full_ladder_mfu"] < 1 and m["bandwidth_monotonic"]
                                       and m["imbalance_round_robin"] > m["imbalance_balanced"] >= 1
                                       and m["table_sync_gain"] >= 1

@@ -5,16 +5,20 @@ injected measurements with the arithmetic written out; the end-to-end runs check
 and the identities the record must satisfy, whatever the machine's load.
 """
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import torch
 
 from gemref import ladder
-from gemref.config import get_preset
+from gemref.cli import main
+from gemref.config import ModelConfig, get_preset
+from gemref.errors import UsageError
 from gemref.mfu.op_classes import CLASSES, classify_cpu, op_class
-from gemref.waterfall import LADDER, Context, Rung, run_waterfall
-from gemref.waterfall.rows import build_rows
+from gemref.waterfall import LADDER, WITH_OPTIONS, Context, Rung, check_options, run_waterfall
+from gemref.waterfall.rungs import WINDOW_FRACTION, preset_with
+from gemref.waterfall.rows import build_rows, notes
 from gemref.waterfall.schedule import Window, groups, run_rounds
 from gemref.waterfall.stats import breakdown, chain, paired_ratio, window_figures
 
@@ -89,7 +93,7 @@ class FakeRung:
 
     def __init__(self, preset, train, device):
         self.i = train.seed                   # the test gives rung i the seed i
-        self.s = type("S", (), {"kernel": "fake", "precision": None})()
+        self.s = type("S", (), {"kernel": "fake", "precision": None, "model": None})()
         self.log.append(("build", self.i))
 
     def step(self):
@@ -119,6 +123,7 @@ def test_the_rank_program_interleaves_each_group_of_live_rungs(monkeypatch, free
     monkeypatch.setattr(runner, "free_bytes", lambda device: free)
     monkeypatch.setattr(runner, "peak_flops", lambda device, dtype: Peak(1e9, "fake", dtype))
     monkeypatch.setattr(runner, "precision_label", lambda report: "fp32")
+    monkeypatch.setattr(runner, "plan_record", lambda model: None)
     FakeRung.log = []
     trains = [override(TINY.train, seed=i) for i in range(3)]
     out = runner.measure(TINY, trains, "cpu", runner.Settings(windows=2, warmup=1, max_retries=0))
@@ -368,3 +373,50 @@ def test_two_ranks_interleave_in_one_launch(data_root):
         if r["windows_kept"]:
             assert r["local_mfu"] * r["scaling_ratio"] == pytest.approx(r["mfu"], rel=1e-9)
             assert r["breakdown"]["waiting_s"] >= 0 and r["breakdown"]["exposed_comm_s"] >= 0
+
+
+# ----------------------------------------------------------------------------- --with options
+
+
+def test_with_local_balances_rung_5_locally_and_unknown_options_list_the_valid_ones():
+    by_key = {rung.key: rung for rung in LADDER}
+    cpu = torch.device("cpu")
+    assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2)).balance == "kk"
+    assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2, ("local",))).balance == "local"
+    assert check_options(["window", "local"]) == ("local", "window")        # WITH_OPTIONS' order
+    assert list(WITH_OPTIONS) == ["local", "compressed_ac", "window"]
+    with pytest.raises(UsageError, match="unknown waterfall option.s. 'fast'; valid: local, compressed_ac, window"):
+        run_waterfall(TINY, options=("local", "fast"))
+
+
+def test_cli_with_an_unknown_option_exits_2_with_one_line(capsys):
+    assert main(["waterfall", "--preset", "tiny", "--with", "local,fast"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "valid: local, compressed_ac, window" in err[0], err
+
+
+def test_with_window_sets_a_quarter_of_max_len_on_every_rung_or_says_it_is_not_available():
+    if "window" in {f.name for f in fields(ModelConfig)}:
+        assert preset_with(TINY, ("window",)).model.window == TINY.model.max_len // WINDOW_FRACTION == 16
+    else:
+        with pytest.raises(UsageError, match="window attention not available"):
+            preset_with(TINY, ("window",))
+    assert preset_with(TINY, ("local",)) is TINY
+
+
+def test_with_compressed_ac_rung_4_trains_with_compressed_saved_activations(data_root, tmp_path):
+    """Rung 4 takes the largest batch that fits the previous rung's activation bytes with every
+    block compressed, and its AutoAC stores blocks compressed at that batch: a larger batch with
+    no recompute (bytes are storage counts, not timings: deterministic)."""
+    by_key = {rung.key: rung for rung in LADDER}
+    rec = run_waterfall(TINY, device="cpu", windows=3, steps_per_window=1, warmup=1, max_retries=0, profile_steps=0,
+                        measure_memory=False, ladder=[by_key["jagged"], by_key["autoac"]], options=("compressed_ac",),
+                        out_dir=tmp_path, log=lambda s: None)
+    jagged, autoac = rec["rungs"]
+    assert rec["with"] == {"compressed_ac": WITH_OPTIONS["compressed_ac"]}
+    assert autoac["switches"]["ac"] == "auto" and autoac["switches"]["ac_compress"] == "mxfp8"
+    assert autoac["batch_size"] > jagged["batch_size"] and jagged["switches"]["ac_compress"] == "none"
+    plan = autoac["ac_plan"]
+    assert plan["counts"].get("compressed", 0) > 0 and plan["recompute_flops"] == 0 and jagged["ac_plan"] is None
+    assert notes(rec)[0] == f"with compressed_ac: {WITH_OPTIONS['compressed_ac']}"
+    assert json.loads((tmp_path / "rung1_autoac.json").read_text())["config"]["ac_compress"] == "mxfp8"

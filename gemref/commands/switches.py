@@ -11,7 +11,8 @@ import argparse
 from dataclasses import fields
 from typing import Callable
 
-from ..config import AC_MODES, BACKENDS, BALANCE_POLICIES, PRECISION_KERNELS, PRECISIONS, SPARSE_SHARDINGS
+from ..config import (AC_COMPRESSIONS, AC_MODES, BACKENDS, BALANCE_POLICIES, PRECISION_KERNELS, PRECISIONS,
+                      SPARSE_SHARDINGS)
 from ..config import TrainConfig, override
 from ..errors import UsageError
 from ..fields import field_types, parse_as, parse_field
@@ -41,6 +42,8 @@ HELP = {
     "ac": "rung 4: activation checkpointing (auto = AutoAC; pt2 = torch's activation_memory_budget, "
           "needs --compile)",
     "ac_budget": "auto/pt2: activation memory budget, a fraction in (0, 1] of the no-checkpoint bytes",
+    "ac_compress": "rung 4: store saved activations as FP8/MX (with --ac none: every block; with --ac auto: "
+                   "one more option per block)",
     "balance": "rung 5: split global batches across ranks by cost",
     "mesh": "rung 6: RxS mesh, R replica groups x S-way sharding (with --ranks N or torchrun: "
             "default 1xN, FSDP over all ranks)",
@@ -61,6 +64,7 @@ CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
     "precision": lambda: ("auto",) + PRECISIONS,
     "precision_kernel": lambda: PRECISION_KERNELS,
     "ac": lambda: AC_MODES,
+    "ac_compress": lambda: AC_COMPRESSIONS,
     "balance": lambda: BALANCE_POLICIES,
     "sparse_sharding": lambda: SPARSE_SHARDINGS,
     "backend": lambda: BACKENDS,

@@ -25,6 +25,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="contended rounds re-measured over the whole run (default: --windows)")
     p.add_argument("--profile-steps", type=nonnegative_int, default=1,
                    help="profiled steps per rung for the step-time breakdown (0: none)")
+    p.add_argument("--with", dest="options", metavar="A,B", default="",
+                   help="GEM's later techniques in their rungs: comma-separated, of local (rung 5 balances "
+                        "locally), compressed_ac (rung 4 may store activations as MXFP8), window (windowed "
+                        "sequence attention on every rung)")
     p.add_argument("--out", metavar="DIR", type=output_dir, default="artifacts/waterfall", help="folder for records and figures")
     p.set_defaults(func=run)
 
@@ -34,9 +38,11 @@ def run(args: argparse.Namespace) -> int:
 
     from ..report import atomic_write_text, format_table, markdown_table
     from ..report.figures import save_figure, waterfall_breakdown_figure, waterfall_figure
-    from ..waterfall import BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, notes, run_waterfall, table_rows
+    from ..waterfall import (BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, check_options, notes, run_waterfall,
+                             table_rows)
 
     preset = get_preset(args.preset)
+    options = check_options([name.strip() for name in args.options.split(",") if name.strip()])
     device = device_of(args.device).type
     if args.ranks > 1:
         check_local_ranks(args.ranks, device)
@@ -44,12 +50,13 @@ def run(args: argparse.Namespace) -> int:
     record = run_waterfall(preset, device=device, ranks=args.ranks, windows=args.windows,
                            steps_per_window=args.steps_per_window, warmup=args.warmup,
                            window_warmup=args.window_warmup, max_retries=args.max_retries,
-                           profile_steps=args.profile_steps, out_dir=out)
+                           profile_steps=args.profile_steps, options=options, out_dir=out)
     if not record:          # a torchrun rank other than 0
         return 0
     rows = record["rungs"]
     title = (f"MFU waterfall: {preset.name} preset on {device}, {args.ranks} rank(s); median of {args.windows} "
-             f"interleaved windows x {args.steps_per_window} steps; E2E MFU = local MFU x scaling ratio")
+             f"interleaved windows x {args.steps_per_window} steps; E2E MFU = local MFU x scaling ratio"
+             + (f"; with {', '.join(options)}" if options else ""))
     table, breakdown, footnotes = table_rows(rows), breakdown_rows(rows), notes(record)
     print(format_table(table, TABLE_COLUMNS, title=title))
     print(format_table(breakdown, BREAKDOWN_COLUMNS, title="where each rung's step time goes (seconds per step)"))

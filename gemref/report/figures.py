@@ -280,6 +280,22 @@ def ac_pareto_figure(rows: list[dict], title: str = "activation memory vs recomp
     return fig
 
 
+def ac_fronts_figure(fronts: dict[str, list], base_bytes: int, model_flops: int,
+                     title: str = "activation memory vs recompute: the Pareto front of each strategy") -> go.Figure:
+    """One step line per strategy through its Pareto front: activation bytes (% of no checkpointing)
+    against recompute FLOPs (% of the step's model FLOPs), hover = the plan; `fronts` maps a
+    strategy to [(bytes, recompute FLOPs, plan summary)] (gemref.bench.autoac_regions.fronts)."""
+    fig = go.Figure()
+    for name, points in fronts.items():
+        points = sorted(points)
+        fig.add_trace(go.Scatter(x=[100 * b / base_bytes for b, _, _ in points],
+                                 y=[100 * f / model_flops for _, f, _ in points], text=[p for _, _, p in points],
+                                 mode="lines+markers", line_shape="hv", name=name))
+    fig.update_layout(title=title, xaxis_title="activation bytes, % of no checkpointing",
+                      yaxis_title="recompute, % of model FLOPs", template=TEMPLATE)
+    return fig
+
+
 def batch_gain_figure(gain: dict, title: str = "what the freed memory buys") -> go.Figure:
     """Batch size, samples/s and MFU without and with AutoAC under one memory budget."""
     rows = gain["rows"]

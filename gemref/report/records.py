@@ -29,6 +29,7 @@ class Switches(TypedDict):
     compile: bool
     ac: str
     ac_budget: float
+    ac_compress: str              # saved activations stored as: none | fp8_tensor | fp8_block | mxfp8
     balance: str
     mesh: str
     sparse_sharding: str
@@ -106,6 +107,7 @@ class RunRecord(MeterSummary):
     ranks: NotRequired[list[dict[str, float]]]
     memory_per_rank: NotRequired[list[dict[str, Any]]]
     comm: NotRequired[dict[str, Any]]
+    ac_compression: NotRequired[dict[str, Any]]  # ac_compress != none: format, bytes per value, per-step counts
     peak_memory_bytes: NotRequired[int]        # the MemoryRecord keys, when memory was measured
     peak_memory_method: NotRequired[str]
 
@@ -136,7 +138,7 @@ def run_record(preset: Preset, train: TrainConfig, *, kernel: str, precision: Pr
                device: torch.device, ranks: int, compile: dict | None, ac_plan: dict | None,
                parameters: int, start_step: int, summary: MeterSummary, steps: list[StepRecord],
                losses: list[float], evals: list[EvalResult], parallel: ParallelRecord | None = None,
-               memory: MemoryRecord | None = None) -> RunRecord:
+               memory: MemoryRecord | None = None, ac_compression: dict | None = None) -> RunRecord:
     """The record of a finished run from its typed parts (`evals[-1]` is the final evaluation)."""
     record: RunRecord = {
         "kind": "train",
@@ -144,7 +146,8 @@ def run_record(preset: Preset, train: TrainConfig, *, kernel: str, precision: Pr
         "config": {"model": asdict(preset.model), "data": asdict(preset.data), "train": asdict(train)},
         "switches": {"jagged": train.jagged, "kernel": train.kernel, "kernel_resolved": kernel,
                      "compile": train.compile, "ac": train.ac, "ac_budget": train.ac_budget,
-                     "balance": train.balance, "mesh": train.mesh, "sparse_sharding": train.sparse_sharding,
+                     "ac_compress": train.ac_compress, "balance": train.balance, "mesh": train.mesh,
+                     "sparse_sharding": train.sparse_sharding,
                      "precision": precision.precision},
         "compile": compile,
         "ac_plan": ac_plan,
@@ -164,5 +167,6 @@ def run_record(preset: Preset, train: TrainConfig, *, kernel: str, precision: Pr
         **mfu_basis(precision, device, ranks, summary["model_tflops_per_s"]),
         **(parallel or {}),
         **(memory or {}),
+        **({"ac_compression": ac_compression} if ac_compression else {}),
     }
     return record

@@ -31,10 +31,10 @@ from ..mfu.peak import device_name
 from ..report import write_json
 from .rows import BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, build_rows, notes, table_rows
 from .runner import Settings, dtype_name, launch_measure
-from .rungs import LADDER, Context, Rung, plan
+from .rungs import LADDER, WITH_OPTIONS, Context, Rung, check_options, plan, preset_with
 
-__all__ = ["BREAKDOWN_COLUMNS", "LADDER", "TABLE_COLUMNS", "Context", "Rung", "Settings", "breakdown_rows",
-           "notes", "provenance", "run_waterfall", "table_rows"]
+__all__ = ["BREAKDOWN_COLUMNS", "LADDER", "TABLE_COLUMNS", "WITH_OPTIONS", "Context", "Rung", "Settings",
+           "breakdown_rows", "check_options", "notes", "provenance", "run_waterfall", "table_rows"]
 
 RUNG_TIMEOUT_S = 900   # a multi-rank launch fails (instead of hanging) past this per rung
 
@@ -51,15 +51,16 @@ def provenance(device: str, ranks: int) -> dict:
 def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, windows: int = 3,
                   steps_per_window: int = 4, warmup: int = 2, window_warmup: int = 1, max_retries: int | None = None,
                   profile_steps: int = 1, measure_memory: bool = True, ladder: list[Rung] | None = None,
-                  out_dir: str | Path | None = None, log=print) -> dict:
+                  options: tuple[str, ...] = (), out_dir: str | Path | None = None, log=print) -> dict:
     """Run every rung interleaved; return the waterfall record, one row per rung in its "rungs"
     (and write it as waterfall.json, with one record per rung, into `out_dir`).
 
     windows: timed windows per rung (>= 3); steps_per_window: training steps in each; warmup:
     untimed steps per rung once built; window_warmup: untimed steps of a rung before each of
     its windows; max_retries: contended rounds re-measured over the whole run (default:
-    `windows`); profile_steps: profiled steps per rung for the breakdown. Under torchrun,
-    ranks other than 0 return {}.
+    `windows`); profile_steps: profiled steps per rung for the breakdown; options: names of
+    gemref/waterfall/rungs.py WITH_OPTIONS (GEM's later techniques swapped into their rungs;
+    the record's "with" names them). Under torchrun, ranks other than 0 return {}.
     """
     if windows < 3:
         raise ValueError(f"windows must be >= 3 (median of repeated windows), got {windows}")
@@ -71,7 +72,9 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, window
                          f"got {window_warmup}, {profile_steps}, {max_retries}")
     settings = Settings(windows, steps_per_window, warmup, window_warmup,
                         windows if max_retries is None else max_retries, profile_steps, measure_memory)
-    ctx = Context(preset, torch.device(device), ranks)
+    options = check_options(options)
+    preset = preset_with(preset, options)
+    ctx = Context(preset, torch.device(device), ranks, options)
     steps = plan(ladder or LADDER, override(preset.train, eval_every=0, eval_batches=1), ctx)
     for i, (rung, c) in enumerate(steps):
         log(f"[{i + 1}] {rung.title}: " + (c if isinstance(c, str) else "runs"))
@@ -86,11 +89,13 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, window
     for row, c, peak in zip(ran, configs, peaks):
         row.update(peak_flops=peak["flops"], peak_source=peak["source"],
                    switches={"jagged": c.jagged, "kernel": c.kernel, "kernel_resolved": row.pop("kernel_resolved"),
-                             "compile": c.compile, "ac": c.ac, "ac_budget": c.ac_budget, "balance": c.balance,
+                             "compile": c.compile, "ac": c.ac, "ac_budget": c.ac_budget,
+                             "ac_compress": c.ac_compress, "balance": c.balance,
                              "mesh": c.mesh, "sparse_sharding": c.sparse_sharding, "precision": c.precision})
     schedule = ("every rung alive, interleaved" if len(result["groups"]) == 1 else
                 "sliding pairs (the rungs' training state exceeds the memory share for all at once)")
-    record = {"preset": preset.name, "device": device, "ranks": ranks, **asdict(settings), "schedule": schedule,
+    record = {"preset": preset.name, "device": device, "ranks": ranks,
+              "with": {name: WITH_OPTIONS[name] for name in options}, **asdict(settings), "schedule": schedule,
               "groups": result["groups"], "schedstat": result["schedstat"], "retries_used": result["retries_used"],
               "measured_on": provenance(device, ranks), "rungs": rows}
     if out_dir:

@@ -119,7 +119,8 @@ def breakdown_rows(rows: list[dict]) -> list[dict]:
 def notes(record: dict) -> list[str]:
     """The footnotes of the table: n/a reasons, contention, schedule, peak, where it was measured."""
     rows, on = record["rungs"], record["measured_on"]
-    out = [f"{r['rung']}: {r['status']}" for r in rows if r["status"] != "ran"]
+    out = [f"with {name}: {what}" for name, what in record.get("with", {}).items()]   # --with options
+    out += [f"{r['rung']}: {r['status']}" for r in rows if r["status"] != "ran"]
     for r in rows:
         if r["status"] == "ran" and r["contended_windows"]:
             out.append(f"{r['rung']}: {r['contended_windows']} window(s) contended (a rank got < "

@@ -6,20 +6,62 @@ what it computes, so model FLOPs per sample are the same on every rung; a rung t
 the batch size (AutoAC spends the memory it frees on a larger batch) changes FLOPs per
 *step* only. The AutoAC rung's memory budget is the activation memory (CPU; peak step
 memory on CUDA) the previous rung's step used at its batch size.
+
+Options (`gemref waterfall --with ...`, WITH_OPTIONS) swap in GEM's later techniques without
+adding rungs: `local` balances rung 5 with policy "local" (each rank from its own pool, no
+cross-rank traffic) instead of kk; `compressed_ac` runs rung 4 with compressed saved
+activations: its batch search asks for the largest batch whose step fits the budget with
+every block's saved activations in MXFP8 and nothing recomputed (instead of every block fully
+checkpointed, which recomputes the most), and its AutoAC then has "compressed" as one more
+option per block (ac_compress, gemref/autoac/regions.py). Full checkpointing still frees more
+bytes per block than compression, so the plain rung may reach a larger batch; the waterfall
+shows which buys more throughput. `window` windows every rung's sequence attention
+(ModelConfig.window = max_len // WINDOW_FRACTION; `preset_with`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 import torch
 
+from ..autoac.compress import CompressionSpec
 from ..autoac.profile import find_batch_size, step_bytes
-from ..config import Preset, TrainConfig, override
+from ..autoac.solver import ac_blocks, apply_plan, remove_plan
+from ..config import ModelConfig, Preset, TrainConfig, override
 from ..data.batches import representative_batch
+from ..errors import UsageError
 from ..ladder import RUNGS, RungSpec
 from ..precision.apply import native_support
 from ..train import build_model
+
+
+WITH_OPTIONS: dict[str, str] = {
+    "local": "rung 5 balances with policy local (each rank from its own pool) instead of kk",
+    "compressed_ac": "rung 4's batch search and AutoAC with saved activations stored as MXFP8 (a larger batch "
+                     "without recompute)",
+    "window": "sequence attention sees only the last max_len/4 events (ModelConfig.window), every rung",
+}
+COMPRESSED_AC_FORMAT = "mxfp8"   # TrainConfig.ac_compress of rung 4 with --with compressed_ac
+WINDOW_FRACTION = 4              # --with window: window = max_len // WINDOW_FRACTION events
+
+
+def check_options(names) -> tuple[str, ...]:
+    """The --with names in WITH_OPTIONS' order; an unknown one is a UsageError listing the valid ones."""
+    unknown = [n for n in names if n not in WITH_OPTIONS]
+    if unknown:
+        raise UsageError(f"unknown waterfall option(s) {', '.join(map(repr, unknown))}; "
+                         f"valid: {', '.join(WITH_OPTIONS)}")
+    return tuple(n for n in WITH_OPTIONS if n in names)
+
+
+def preset_with(preset: Preset, options) -> Preset:
+    """The preset every rung trains: with `window`, its ModelConfig.window set."""
+    if "window" not in options:
+        return preset
+    if "window" not in {f.name for f in fields(ModelConfig)}:
+        raise UsageError("window attention not available: ModelConfig has no window field in this build")
+    return replace(preset, model=replace(preset.model, window=max(1, preset.model.max_len // WINDOW_FRACTION)))
 
 
 @dataclass(frozen=True)
@@ -27,6 +69,7 @@ class Context:
     preset: Preset
     device: torch.device
     ranks: int
+    options: tuple[str, ...] = field(default=())   # WITH_OPTIONS turned on
 
 
 @dataclass(frozen=True)
@@ -54,20 +97,44 @@ def _low_precision(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     return f"n/a here: {why} (emulation reproduces the numerics, not the speed)"
 
 
+def _largest_compressed_batch(model, batch_of, budget: int, low: int, high: int) -> int:
+    """The largest batch in [low, high] whose step fits `budget` bytes with every block's saved
+    activations compressed (step bytes grow with the batch: bisection); `low` if none larger does."""
+    def fits(n: int) -> bool:
+        apply_plan(model, {name: "compressed" for name in ac_blocks(model)},
+                   compression=CompressionSpec(COMPRESSED_AC_FORMAT))
+        try:
+            return step_bytes(model, batch_of(n)) <= budget
+        finally:
+            remove_plan(model)
+
+    while high > low:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
+
+
 def _autoac(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     """Keep the activation memory the previous rung's step used, let AutoAC checkpoint just
-    enough that a larger batch fits in it (autoac.profile.find_batch_size), train that batch."""
+    enough that a larger batch fits in it (autoac.profile.find_batch_size), train that batch.
+    With `compressed_ac`: the largest batch that fits with every block compressed (module doc)."""
     device, per_rank = ctx.device, train.batch_size // ctx.ranks
-    model = build_model(ctx.preset, override(train, compile=False, ac="none"), device)[0]   # eager twin
+    model = build_model(ctx.preset, override(train, compile=False, ac="none", ac_compress="none"), device)[0]  # eager twin
     batch_of = lambda n: representative_batch(ctx.preset, n, device, seed=train.seed)  # noqa: E731
     budget = step_bytes(model, batch_of(per_rank))
-    options = ("full",) if train.compile else ("selective", "full")
-    found = find_batch_size(model, batch_of, budget, max_batch=4 * per_rank, options=options)
-    if found.autoac_batch <= per_rank:
-        return "n/a here: checkpointing frees no room for a larger batch in this memory budget"
-    no_ac_bytes = step_bytes(model, batch_of(found.autoac_batch))
-    return override(train, ac="auto", ac_budget=min(1.0, budget / no_ac_bytes),
-                    batch_size=found.autoac_batch * ctx.ranks)
+    if "compressed_ac" in ctx.options:
+        compress = COMPRESSED_AC_FORMAT
+        batch = _largest_compressed_batch(model, batch_of, budget, per_rank, 4 * per_rank)
+    else:
+        options = ("full",) if train.compile else ("selective", "full")
+        batch = find_batch_size(model, batch_of, budget, max_batch=4 * per_rank, options=options).autoac_batch
+        compress = "none"
+    if batch <= per_rank:
+        return ("n/a here: " + ("compressing" if compress != "none" else "checkpointing")
+                + " frees no room for a larger batch in this memory budget")
+    no_ac_bytes = step_bytes(model, batch_of(batch))
+    return override(train, ac="auto", ac_budget=min(1.0, budget / no_ac_bytes), ac_compress=compress,
+                    batch_size=batch * ctx.ranks)
 
 
 def _needs_ranks(configure):
@@ -86,7 +153,7 @@ CONFIGURE: dict[str, Callable[[TrainConfig, Context], "TrainConfig | str"]] = {
     "fused_attention": lambda t, c: override(t, kernel="auto"),
     "compile": lambda t, c: override(t, compile=True),
     "autoac": _autoac,
-    "load_balance": _needs_ranks(lambda t, c: override(t, balance="kk")),
+    "load_balance": _needs_ranks(lambda t, c: override(t, balance="local" if "local" in c.options else "kk")),
     "fsdp_2d": _needs_ranks(lambda t, c: override(t, mesh=f"1x{c.ranks}", sparse_sharding="row")),
     "low_precision": _low_precision,
 }

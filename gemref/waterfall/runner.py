@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..autoac.solver import applied_plan, recompute_flops
+from ..autoac.solver import applied_plan, plan_record, recompute_flops
 from ..config import Preset, TrainConfig, parse_mesh
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches
@@ -173,7 +173,8 @@ def measure(preset: Preset, trains: list[TrainConfig], device: str, settings: Se
         for i in members:
             if i not in alive:
                 alive[i] = Rung(preset, trains[i], device)
-                info[i] = {"kernel_resolved": alive[i].s.kernel, "dtype": precision_label(alive[i].s.precision)}
+                info[i] = {"kernel_resolved": alive[i].s.kernel, "dtype": precision_label(alive[i].s.precision),
+                           "ac_plan": plan_record(alive[i].s.model)}
                 for _ in range(settings.warmup):
                     alive[i].step()
         for r in schedule.run_rounds(members, settings.windows,

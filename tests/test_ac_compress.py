@@ -1,0 +1,94 @@
+"""The ac_compress switch end to end: its checks, the CLI, what build_model applies, the run
+record, and the bytes it saves against hand arithmetic. (Training parity over seeds:
+tests/test_train.py; the compression numerics: tests/test_compress.py.)"""
+import pytest
+
+from gemref.autoac.compress import FORMATS
+from gemref.autoac.profile import activation_bytes
+from gemref.autoac.solver import ac_blocks, applied_plan, saved_compression
+from gemref.cli import main
+from gemref.config import AC_COMPRESSIONS, get_preset, override
+from gemref.train import measure_step_memory, run, sample_batch, setup
+
+TINY = get_preset("tiny")
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_the_config_knows_every_format_the_compressor_has():
+    assert AC_COMPRESSIONS == ("none",) + FORMATS
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(ac_compress="fp4"), "ac_compress='fp4'; valid: none, fp8_tensor, fp8_block, mxfp8"),
+    (dict(ac="full", ac_compress="mxfp8"), "needs ac 'none'.*or 'auto'.*keeps only its inputs"),
+    (dict(ac="pt2", compile=True, ac_compress="fp8_tensor"), "needs ac 'none'.*inside compiled graphs"),
+])
+def test_bad_settings_are_usage_errors(changes, message):
+    with pytest.raises(ValueError, match=message):
+        override(TINY.train, **changes)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--ac-compress", "fp4"], "invalid choice: 'fp4'"),
+    (["train", "--set", "ac_compress=fp4"], "--set ac_compress=fp4: valid: none, fp8_tensor, fp8_block, mxfp8"),
+    (["train", "--ac", "full", "--ac-compress", "mxfp8"], "ac_compress='mxfp8' needs ac 'none'"),
+])
+def test_cli_mistakes_exit_2_with_one_line(capsys, args, message):
+    assert main(args) == 2
+    assert message in one_line(capsys.readouterr().err)
+
+
+def stored_bounds(fmt: str, values: int, tensors: int) -> tuple[float, float]:
+    """Bytes `tensors` fp32 tensors of `values` values in all take in `fmt`, by hand: one E4M3
+    byte per value, plus per tensor one fp32 scale (fp8_tensor), or per block of 32 values
+    (padded up to a whole block) one fp32 scale (fp8_block) or one E8M0 byte (mxfp8)."""
+    if fmt == "fp8_tensor":
+        return values + 4 * tensors, values + 4 * tensors
+    per_block = 32 + (4 if fmt == "fp8_block" else 1)
+    low = values / 32 * per_block
+    return low, low + per_block * tensors          # each tensor pads at most one block
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_compressed_saved_activations_take_the_bytes_hand_arithmetic_says(data_root, fmt):
+    plain = setup(TINY, override(TINY.train, jagged=True), device="cpu")
+    comp = setup(TINY, override(TINY.train, jagged=True, ac_compress=fmt), device="cpu")
+    assert applied_plan(comp.model) == {name: "compressed" for name in ac_blocks(comp.model)}
+    batch = sample_batch(plain)
+    stats = saved_compression(comp.model).stats
+    plain_bytes = activation_bytes(plain.model, batch)      # storages alive after forward (StorageBirths)
+    comp_bytes = activation_bytes(comp.model, batch)
+    tensors, original, stored = stats["compressed"], stats["compressed_bytes"], stats["stored_bytes"]
+    assert tensors > 0
+    low, high = stored_bounds(fmt, original // 4, tensors)  # fp32 on CPU: 4 bytes per value
+    assert low <= stored <= high
+    saved = original - stored
+    # an activation another op still holds (a block's output) stays alive uncompressed too
+    assert 0.5 * saved <= plain_bytes - comp_bytes <= saved
+    # the step's peak (gemref/mfu/memory.py: live tensor bytes through forward + backward) drops too
+    peak = {name: measure_step_memory(s, batch)["peak_memory_bytes"] for name, s in (("plain", plain), ("comp", comp))}
+    assert peak["comp"] < peak["plain"], peak
+
+
+def test_the_run_record_names_the_format_and_counts_per_step(data_root):
+    """At a budget of 0.6 no plan without recompute fits except with compression (selective, the
+    other option that recomputes no FLOPs, frees ~27% of tiny's bytes, compression ~50%), so
+    AutoAC must compress some block."""
+    record = run(TINY, override(TINY.train, steps=3, warmup_steps=1, eval_batches=1, jagged=True, kernel="auto",
+                                ac="auto", ac_budget=0.6, ac_compress="mxfp8"), device="cpu", progress=False,
+                 measure_memory=False)
+    assert record["switches"]["ac_compress"] == "mxfp8" and record["config"]["train"]["ac_compress"] == "mxfp8"
+    assert record["ac_plan"]["recompute_flops"] == 0 and record["ac_plan"]["counts"].get("compressed", 0) > 0
+    comp = record["ac_compression"]
+    assert comp["format"] == "mxfp8" and comp["bytes_per_value"] == 1 + 1 / 32
+    step = comp["per_step"]
+    low, high = stored_bounds("mxfp8", step["compressed_bytes"] / 4, step["compressed"])
+    assert step["compressed"] > 0 and low <= step["stored_bytes"] <= high
+    plain = run(TINY, override(TINY.train, steps=2, warmup_steps=1, eval_batches=1), device="cpu", progress=False,
+                measure_memory=False)
+    assert plain["switches"]["ac_compress"] == "none" and "ac_compression" not in plain
