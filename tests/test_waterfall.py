@@ -5,7 +5,6 @@ injected measurements with the arithmetic written out; the end-to-end runs check
 and the identities the record must satisfy, whatever the machine's load.
 """
 import json
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,11 @@ import torch
 
 from gemref import ladder
 from gemref.cli import main
-from gemref.config import ModelConfig, get_preset
+from gemref.config import get_preset
 from gemref.errors import UsageError
 from gemref.mfu.op_classes import CLASSES, classify_cpu, op_class
 from gemref.waterfall import LADDER, WITH_OPTIONS, Context, Rung, check_options, run_waterfall
-from gemref.waterfall.rungs import WINDOW_FRACTION, preset_with
+from gemref.waterfall.rungs import preset_with
 from gemref.waterfall.rows import build_rows, notes
 from gemref.waterfall.schedule import Window, groups, run_rounds
 from gemref.waterfall.stats import breakdown, chain, paired_ratio, window_figures
@@ -395,12 +394,9 @@ def test_cli_with_an_unknown_option_exits_2_with_one_line(capsys):
     assert len(err) == 1 and "valid: local, compressed_ac, window" in err[0], err
 
 
-def test_with_window_sets_a_quarter_of_max_len_on_every_rung_or_says_it_is_not_available():
-    if "window" in {f.name for f in fields(ModelConfig)}:
-        assert preset_with(TINY, ("window",)).model.window == TINY.model.max_len // WINDOW_FRACTION == 16
-    else:
-        with pytest.raises(UsageError, match="window attention not available"):
-            preset_with(TINY, ("window",))
+def test_with_window_sets_a_quarter_of_max_len_on_every_rung():
+    assert TINY.model.window is None
+    assert preset_with(TINY, ("window",)).model.window == TINY.model.max_len // 4 == 16
     assert preset_with(TINY, ("local",)) is TINY
 
 

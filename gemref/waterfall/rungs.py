@@ -20,7 +20,7 @@ shows which buys more throughput. `window` windows every rung's sequence attenti
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -28,7 +28,7 @@ import torch
 from ..autoac.compress import CompressionSpec
 from ..autoac.profile import find_batch_size, step_bytes
 from ..autoac.solver import ac_blocks, apply_plan, remove_plan
-from ..config import ModelConfig, Preset, TrainConfig, override
+from ..config import Preset, TrainConfig, override
 from ..data.batches import representative_batch
 from ..errors import UsageError
 from ..ladder import RUNGS, RungSpec
@@ -59,8 +59,6 @@ def preset_with(preset: Preset, options) -> Preset:
     """The preset every rung trains: with `window`, its ModelConfig.window set."""
     if "window" not in options:
         return preset
-    if "window" not in {f.name for f in fields(ModelConfig)}:
-        raise UsageError("window attention not available: ModelConfig has no window field in this build")
     return replace(preset, model=replace(preset.model, window=max(1, preset.model.max_len // WINDOW_FRACTION)))
 
 
