@@ -2,6 +2,7 @@
 record, and the bytes it saves against hand arithmetic. (Training parity over seeds:
 tests/test_train.py; the compression numerics: tests/test_compress.py.)"""
 import pytest
+import torch
 
 from gemref.autoac.compress import FORMATS
 from gemref.autoac.profile import activation_bytes
@@ -92,3 +93,31 @@ def test_the_run_record_names_the_format_and_counts_per_step(data_root):
     plain = run(TINY, override(TINY.train, steps=2, warmup_steps=1, eval_batches=1), device="cpu", progress=False,
                 measure_memory=False)
     assert plain["switches"]["ac_compress"] == "none" and "ac_compression" not in plain
+
+
+def test_compression_hooks_inside_a_compiled_function_run_eagerly():
+    """saved_tensors_hooks entered inside torch.compile'd code get traced into the graph unless they
+    are excluded; inductor's CPU backend has no float8_e8m0fnu (the MX scale dtype), so a
+    traced mxfp8 pack failed to compile (seen in the waterfall's compiled rung 4). Compiled,
+    the hooks still compress, and the gradient is the exact one (by hand: g = d/dx x sin 2x
+    = sin 2x + 2x cos 2x) within what E4M3 rounding of the saved input can move it: |dx| <=
+    2^-4 |x| (blocks of near-equal values) and |g'| <= 4 + 4|x|, so |error| <= (1 + |x|)^2 / 4."""
+    from gemref.autoac.compress import CompressionSpec, SavedCompression
+
+    compression = SavedCompression(CompressionSpec("mxfp8"))
+
+    @torch.compile
+    def f(t):                 # the hooks entered inside the compiled code, as wrap_compressed does
+        with torch.autograd.graph.saved_tensors_hooks(compression.pack, compression.unpack):
+            return (torch.sin(t * 2) * t).sum()
+
+    torch._dynamo.reset()
+    x = torch.linspace(-3, 3, 512 * 256).view(512, 256).requires_grad_(True)
+    f(x).backward()
+    actual = x.grad.double()
+    assert compression.stats["compressed"] >= 1
+    assert compression.stats["stored_bytes"] < compression.stats["compressed_bytes"]
+    x = torch.linspace(-3, 3, 512 * 256, dtype=torch.float64)
+    exact = (torch.sin(2 * x) + 2 * x * torch.cos(2 * x)).view(512, 256)
+    assert ((actual - exact).abs() <= ((1 + x.abs()) ** 2 / 4).view(512, 256)).all()
+    assert (actual - exact).abs().max() > 0          # the saved values really were rounded
