@@ -9,20 +9,13 @@ from gemref.data.batches import batch_with_lengths
 from gemref.config import get_preset
 from gemref.model import GEMRef, ranking_loss
 
+import model_cases
+from model_cases import assert_jagged_matches_padded
+
 TINY = get_preset("tiny").model
 
 
-def loss_and_grads(cfg, batch, jagged, kernel="reference"):
-    torch.manual_seed(0)
-    model = GEMRef(cfg, jagged=jagged, kernel=kernel)
-    loss = ranking_loss(model(batch), batch.labels)
-    loss.backward()
-    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-
-
-# Skewed lengths: mostly short, sometimes the maximum, sometimes empty.
-skewed_lengths = st.lists(st.one_of(st.integers(0, 4), st.integers(0, TINY.max_len),
-                                    st.just(TINY.max_len)), min_size=1, max_size=6)
+skewed_lengths = model_cases.skewed_lengths(TINY.max_len)
 
 
 @settings(max_examples=16, deadline=None)
@@ -31,14 +24,7 @@ skewed_lengths = st.lists(st.one_of(st.integers(0, 4), st.integers(0, TINY.max_l
 def test_jagged_matches_padded(lengths, activation_kernel):
     """Rung 1 (jagged layout) and rung 2 (fast kernels) change how the model runs, not what it computes."""
     activation, kernel = activation_kernel
-    cfg = dataclasses.replace(TINY, activation=activation)
-    batch = batch_with_lengths(cfg, lengths)
-    loss_p, grads_p = loss_and_grads(cfg, batch, jagged=False)
-    loss_j, grads_j = loss_and_grads(cfg, batch, jagged=True, kernel=kernel)
-    torch.testing.assert_close(loss_j, loss_p, rtol=1e-5, atol=1e-6)
-    assert grads_p.keys() == grads_j.keys()
-    for name in grads_p:
-        torch.testing.assert_close(grads_j[name], grads_p[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert_jagged_matches_padded(dataclasses.replace(TINY, activation=activation), lengths, kernel)
 
 
 def test_pad_rows_do_not_leak():

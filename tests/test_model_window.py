@@ -11,9 +11,11 @@ from gemref.data.batches import batch_with_lengths
 from gemref.errors import UsageError
 from gemref.fields import parse_field
 from gemref.config import ModelConfig
-from gemref.model import GEMRef, ranking_loss
+from gemref.model import GEMRef
 from gemref.model.blocks import CrossBlock, SequenceBlock
 from gemref.model.layout import SequenceLayout
+
+from model_cases import assert_jagged_matches_padded, skewed_lengths
 
 TINY = get_preset("tiny").model
 
@@ -92,30 +94,14 @@ def test_cross_attention_still_sees_events_older_than_the_window(padded, kernel)
     torch.testing.assert_close(z_b[[0, 2]], z_a[[0, 2]])    # other samples did not
 
 
-def loss_and_grads(cfg, batch, jagged, kernel="reference"):
-    torch.manual_seed(0)
-    model = GEMRef(cfg, jagged=jagged, kernel=kernel)
-    loss = ranking_loss(model(batch), batch.labels)
-    loss.backward()
-    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-
-
 @settings(max_examples=10, deadline=None)
-@given(st.lists(st.one_of(st.integers(0, 4), st.integers(0, TINY.max_len), st.just(TINY.max_len)),
-                min_size=1, max_size=5),
+@given(skewed_lengths(TINY.max_len, max_size=5),
        st.integers(1, 20), st.sampled_from([("silu", "cpu_jagged"), ("softmax", "cpu_jagged"),
                                             ("silu", "reference")]))
 def test_windowed_jagged_model_matches_windowed_padded_model(lengths, window, activation_kernel):
     """The windowed model computes the same loss and gradients in every layout and kernel."""
     activation, kernel = activation_kernel
-    cfg = dataclasses.replace(TINY, activation=activation, window=window)
-    batch = batch_with_lengths(cfg, lengths)
-    loss_p, grads_p = loss_and_grads(cfg, batch, jagged=False)
-    loss_j, grads_j = loss_and_grads(cfg, batch, jagged=True, kernel=kernel)
-    torch.testing.assert_close(loss_j, loss_p, rtol=1e-5, atol=1e-6)
-    assert grads_p.keys() == grads_j.keys()
-    for name in grads_p:
-        torch.testing.assert_close(grads_j[name], grads_p[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert_jagged_matches_padded(dataclasses.replace(TINY, activation=activation, window=window), lengths, kernel)
 
 
 def test_a_window_covering_every_history_changes_nothing_but_the_pointwise_scale():
