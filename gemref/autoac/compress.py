@@ -131,10 +131,6 @@ def dequantize(values: Tensor, scale: Tensor, numel: int, spec_format: str, bloc
     return out[:numel].to(dtype)
 
 
-# Never traced: the hooks run eagerly even around compiled regions. Inductor's CPU backend
-# has no float8_e8m0fnu (the MX scale dtype), and a hook that counts bytes and keys storages
-# is host-side bookkeeping, not graph code.
-@torch.compiler.disable
 def compress(t: Tensor, spec: CompressionSpec) -> Packed:
     """The Packed form of t (values in memory order when t is dense, else in t's dim order)."""
     perm = _memory_order(t)
@@ -144,7 +140,6 @@ def compress(t: Tensor, spec: CompressionSpec) -> Packed:
     return Packed(values, scale, dense.shape, inverse, t.dtype, spec.format, spec.block)
 
 
-@torch.compiler.disable
 def decompress(p: Packed) -> Tensor:
     """The saved tensor again: same shape and dtype, values rounded to E4M3; same strides if
     it was dense, else contiguous."""
@@ -178,6 +173,9 @@ class SavedCompression:
             return "parameter"
         return None
 
+    # The hooks are never traced, so they run eagerly even when entered inside a compiled
+    # region: inductor's CPU backend has no float8_e8m0fnu (the MX scale dtype), and counting
+    # bytes and keying storages is host-side bookkeeping, not graph code.
     @torch.compiler.disable
     def pack(self, t: Tensor):
         nbytes = t.numel() * t.element_size()
