@@ -34,6 +34,7 @@ from ..data.jagged import lengths_to_offsets
 from ..errors import UsageError
 from ..mfu.memory import track_peak_memory
 from ..report import format_table, write_json
+from .timing import interleaved
 
 PROFILES = ("fixed", "uniform", "skewed")
 CPU_LENGTHS = (128, 512, 2048, 4096)
@@ -72,20 +73,6 @@ def _seconds(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def _time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device, warmup: int,
-                      reps: int) -> dict[str, float]:
-    """Median seconds of each fn. Repetitions go round-robin over the variants, so a burst of
-    load on a shared machine hits all of them alike instead of one."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            times[name].append(_seconds(fn, device))
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def compare_kernels(lengths: list[int], kernels: list[str], activation: str, *, heads: int = 2,
                     head_dim: int = 32, causal: bool = False, window: int | None = None,
                     device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
@@ -117,7 +104,8 @@ def compare_kernels(lengths: list[int], kernels: list[str], activation: str, *, 
 
     fns = {(kernel, "fwd"): forward(kernel) for kernel in runnable}
     fns.update({(kernel, "fwdbwd"): forward_backward(kernel) for kernel in runnable})
-    seconds = _time_interleaved(fns, device, warmup, reps)
+    seconds = {name: statistics.median(t) for name, t in
+               interleaved(fns, warmup, reps, lambda fn: _seconds(fn, device)).items()}
     model = attention_model_flops(lengths, lengths, heads, head_dim, causal, window)
     lengths_t = torch.tensor(lengths, device=device)
     rows = []

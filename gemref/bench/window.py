@@ -40,6 +40,7 @@ from ..env import versions
 from ..errors import UsageError
 from ..mfu.memory import track_peak_memory
 from ..report import format_table, write_json
+from .timing import interleaved
 
 VARIANTS = ("full", "window")
 METRICS = ("ne_click", "auc_click", "ne_conversion", "auc_conversion")
@@ -47,19 +48,12 @@ ATTENTION_COLUMNS = ("history_len", "variant", "model_gflop", "executed_gflop", 
                      "wall_ms", "cpu_ms", "cpu_over_wall", "speedup")
 
 
-def _timed(fns: dict[str, Callable[[], object]], warmup: int, reps: int) -> dict[str, dict[str, list[float]]]:
-    """{variant: {"wall": [s], "cpu": [s]}} with the variants interleaved in every repetition."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times = {name: {"wall": [], "cpu": []} for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            w0, c0 = time.perf_counter(), time.process_time()
-            fn()
-            times[name]["cpu"].append(time.process_time() - c0)
-            times[name]["wall"].append(time.perf_counter() - w0)
-    return times
+def _wall_and_cpu(fn: Callable[[], object]) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of one call."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    cpu = time.process_time() - c0
+    return time.perf_counter() - w0, cpu
 
 
 def window_sweep(lengths: list[int], window: int, *, batch: int = 2, heads: int = 2, head_dim: int = 32,
@@ -84,7 +78,8 @@ def window_sweep(lengths: list[int], window: int, *, batch: int = 2, heads: int 
             return lambda: torch.autograd.grad(gdpa(q, k, v, offsets, activation=activation, causal=True, window=w,
                                                     kernel=kernel, max_len=L), (q, k, v), grad)
 
-        times = _timed({name: step(w) for name, w in windows.items()}, warmup, reps)
+        samples = interleaved({name: step(w) for name, w in windows.items()}, warmup, reps, _wall_and_cpu)
+        times = {name: {"wall": [w for w, _ in t], "cpu": [c for _, c in t]} for name, t in samples.items()}
         full_model = 3 * attention_model_flops(seq, seq, heads, head_dim, True, None)
         lengths_t = torch.tensor(seq)
         for name, w in windows.items():
