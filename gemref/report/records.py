@@ -36,6 +36,14 @@ class Switches(TypedDict):
     precision: str                # the precision that ran ("auto" resolved)
 
 
+def switches(train: TrainConfig, kernel_resolved: str, precision: str) -> Switches:
+    """The Switches of a run configured by `train` (kernel and precision as they ran)."""
+    return {"jagged": train.jagged, "kernel": train.kernel, "kernel_resolved": kernel_resolved,
+            "compile": train.compile, "ac": train.ac, "ac_budget": train.ac_budget,
+            "ac_compress": train.ac_compress, "balance": train.balance, "mesh": train.mesh,
+            "sparse_sharding": train.sparse_sharding, "precision": precision}
+
+
 class DeviceInfo(TypedDict):
     type: str                     # "cpu" | "cuda"
     name: str
@@ -144,11 +152,7 @@ def run_record(preset: Preset, train: TrainConfig, *, kernel: str, precision: Pr
         "kind": "train",
         "preset": preset.name,
         "config": {"model": asdict(preset.model), "data": asdict(preset.data), "train": asdict(train)},
-        "switches": {"jagged": train.jagged, "kernel": train.kernel, "kernel_resolved": kernel,
-                     "compile": train.compile, "ac": train.ac, "ac_budget": train.ac_budget,
-                     "ac_compress": train.ac_compress, "balance": train.balance, "mesh": train.mesh,
-                     "sparse_sharding": train.sparse_sharding,
-                     "precision": precision.precision},
+        "switches": switches(train, kernel, precision.precision),
         "compile": compile,
         "ac_plan": ac_plan,
         "hfu_counts_recompute": train.ac != "pt2",

@@ -29,6 +29,7 @@ from ..config import Preset, override
 from ..env import versions
 from ..mfu.peak import device_name
 from ..report import write_json
+from ..report.records import switches
 from .rows import BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, build_rows, notes, table_rows
 from .runner import Settings, dtype_name, launch_measure
 from .rungs import LADDER, WITH_OPTIONS, Context, Rung, check_options, plan, preset_with
@@ -88,10 +89,7 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, window
     ran = [r for r in rows if r["status"] == "ran"]
     for row, c, peak in zip(ran, configs, peaks):
         row.update(peak_flops=peak["flops"], peak_source=peak["source"],
-                   switches={"jagged": c.jagged, "kernel": c.kernel, "kernel_resolved": row.pop("kernel_resolved"),
-                             "compile": c.compile, "ac": c.ac, "ac_budget": c.ac_budget,
-                             "ac_compress": c.ac_compress, "balance": c.balance,
-                             "mesh": c.mesh, "sparse_sharding": c.sparse_sharding, "precision": c.precision})
+                   switches=switches(c, row.pop("kernel_resolved"), c.precision))
     schedule = ("every rung alive, interleaved" if len(result["groups"]) == 1 else
                 "sliding pairs (the rungs' training state exceeds the memory share for all at once)")
     record = {"preset": preset.name, "device": device, "ranks": ranks,
