@@ -34,7 +34,7 @@ from ..data.jagged import lengths_to_offsets
 from ..errors import UsageError
 from ..mfu.memory import track_peak_memory
 from ..report import format_table, write_json
-from .timing import interleaved
+from ..mfu.timing import interleaved
 
 PROFILES = ("fixed", "uniform", "skewed")
 CPU_LENGTHS = (128, 512, 2048, 4096)

@@ -40,7 +40,7 @@ from ..env import versions
 from ..errors import UsageError
 from ..mfu.memory import track_peak_memory
 from ..report import format_table, write_json
-from .timing import interleaved
+from ..mfu.timing import interleaved
 
 VARIANTS = ("full", "window")
 METRICS = ("ne_click", "auc_click", "ne_conversion", "auc_conversion")

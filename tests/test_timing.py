@@ -1,5 +1,5 @@
-"""gemref/bench/timing.py: warm-up first, then the variants round-robin in every repetition."""
-from gemref.bench.timing import interleaved
+"""gemref/mfu/timing.py: warm-up first, then the variants round-robin in every repetition."""
+from gemref.mfu.timing import interleaved
 
 
 def test_warmup_then_round_robin_and_one_sample_per_repetition():

@@ -1,6 +1,6 @@
-"""Interleaved timing for benchmarks that compare variants: warm each variant up, then run
-the repetitions round-robin (A B A B ...), so a burst of load on a shared machine hits every
-variant alike instead of one."""
+"""Interleaved timing for the benchmark commands (gemref/bench/) that compare variants: warm
+each variant up, then run the repetitions round-robin (A B A B ...), so a burst of load on a
+shared machine hits every variant alike instead of one."""
 from __future__ import annotations
 
 from typing import Callable, TypeVar
