@@ -27,6 +27,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from ..data.jagged import offsets_to_lengths
+
 MAX_WASTE = 0.25             # padded entries may exceed real ones by this fraction ...
 MIN_SLACK_ENTRIES = 1 << 14  # ... or by this many score entries (per head)
 MIN_CHUNK_ROWS = 16          # a chunk never has fewer query rows (unless the bucket does)
@@ -168,4 +170,4 @@ def bucket_rows(offsets: Tensor, bucket: Bucket, lengths: tuple[int, ...], pad_l
 
 
 def lengths_list(offsets: Tensor) -> list[int]:
-    return (offsets[1:] - offsets[:-1]).tolist()
+    return offsets_to_lengths(offsets).tolist()

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
+from ..data.jagged import lengths_to_offsets, offsets_to_lengths
 from .api import register_kernel
 from .reference import default_qk_scale
 from .triton_gdpa_launch import _interpret_env, _kernels, backward, forward, length_bucket, tiles_for_flops
@@ -61,10 +62,6 @@ def _variant(text: str) -> Variant:
     return _parsed[text]
 
 
-def _offsets_of(lengths: Tensor) -> Tensor:
-    return torch.cat([lengths.new_zeros(1), torch.cumsum(lengths.to(torch.int64), 0)]).cpu()
-
-
 def triton_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: int, head_dim: int,
                           causal: bool, window: int | None, *,
                           variant: Variant | str | None = None) -> tuple[int, int]:
@@ -73,7 +70,7 @@ def triton_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: int, hea
     backward 4 in dK/dV + 3 in dQ (bwd=split) or 5 in one kernel (bwd=atomic)."""
     variant = resolve_variant(variant)
     device_type = q_lengths.device.type
-    q_off, kv_off = _offsets_of(q_lengths), _offsets_of(kv_lengths)
+    q_off, kv_off = (lengths_to_offsets(lens.to(torch.int64)).cpu() for lens in (q_lengths, kv_lengths))
     batch = q_lengths.numel()
     buckets = (length_bucket(int(q_off[-1]), batch), length_bucket(int(kv_off[-1]), batch))
 
@@ -135,22 +132,18 @@ def _backward_op(ctx, grad_out, grad_lse):
 gdpa_triton_fwd.register_autograd(_backward_op, setup_context=_setup_context)
 
 
-def _lengths(offsets: Tensor) -> Tensor:
-    return offsets[1:] - offsets[:-1]
-
-
 @register_flop_formula(torch.ops.gemref.gdpa_triton_fwd, get_raw=True)
 def _fwd_flop(q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale, variant,
               *args, out_val=None, **kwargs) -> int:
-    return triton_executed_flops(_lengths(q_offsets), _lengths(kv_offsets), q.shape[1], q.shape[2],
-                                 causal, window or None, variant=variant)[0]
+    return triton_executed_flops(offsets_to_lengths(q_offsets), offsets_to_lengths(kv_offsets), q.shape[1],
+                                 q.shape[2], causal, window or None, variant=variant)[0]
 
 
 @register_flop_formula(torch.ops.gemref.gdpa_triton_bwd, get_raw=True)
 def _bwd_flop(grad_out, q, k, v, out, lse, q_offsets, kv_offsets, activation, causal, window,
               qk_scale, out_scale, variant, *args, out_val=None, **kwargs) -> int:
-    return triton_executed_flops(_lengths(q_offsets), _lengths(kv_offsets), q.shape[1], q.shape[2],
-                                 causal, window or None, variant=variant)[1]
+    return triton_executed_flops(offsets_to_lengths(q_offsets), offsets_to_lengths(kv_offsets), q.shape[1],
+                                 q.shape[2], causal, window or None, variant=variant)[1]
 
 
 def _last_dim_contiguous(x: Tensor) -> Tensor:

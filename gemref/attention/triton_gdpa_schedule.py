@@ -26,6 +26,8 @@ from collections import OrderedDict
 import torch
 from torch import Tensor
 
+from ..data.jagged import offsets_to_lengths
+
 CACHE_ENTRIES = 64
 _cache: "OrderedDict[tuple, tuple[tuple, tuple[int, int], Tensor]]" = OrderedDict()
 stats = {"built": 0, "hits": 0}
@@ -69,7 +71,7 @@ def visited_tiles(kind: str, start: Tensor, len_q: Tensor, len_k: Tensor, block_
 
 def _tiles(offsets: Tensor, block: int, total_rows: int) -> tuple[Tensor, Tensor, Tensor]:
     """Every (sequence, tile) of the jagged rows, padded to ceil(T/block) + B slots."""
-    lengths = offsets[1:] - offsets[:-1]
+    lengths = offsets_to_lengths(offsets)
     B = lengths.numel()
     tiles = (lengths + block - 1) // block
     cum = torch.cumsum(tiles, 0)
