@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..config import ModelConfig, TrainConfig, get_preset, override, parse_mesh
 from ..errors import UsageError
@@ -11,6 +12,9 @@ from ..fields import parse_field
 from .args import (add_device_arg, add_preset_arg, argtype, check_local_ranks, device_of, output_dir, output_file,
                    positive_int)
 from .switches import add_train_switches, train_changes, train_config_from_args
+
+if TYPE_CHECKING:                 # the record's types import torch: only for type checkers
+    from ..report.records import RunRecord
 
 NAME = "train"
 HELP = "train a preset, print throughput/MFU/NE, write the run record"
@@ -55,7 +59,7 @@ def plan_ranks(train: TrainConfig, ranks: int | None, torchrun: int | None, devi
     return train, world
 
 
-def _print_parallel(record: dict) -> None:
+def _print_parallel(record: RunRecord) -> None:
     """Rank 0's extra tables for a multi-rank run: per-rank times and bytes, collectives."""
     from ..report import fmt, format_table
 

@@ -71,7 +71,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
     "NVIDIA A100 80GB PCIe": _A100,
 }
 
-# The short GPU names gemref's hardware profiles use (gemref/parallel/cost_model.py), each
+# The short GPU names gemref's hardware profiles use (gemref/simulate/cost_model.py), each
 # bound to exactly one device name above. Also exact: "H100" means the SXM part.
 PROFILE_GPUS: dict[str, str] = {
     "H100": "NVIDIA H100 80GB HBM3", "H100 NVL": "NVIDIA H100 NVL", "H200": "NVIDIA H200",

@@ -9,6 +9,7 @@
     comm.py         backend choice (gloo, nccl, ncclx), collective recording, overlap
     volume.py       analytic bytes per step of every collective
     checkpoint.py   atomic distributed checkpoints (torch.distributed.checkpoint)
+    checkpoint_files.py  what is on disk in a checkpoint folder, checked without unpickling
     launch.py       local spawned ranks and torchrun's environment
 
 gemref/train.py composes them with the other switches; gemref/run_ranks.py starts ranks.

@@ -16,7 +16,7 @@
    rank only waited on the network. `attach_times` gives each recorded collective the
    execution time of its matching profiler event.
 
-The analytic bytes per step are in volume.py, the alpha-beta time model in cost_model.py.
+The analytic bytes per step are in volume.py, the alpha-beta time model in gemref/simulate/cost_model.py.
 """
 from __future__ import annotations
 

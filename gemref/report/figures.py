@@ -4,9 +4,13 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+if TYPE_CHECKING:
+    from .records import RunRecord
 
 log = logging.getLogger(__name__)
 TEMPLATE = "plotly_white"
@@ -48,7 +52,7 @@ def flop_breakdown_figure(rows: list[dict], title: str = "FLOPs per training ste
     return fig
 
 
-def run_figure(record: dict, window: int = 20) -> go.Figure:
+def run_figure(record: RunRecord, window: int = 20) -> go.Figure:
     """A run at a glance: training loss per step with its running mean over `window` steps
     and the eval losses (left); the last eval's NE and AUC per task (right); throughput and
     MFU in the title."""

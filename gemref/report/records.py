@@ -1,8 +1,9 @@
 """The run record: its schema, typed, and the one function that builds it.
 
-`gemref.train.run` writes a run record (returned, and saved as JSON); the waterfall
-(gemref/waterfall.py), the CLI tables (`cli.run_row`), the scale simulator (through the
-waterfall record) and the notebooks read it. Records stay plain JSON-able dicts, so readers
+`gemref.train.run` writes a run record (returned, and saved as JSON); the CLI tables
+(gemref/report/rows.py `run_row`, `gemref train`'s per-rank tables), `report.figures.run_figure`
+and the notebooks read it. (The waterfall writes its own record, one per ladder, whose rows
+carry `switches()` from here.) Records stay plain JSON-able dicts, so readers
 keep `record["key"]`; the TypedDicts below name every key and its type, for the writer and
 the readers alike (docs/design.md describes the fields). Units are base units throughout:
 seconds, bytes, FLOPs, FLOP/s. (No `from __future__ import annotations` here: TypedDict

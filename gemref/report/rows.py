@@ -1,11 +1,16 @@
 """Table rows of run records, shared by the `gemref` commands and the notebooks."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:                 # records imports torch; the CLI's tables must not
+    from .records import RunRecord
+
 RUN_COLUMNS = ("preset", "jagged", "kernel", "precision", "median_step_s", "samples_per_s", "tokens_per_s",
                "model_tflops_per_s", "mfu", "hfu", "peak_memory_mb", "data_share", "ne_click", "auc_click")
 
 
-def run_row(r: dict) -> dict:
+def run_row(r: RunRecord) -> dict:
     """One table row of a run record (peak memory in MiB)."""
     return {"preset": r["preset"], "jagged": r["switches"]["jagged"], "kernel": r["switches"]["kernel_resolved"],
             "precision": r["dtype"], **{k: r.get(k) for k in RUN_COLUMNS[4:10]},

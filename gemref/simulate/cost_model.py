@@ -2,7 +2,7 @@
 
 A link tier has a latency alpha (seconds per message step) and a bandwidth beta (bytes/s,
 per GPU, one direction, what a collective can use). For a group of n ranks and a payload
-of B bytes (payload as in volume.py: all-gather output, reduce-scatter input, all-reduce
+of B bytes (payload as in gemref/parallel/volume.py: all-gather output, reduce-scatter input, all-reduce
 tensor, all-to-all input), the classic formulas (Thakur, Rabenseifner and Gropp,
 "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005; Chan et al.,
 "Collective communication: theory, practice, and experience", 2007):
@@ -15,7 +15,7 @@ tensor, all-to-all input), the classic formulas (Thakur, Rabenseifner and Gropp,
 "auto" takes the faster all-reduce of the two, as NCCL's tuner roughly does.
 
 Which tier a group uses: a group whose ranks all sit in one node (consecutive ranks,
-`gpus_per_node` per node; mesh.py puts a shard group on consecutive ranks) uses the
+`gpus_per_node` per node; gemref/parallel/mesh.py puts a shard group on consecutive ranks) uses the
 intra-node tier; any group spanning nodes is bounded by the inter-node tier (one NIC per
 GPU, rail-optimised: the per-GPU NIC bandwidth is the bottleneck of every ring step that
 leaves the node). Hierarchical algorithms and congestion are not modelled.
