@@ -10,7 +10,9 @@ fp32 on CPU, bf16 autocast with fp32 master weights on CUDA; `precision` selects
 Each step, `measure_step` fetches a batch, runs training's step (gemref/step.py, which the
 benches and the AC profiler run too) under the stopwatch and returns a typed `StepResult`.
 Host syncs per step: the stopwatch's (CUDA: synchronize at both ends) and, right after it,
-one read of (loss, non-finite flag) from the idle device. A NaN/inf loss or gradient stops
+one read of (loss, non-finite flag) from the idle device; on CUDA the executed-FLOP count
+then copies the batch's lengths to the device and back (a kernel's tiles depend on it),
+still on the idle device, outside the timed step. A NaN/inf loss or gradient stops
 the run (`NonFiniteError`, naming the step and the newest checkpoint of a good state; a bad
 state is never saved). Several ranks (gemref/parallel/parallelize.py): batch_size is the
 global batch, each rank takes its part, losses are divided by the global batch size and
