@@ -25,7 +25,7 @@ from gemref.attention import api
 from gemref.mfu.memory import track_peak_memory
 
 CPU_KERNELS = ["sdpa", "cpu_jagged"]
-# The CPU properties draw the wide cases of issue 13: lengths to 300, head dims 8..128,
+# The CPU properties draw wide cases: lengths to 300, head dims 8..128,
 # logits scaled up to x30, tiles small enough to cut every length into pieces.
 WIDE = dict(long_len=300, head_dims=HEAD_DIMS, logit_scales=LOGIT_SCALES, tile_limits=TILE_LIMITS)
 # bf16 results, element-wise against the float64 oracle on the same bf16-rounded inputs:

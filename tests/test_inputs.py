@@ -1,6 +1,6 @@
 """Bad input is a one-line error (exit 2) before any work, never a traceback or a silent success.
 
-By class (issue 14): typed values (1), output paths (2), files the user names (3), rank limits
+By class: typed values (1), output paths (2), files the user names (3), rank limits
 (8), user errors vs bugs in notebook parameters (9). Each class through the real CLI
 (subprocess) and through the API.
 """

@@ -127,7 +127,7 @@ def test_batch_rejects_unknown_parameters(tmp_path):
         run_notebooks("ci", tmp_path / "out", notebook_dir=folder, names=["99_nope"], log=lambda s: None)
 
 
-# --- the chapter shape (issue 18) and what the batch measures -------------------------------
+# --- the chapter shape and what the batch measures ----------------------------------------
 
 def _chapter(name: str):
     return nbformat.read(NOTEBOOK_DIR / f"{name}.ipynb", as_version=4).cells

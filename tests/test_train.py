@@ -1,7 +1,7 @@
 """The training loop: it learns, it measures, it records what docs/design.md's run record lists,
 and it stops at the first non-finite step.
 
-Bounds on trained quantities are statistical (issue 13): a seed-to-seed band from several
+Bounds on trained quantities are statistical: a seed-to-seed band from several
 seeds, never a fixed bound on one seeded run, whose value is a property of one CPU's rounding.
 """
 import json
@@ -84,7 +84,7 @@ def warm_fp32(data_root) -> dict:
 @pytest.mark.slow
 def test_mxfp8_training_tracks_fp32(warm_fp32):
     """MXFP8 (emulated on CPU) training steps lower the eval loss as fp32 steps do, inside fp32's
-    seed-to-seed band (issue 13: one seeded run missed a fixed 2% bound on an AMD CPU).
+    seed-to-seed band (one seeded run once missed a fixed 2% bound on an AMD CPU).
 
     Learning on tiny sets in after ~60 steps and an emulated MXFP8 step costs ~4 fp32 steps, so
     the model first trains MX_WARM steps in fp32; then, for each seed (data order, fresh AdamW),
