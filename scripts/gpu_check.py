@@ -11,6 +11,8 @@ Sections (each a script in scripts/, run as `python SCRIPT --result FILE [--dry-
                skewed lengths, beside torch's flash/cuDNN attention for softmax;
   rungs        the base preset's rungs 0-2 (padded, jagged, fused attention) on one small
                generated shard, MFU in bf16; gets whatever time is left.
+After the timing section the summary's "gdpa_default" names the fastest correct variant
+(scripts/gpu_check_winner.py: the rule that makes the measured winner the library default).
 Every child runs in its own session (process group); at its budget or the overall deadline
 the whole group is killed (SIGTERM, then SIGKILL). A child rewrites its --result file after
 every finished item, so a killed section still reports what it finished. The summary
@@ -36,6 +38,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpu_check_common import VARIANTS
+from gpu_check_winner import choose
 
 ROOT = Path(__file__).resolve().parents[1]
 TOTAL_BUDGET_S = 470          # the whole run, wheel install included, stays under 8 minutes
@@ -201,9 +206,14 @@ def headline(summary: dict) -> list[str]:
         figures = (f"fwd {row['fwd_model_tflops']:7.1f}  bwd {row['bwd_model_tflops']:7.1f} TFLOP/s (model)"
                    if "fwd_ms" in row else row.get("error", ""))
         lines.append(f"timing {row['profile']:6} {row['activation']:7} {row['kernel']:22} {figures}")
+    if (pick := summary.get("gdpa_default")) is not None:
+        lines.append(f"GDPA default by the rule: {pick['winner']} ({pick.get('spec', pick['reason'])}); "
+                     f"fwd {pick.get('fwd_winner')}, bwd {pick.get('bwd_winner')}")
     for rung in sections.get("rungs", {}).get("result", {}).get("rungs", []):
-        mfu = f"MFU {rung['mfu']:.3f}" if rung.get("mfu") is not None else rung.get("error", "")
-        lines.append(f"rung {rung['rung']:18} batch {rung.get('batches_tried', ['?'])[-1]} {mfu}")
+        mfu = f"MFU {rung['mfu']:.3f}" if rung.get("mfu") is not None else rung.get("error", (
+            f"no MFU: {rung.get('windows_kept')} of {rung.get('windows')} windows kept, "
+            f"{rung.get('contended_windows')} contended attempts"))
+        lines.append(f"rung {rung.get('rung', '?'):18} batch {rung.get('batch_size', '?')} {mfu}")
     return lines
 
 
@@ -252,6 +262,8 @@ def main() -> int:
                 summary["sections"][section.name] = run_section(section, left, args.dry_run, Path(scratch), log, env)
             print(f"{section.name}: {summary['sections'][section.name]['status']}", flush=True)
             write_json(summary_path, summary)
+    if "timing" in summary["sections"]:   # the rule that names the measured winner (gpu_check_winner.py)
+        summary["gdpa_default"] = choose(summary, VARIANTS)
     summary.update(finished=True, elapsed_s=round(time.time() - t0, 1))
     write_json(summary_path, summary)
     print("\n".join(headline(summary)), flush=True)

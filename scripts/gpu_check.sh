@@ -9,7 +9,8 @@
 #
 # The GPU host (no internet; Python 3.12, torch, Triton, pyarrow, pyyaml, hypothesis, tqdm,
 # narwhals) lacks torchao and plotly. Fetch their wheels for ITS Python (3.12), on any machine
-# with internet, into .whl/ (git-ignored; carry it with the tree):
+# with internet, into .whl/. It is git-ignored (~13 MB of binaries are not committed), so it
+# does not travel by itself: the device `run` call names it, carry: [".whl"]:
 #
 #     python3 -m pip download --only-binary=:all: --no-deps --python-version 3.12 \
 #         --implementation cp --abi cp312 --abi abi3 --abi none \

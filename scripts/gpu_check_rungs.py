@@ -55,7 +55,8 @@ def main() -> None:
                                    warmup=warmup, ladder=list(LADDER[:RUNGS]))
             for row in record["rungs"]:
                 result.append("rungs", row)
-                print(f"{row.get('rung')}: E2E MFU {row.get('e2e_mfu')} (local {row.get('local_mfu')})", flush=True)
+                print(f"{row.get('rung')}: batch {row.get('batch_size')} MFU {row.get('mfu')} "
+                      f"(local {row.get('local_mfu')})", flush=True)
             break
         except torch.OutOfMemoryError:
             error = f"out of memory at batch {batch}"

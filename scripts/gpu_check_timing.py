@@ -15,6 +15,7 @@ two variants (base and every flag at once).
 """
 from __future__ import annotations
 
+import inspect
 import statistics
 
 from gpu_check_common import VARIANTS, Result, bench_ms, device, error_text, parse_args
@@ -48,8 +49,11 @@ def ceilings(off, lengths):
     try:
         from torch.nn.attention.varlen import varlen_attn
         cu = off.to(torch.int32)
+        # causal: window_size=(-1, 0) in newer torch, is_causal=True where that is the keyword
+        causal = ({"window_size": (-1, 0)} if "window_size" in inspect.signature(varlen_attn).parameters
+                  else {"is_causal": True})
         fns["torch varlen_attn"] = lambda a, b, c: varlen_attn(a, b, c, cu, cu, max(lengths), max(lengths),
-                                                               window_size=(-1, 0))
+                                                               **causal)
     except ImportError:
         pass
     if len(set(lengths)) == 1:   # dense (B, H, L, D) for fixed lengths

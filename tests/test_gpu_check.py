@@ -20,6 +20,7 @@ import gpu_check  # noqa: E402
 from gpu_check_common import VARIANTS  # noqa: E402
 from gpu_check_correctness import items, shard  # noqa: E402
 from gpu_check_timing import DRY_VARIANTS  # noqa: E402
+from gpu_check_winner import choose  # noqa: E402
 
 
 def _run_check(out: Path, wheel_dir: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -68,6 +69,9 @@ def test_dry_run_end_to_end(tmp_path):
     assert all((r["mfu"] or 0) > 0 or r["windows_kept"] == 0 for r in rungs)
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert all(f"===== {name}:" in log for name in sections)
+    pick = summary["gdpa_default"]   # only base and all_flags are both checked and timed in the dry run
+    assert pick["winner"] in DRY_VARIANTS and pick["spec"] == VARIANTS[pick["winner"]]
+    assert {n for n, s in pick["scores"].items() if s["correct"] and s["timed"]} == set(DRY_VARIANTS)
 
 
 def _wheel(path: Path, valid: bool) -> Path:
@@ -146,3 +150,37 @@ def test_shards_split_the_items_and_results_merge():
     merged = gpu_check.merge_shards([{"cases": [1], "passed": 2, "failed": 0, "note": "a"},
                                      {"cases": [2, 3], "passed": 1, "failed": 1, "note": "b"}])
     assert merged == {"cases": [1, 2, 3], "passed": 3, "failed": 1, "note": "a"}
+
+
+def _summary(records: list[tuple[str, bool]], rows: list[tuple]) -> dict:
+    """A summary with correctness records (variant, passed) and timing rows
+    (kernel, profile, activation, fwd_ms, bwd_ms) or (kernel, profile, activation, error)."""
+    timing = [{"kernel": r[0], "profile": r[1], "activation": r[2], "fwd_ms": r[3], "bwd_ms": r[4]}
+              if len(r) == 5 else {"kernel": r[0], "profile": r[1], "activation": r[2], "error": r[3]} for r in rows]
+    return {"sections": {"correctness": {"result": {"cases": [{"variant": v, "passed": p} for v, p in records]}},
+                         "timing": {"result": {"rows": timing}}}}
+
+
+def test_the_winner_rule_picks_the_fastest_correct_timed_variant():
+    variants = {"base": "autotune=0", "fast": "autotune=0,silu_tanh", "wrong": "x", "broken": "y", "sdpa": "-"}
+    rows = [("base", "fixed", "silu", 2.0, 6.0), ("base", "fixed", "softmax", 4.0, 4.0),
+            ("fast", "fixed", "silu", 1.0, 3.0),                                  # silu only: ratio 0.5
+            ("wrong", "fixed", "silu", 0.1, 0.1), ("wrong", "fixed", "softmax", 0.1, 0.1),
+            ("broken", "fixed", "silu", 0.5, 0.5), ("broken", "fixed", "softmax", "OutOfResources"),
+            ("sdpa", "fixed", "softmax", 0.01, 0.01)]                              # a ceiling, not a variant
+    pick = choose(_summary([("base", True), ("fast", True), ("wrong", False), ("broken", True)], rows),
+                  {k: v for k, v in variants.items() if k != "sdpa"})
+    assert (pick["winner"], pick["spec"]) == ("fast", "autotune=0,silu_tanh")
+    assert pick["scores"]["fast"]["step_ratio"] == pytest.approx(0.5)          # (1 + 3) / (2 + 6)
+    assert pick["scores"]["base"]["step_ratio"] == pytest.approx(1.0)
+    assert not pick["scores"]["wrong"]["correct"] and not pick["scores"]["broken"]["timed"]
+    # fwd alone: fast 1/2 = 0.5, base 1; bwd alone: fast 3/6 = 0.5
+    assert pick["fwd_winner"] == pick["bwd_winner"] == "fast"
+    # geometric mean over rows: 0.5 on silu, 2.0 on softmax -> 1.0, ties base; the first listed wins
+    rows2 = rows[:2] + [("fast", "fixed", "silu", 1.0, 3.0), ("fast", "fixed", "softmax", 8.0, 8.0)]
+    assert choose(_summary([("base", True), ("fast", True)], rows2), variants)["scores"]["fast"]["step_ratio"] \
+        == pytest.approx(1.0)
+    # base failing a case disqualifies every variant (they are flags on the same kernel)
+    none = choose(_summary([("base", False), ("fast", True)], rows), variants)
+    assert none["winner"] is None and "base failed" in none["reason"]
+    assert choose({"sections": {}}, variants)["winner"] is None

@@ -25,9 +25,10 @@ tests/test_attention_triton.py checks each one forward and backward). Flags:
 Where a call gets its variant, first match wins: the `variant=` keyword of gdpa_triton, the
 innermost `use_variant(...)` block, the GEMREF_GDPA environment variable (the same
 "flag=value,..." text, a bare flag meaning =1), then the defaults below. The defaults are the
-kernel as it was before these variants existed (autotuning on CUDA included);
-scripts/gpu_check.sh times every variant side by side so that a measured winner can become
-the default.
+kernel as it was before these variants existed (autotuning on CUDA included): nothing has
+been timed on a GPU yet. scripts/gpu_check.sh times every variant side by side and names the
+fastest correct one in its summary ("gdpa_default", scripts/gpu_check_winner.py); the rule is
+that these defaults become that winner's flags when its JSON is committed to benchmarks/.
 """
 from __future__ import annotations
 
