@@ -188,7 +188,13 @@ def counted(test):
     return wrapper
 
 
-def kernel_settings(at_least: int = 0) -> settings:
-    """The active hypothesis profile (tests/conftest.py), with at least `at_least` examples."""
+def kernel_settings(at_least: int = 0, ci: int | None = None) -> settings:
+    """The active hypothesis profile (tests/conftest.py), with at least `at_least` examples;
+    `ci`: the examples to run under any profile but `thorough` (a property too slow for the
+    profile's count on every CI run, e.g. Triton under the interpreter; `thorough` still runs
+    the profile's >= 1000)."""
     current = settings()
-    return settings(current, max_examples=max(at_least, current.max_examples))
+    examples = max(at_least, current.max_examples)
+    if ci is not None and os.environ.get("HYPOTHESIS_PROFILE", "ci") != "thorough":
+        examples = ci
+    return settings(current, max_examples=examples)

@@ -68,9 +68,20 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_terminal_summary(terminalreporter):
-    rows = sorted((report.nodeid, report.outcome, n) for reports in terminalreporter.stats.values()
-                  for report in reports for key, n in getattr(report, "user_properties", ())
-                  if key == "hypothesis_examples")
+    """Print the examples each counted property ran; a test that ran properties in a pytest
+    subprocess (Triton under the interpreter) attaches that run's rows as
+    ("hypothesis_examples_subprocess", [(node id, examples, outcome), ...])."""
+    rows = []
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) != "call":   # record_property's rows ride on teardown too
+                continue
+            for key, value in getattr(report, "user_properties", ()):
+                if key == "hypothesis_examples":
+                    rows.append((report.nodeid, report.outcome, value))
+                elif key == "hypothesis_examples_subprocess":
+                    rows += [(f"{node} (in {report.nodeid})", outcome, n) for node, n, outcome in value]
+    rows.sort()
     if rows:
         terminalreporter.section(f"hypothesis examples run (profile {PROFILE})")
         for nodeid, outcome, n in rows:

@@ -208,8 +208,10 @@ def test_model_flops_match_the_reference_counted_per_sequence(q_lens, kv_lens, c
 
 @pytest.mark.parametrize("q_lens,kv_lens,causal,window", FLOP_CASES)
 def test_sdpa_flop_counter_sees_executed_flops(q_lens, kv_lens, causal, window):
-    """sdpa's formula here is torch's own (registered for the CPU flash op): independent of
-    sdpa_executed_flops. (cpu_jagged registers its formula itself: see the next test.)"""
+    """The wiring: FlopCounterMode prices the CPU flash calls sdpa really launches (its buckets
+    and chunks) with the formula gemref registers for that op (torch has none), and
+    sdpa_executed_flops prices the plan with the same formula, so this checks that the calls
+    are the plan, not the formula: test_cpu_flash_formula_by_hand does that."""
     H, D = 2, 8
     cross = kv_lens is not None
     kv_lens = kv_lens or q_lens
@@ -223,6 +225,24 @@ def test_sdpa_flop_counter_sees_executed_flops(q_lens, kv_lens, causal, window):
     counted = counter.get_total_flops()
     assert counted > 0
     assert abs(counted - (forward + backward)) <= 0.02 * counted, (counted, forward, backward)
+
+
+def test_cpu_flash_formula_by_hand():
+    """torch's CPU flash kernel visits 32/64/256-row query blocks (L < 192 / < 768 / longer)
+    over 512-key blocks, skipping key blocks past a causal block's last row. H=1, D=1, so
+    FLOPs = matmuls x 2 x (score entries visited)."""
+    from gemref.attention.sdpa import cpu_flash_matmul_flops
+
+    # Full attention, 100 x 100: 10,000 entries; forward 2 matmuls: 2 x 2 x 10,000
+    assert cpu_flash_matmul_flops(1, 1, 100, 100, 1, False, 2) == 40_000
+    # Causal 100 x 100: one key block (100 < 512) for every query block: still 10,000
+    assert cpu_flash_matmul_flops(1, 1, 100, 100, 1, True, 2) == 40_000
+    # Causal 1000 x 1000, 256-row blocks: rows 0-255 and 256-511 see keys 0-511 (256 x 512 each);
+    # rows 512-767 see 0-511 and 512-999 (256 x 512 + 256 x 488); rows 768-999 the same (232 x
+    # (512 + 488)): 131,072 x 3 + 124,928 + 232,000 = 750,144 entries; backward 5 matmuls
+    assert cpu_flash_matmul_flops(1, 1, 1000, 1000, 1, True, 5) == 5 * 2 * 750_144
+    # batch 3, 2 heads, head dim 8 multiply it: causal 200 x 200 (64-row blocks, one key block)
+    assert cpu_flash_matmul_flops(3, 2, 200, 200, 8, True, 2) == 2 * 2 * 3 * 2 * 8 * 40_000
 
 
 @pytest.mark.parametrize("activation", ["softmax", "silu"])

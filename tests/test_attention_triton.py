@@ -10,20 +10,22 @@ Python/torch: tests/test_attention_triton_schedule.py.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from attention_cases import assert_matches, attention_case, make_inputs, reference_results, run
+from attention_cases import (LOGIT_SCALES, assert_matches, attention_case, counted, kernel_settings, make_inputs,
+                             reference_results, run)
 from gemref.attention import ACTIVATIONS, KERNELS
 from gemref.attention import gdpa
-from gemref.attention.triton_gdpa import triton_executed_flops
+from gemref.attention.triton_gdpa import HEAD_DIMS, triton_executed_flops
 from gemref.attention.triton_gdpa_schedule import stats
 from gemref.attention.triton_gdpa_variant import Variant, use_variant
 from gemref.data.jagged import lengths_to_offsets
@@ -34,21 +36,29 @@ on_devices = pytest.mark.parametrize("device", DEVICES or [pytest.param(
     "none", marks=pytest.mark.skip(reason="no CUDA: covered by test_triton_in_the_interpreter"))])
 
 
-def test_triton_in_the_interpreter():
-    """Run this file's kernel tests on CPU under TRITON_INTERPRET=1, in a fresh process."""
+def test_triton_in_the_interpreter(record_property):
+    """Run this file's kernel tests on CPU under TRITON_INTERPRET=1, in a fresh process (the
+    same hypothesis profile), and hand the examples its properties ran to this session's
+    summary (tests/conftest.py prints them)."""
     if INTERPRETING:
         pytest.skip("this is the interpreter run")
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    thorough = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"   # >= 1000 cases a property: hours
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                            __file__, "-k", "not in_the_interpreter"],
                           cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=6 * 3600 if thorough else 900)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout and " skipped" not in proc.stdout, proc.stdout[-2000:]
+    ran = [(node, int(n), outcome) for n, node, outcome in
+           re.findall(r"^ *(\d+)  (\S+) \((\w+)\)$", proc.stdout, re.MULTILINE)]
+    assert len(ran) == 2, ("the interpreter run must count both properties", proc.stdout[-2000:])
+    record_property("hypothesis_examples_subprocess", ran)
 
 
-def _check(case: dict, device: str, dtype=torch.float32, head_dim: int = 16, rel: float = 2e-4,
+def _check(case: dict, device: str, dtype=torch.float32, head_dim: int | None = None, rel: float = 2e-4,
            variant: str = "") -> None:
+    head_dim = head_dim or case.get("head_dim", 16)
     expected = reference_results(case, head_dim)
     with use_variant(variant):
         actual = run("triton", case, *make_inputs(case, head_dim, dtype, device))
@@ -65,9 +75,16 @@ VARIANT = st.builds(
     st.tuples(*[st.sampled_from(["", "16x16", "16x32", "32x16"])] * 3))
 
 
+# The drawn cases of the properties: every head dim the kernel takes, lengths to 100 (the
+# interpreter's 16-row tiles: up to 7 tiles a sequence, partial last tiles), logits up to x30.
+# 20 / 10 examples per run under the ci profile (the interpreter is slow), >= 1000 under thorough.
+TRITON_CASE = dict(max_batch=4, long_len=100, head_dims=HEAD_DIMS, logit_scales=LOGIT_SCALES)
+
+
 @on_devices
-@settings(max_examples=20, deadline=None)
-@given(case=attention_case(max_batch=4))
+@kernel_settings(ci=20)
+@given(case=attention_case(**TRITON_CASE))
+@counted
 def test_triton_matches_reference(device, case):
     _check(case, device)
 
@@ -104,6 +121,9 @@ def test_triton_head_dims(device, head_dim):
 
 @on_devices
 def test_flop_counter_sees_triton_executed_flops(device):
+    """The wiring only (the op's registered formula is triton_executed_flops itself): the
+    counter sees the forward and backward ops; the formula is counted by hand in
+    test_flop_counter_sees_atomic_backward_flops."""
     case = {"q_lens": [40, 0, 1, 17], "kv_lens": [40, 0, 1, 17], "cross": False, "causal": True,
             "window": 9, "activation": "silu", "heads": 2, "qk_scale": None, "out_scale": 1.0, "seed": 4}
     inputs = make_inputs(case, 16, torch.float32, device)
@@ -115,8 +135,9 @@ def test_flop_counter_sees_triton_executed_flops(device):
 
 
 @on_devices
-@settings(max_examples=10, deadline=None)
-@given(case=attention_case(max_batch=4), variant=VARIANT)
+@kernel_settings(ci=10)
+@given(case=attention_case(**TRITON_CASE), variant=VARIANT)
+@counted
 def test_triton_variants_match_reference(device, case, variant):
     if case["activation"] not in ("softmax", "silu"):  # the variants change these two paths
         case = {**case, "activation": "silu"}
