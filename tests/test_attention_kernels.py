@@ -1,4 +1,4 @@
-"""The fast GDPA kernels (sdpa, cpu_jagged, flash_attn) against the reference spec.
+"""The fast GDPA kernels (sdpa, cpu_jagged, cpu_fused, flash_attn) against the reference spec.
 
 Forward and dq, dk, dv, on hypothesis-drawn jagged batches with skewed lengths (empty and
 length-1 sequences included), causal or not, windowed or not, every activation, self and
@@ -24,7 +24,7 @@ from gemref.attention import ACTIVATIONS, KERNELS, gdpa, resolve_kernel
 from gemref.attention import api
 from gemref.mfu.memory import track_peak_memory
 
-CPU_KERNELS = ["sdpa", "cpu_jagged"]
+CPU_KERNELS = ["sdpa", "cpu_jagged", "cpu_fused"]
 # The CPU properties draw wide cases: lengths to 300, head dims 8..128,
 # logits scaled up to x30, tiles small enough to cut every length into pieces.
 WIDE = dict(long_len=300, head_dims=HEAD_DIMS, logit_scales=LOGIT_SCALES, tile_limits=TILE_LIMITS)
@@ -41,9 +41,9 @@ WIDE = dict(long_len=300, head_dims=HEAD_DIMS, logit_scales=LOGIT_SCALES, tile_l
 # than the bf16 reference, a property of torch's kernel that the float64 property (which
 # checks the sdpa wiring tightly) does not share: its bf16 check draws logits up to x3.
 BF16_REL = 2 ** -7
-BF16_ATOL = {"cpu_jagged": 2e-5, "sdpa": 1e-1}
-BF16_BASELINE_DTYPE = {"cpu_jagged": torch.float32, "sdpa": torch.bfloat16}
-BF16_WIDE = {"cpu_jagged": WIDE, "sdpa": {**WIDE, "logit_scales": tuple(x for x in LOGIT_SCALES if x <= 3)}}
+BF16_ATOL = {"cpu_jagged": 2e-5, "cpu_fused": 2e-5, "sdpa": 1e-1}
+BF16_BASELINE_DTYPE = {"cpu_jagged": torch.float32, "cpu_fused": torch.float32, "sdpa": torch.bfloat16}
+BF16_WIDE = {"cpu_jagged": WIDE, "cpu_fused": WIDE, "sdpa": {**WIDE, "logit_scales": tuple(x for x in LOGIT_SCALES if x <= 3)}}
 
 
 def precise(kernel: str, device: str) -> tuple[torch.dtype, float]:
@@ -61,11 +61,20 @@ def kernels_on(device: str) -> list[str]:
             if KERNELS[k].unavailable(probe, "softmax", False, None) is None]
 
 
+def for_kernel(kernel: str, case: dict) -> dict:
+    """The case with an activation the kernel runs: softmax-only kernels get softmax;
+    cpu_fused (pointwise only) gets silu where the case drew softmax."""
+    if kernel in ("sdpa", "flash_attn"):
+        return {**case, "activation": "softmax"}
+    if kernel == "cpu_fused" and case["activation"] == "softmax":
+        return {**case, "activation": "silu"}
+    return case
+
+
 def check(kernel: str, case: dict, device: str, head_dim: int | None = None) -> None:
     """The kernel in its most precise dtype against the float64 oracle, element-wise
     (float64: 1e-12 of the entry plus 1e-12 of the case's scale)."""
-    if kernel in ("sdpa", "flash_attn"):
-        case = {**case, "activation": "softmax"}
+    case = for_kernel(kernel, case)
     head_dim = head_dim or case.get("head_dim", 8)
     dtype, rel = precise(kernel, device)
     expected = reference_results(case, head_dim)
@@ -85,8 +94,7 @@ def test_cpu_kernel_matches_reference(kernel, case):
 def bfloat16_check(kernel: str, case: dict) -> None:
     """bf16 inputs, computed in float32 inside, bf16 results, against the float64 oracle on
     the same bf16-rounded inputs (tolerances: BF16_* above)."""
-    if kernel == "sdpa":
-        case = {**case, "activation": "softmax"}
+    case = for_kernel(kernel, case)
     D = case["head_dim"]
     expected = reference_results(case, D, round_to=torch.bfloat16)
     with tile_limits(case["tile_limit"]):
@@ -103,6 +111,15 @@ def bfloat16_check(kernel: str, case: dict) -> None:
 @counted
 def test_cpu_jagged_bfloat16_matches_rounded_reference(case):
     bfloat16_check("cpu_jagged", case)
+
+
+@kernel_settings(at_least=CPU_KERNEL_EXAMPLES // 4)
+@given(case=attention_case(**BF16_WIDE["cpu_fused"]))
+@counted
+def test_cpu_fused_bfloat16_matches_rounded_reference(case):
+    """bf16 in, float32 inside: cpu_fused's vectorised float32 path (its float64 path is the
+    one test_cpu_kernel_matches_reference checks at 1e-12)."""
+    bfloat16_check("cpu_fused", case)
 
 
 @kernel_settings(at_least=CPU_KERNEL_EXAMPLES // 4)
@@ -131,12 +148,11 @@ def test_cpu_jagged_every_activation_and_mask(activation, causal, window):
             "window": window, "activation": activation, "heads": 2, "qk_scale": None,
             "out_scale": 0.7, "seed": 3}
     check("cpu_jagged", case, "cpu")
-    if activation == "softmax":
-        check("sdpa", case, "cpu")
+    check("sdpa" if activation == "softmax" else "cpu_fused", case, "cpu")
 
 
 @pytest.mark.parametrize("window", [None, 2, 6])
-@pytest.mark.parametrize("kernel", ["sdpa", "cpu_jagged"])
+@pytest.mark.parametrize("kernel", CPU_KERNELS)
 def test_cross_attention_few_queries_over_long_history(kernel, window):
     """4 non-sequence queries per sample over that sample's history (empty history included)."""
     case = {"q_lens": [4, 4, 4, 4], "kv_lens": [50, 0, 1, 17], "cross": True, "causal": False,
@@ -265,21 +281,27 @@ def test_cpu_jagged_flop_formula_is_what_its_matmuls_run(q_lens, kv_lens, causal
     assert (forward.get_total_flops(), backward.get_total_flops()) == expected
 
 
-@pytest.mark.parametrize("activation,causal,window", [("softmax", True, 0), ("silu", False, 3)])
-def test_cpu_jagged_custom_op_registration(activation, causal, window):
+@pytest.mark.parametrize("op,activation,causal,window", [("cpu_jagged", "softmax", True, 0),
+                                                        ("cpu_jagged", "silu", False, 3),
+                                                        ("cpu_fused", "silu", True, 0),
+                                                        ("cpu_fused", "gelu", False, 3)])
+def test_cpu_custom_op_registration(op, activation, causal, window):
     """Schema, fake (meta) implementation and autograd registration of the custom op."""
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(21, 2, 8, generator=gen, dtype=torch.float64).requires_grad_(True) for _ in range(3))
     offsets = torch.tensor([0, 17, 17, 21])
-    torch.library.opcheck(torch.ops.gemref.cpu_jagged_fwd.default,
+    torch.library.opcheck(getattr(torch.ops.gemref, f"{op}_fwd").default,
                           (q, k, v, offsets, offsets, activation, causal, window, 0.25, 1.5))
 
 
-def test_cpu_jagged_compiles_as_one_op_without_graph_breaks():
+@pytest.mark.parametrize("op", ["cpu_jagged", "cpu_fused"])
+def test_cpu_op_compiles_as_one_op_without_graph_breaks(op):
     """torch.compile traces around the op (fake implementation, no graph break), forward and
     backward, and gives the eager numbers on batches of other lengths without recompiling."""
+    fwd = getattr(torch.ops.gemref, f"{op}_fwd")
+
     def attention(q, k, v, offsets):
-        return torch.ops.gemref.cpu_jagged_fwd(q, k, v, offsets, offsets, "gelu", True, 0, 0.3, 1.0).square().sum()
+        return fwd(q, k, v, offsets, offsets, "gelu", True, 0, 0.3, 1.0).square().sum()
 
     graphs = []
 
@@ -297,7 +319,7 @@ def test_cpu_jagged_compiles_as_one_op_without_graph_breaks():
         for a, b in zip(got, eager):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert len(graphs) == 1
-    assert [n.target for n in graphs[0].graph.nodes if n.op == "call_function"][0] == torch.ops.gemref.cpu_jagged_fwd
+    assert [n.target for n in graphs[0].graph.nodes if n.op == "call_function"][0] == fwd
 
 
 def test_executed_flops_never_below_model_flops():
@@ -306,7 +328,7 @@ def test_executed_flops_never_below_model_flops():
     for q_lens, kv_lens, causal, window in FLOP_CASES:
         kv_lens = kv_lens or q_lens
         model = attention_model_flops(q_lens, kv_lens, 2, 8, causal, window)
-        for kernel in ("sdpa", "cpu_jagged", "reference", "triton"):
+        for kernel in ("sdpa", "cpu_jagged", "cpu_fused", "reference", "triton"):
             forward, backward = KERNELS[kernel].executed_flops(torch.tensor(q_lens), torch.tensor(kv_lens),
                                                                2, 8, causal, window)
             assert forward >= model and backward >= 2 * model, (kernel, q_lens, causal, window)
@@ -343,7 +365,7 @@ def test_auto_picks_the_fast_cpu_kernels_and_logs_once(caplog):
         assert resolve_kernel("auto", q, "softmax", False, None) == "sdpa"
         assert resolve_kernel("auto", q, "softmax", False, None) == "sdpa"
         for activation in ("silu", "gelu", "identity"):
-            assert resolve_kernel("auto", q, activation, True, 4) == "cpu_jagged"
+            assert resolve_kernel("auto", q, activation, True, 4) == "cpu_fused"
     assert sum("chose 'sdpa'" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -382,10 +404,10 @@ def test_cpu_jagged_refuses_other_devices():
     assert "CPU path" in KERNELS["cpu_jagged"].unavailable(q, "silu", False, None)
 
 
-@pytest.mark.parametrize("kernel", ["sdpa", "cpu_jagged"])
+@pytest.mark.parametrize("kernel", CPU_KERNELS)
 def test_bad_offsets_and_shapes_are_value_errors(kernel):
     q, k, v = _qkv()
-    act = "softmax"
+    act = "silu" if kernel == "cpu_fused" else "softmax"
     with pytest.raises(ValueError, match=r"offsets\[-1\]=4 does not match the number of rows T=5"):
         gdpa(q, k, v, torch.tensor([0, 2, 4]), activation=act, kernel=kernel)
     with pytest.raises(ValueError, match="non-decreasing: offsets\\[2\\]=1"):
@@ -405,9 +427,10 @@ def test_bad_offsets_and_shapes_are_value_errors(kernel):
 
 def test_empty_batch_rows_give_zero_output_and_zero_grads():
     """Every sequence empty on the key side: outputs and gradients are exactly zero."""
-    for kernel in ("sdpa", "cpu_jagged"):
-        case = {"q_lens": [3, 0, 2], "kv_lens": [0, 0, 0], "cross": True, "causal": False, "window": None,
-                "activation": "softmax", "heads": 1, "qk_scale": None, "out_scale": 1.0, "seed": 1}
+    for kernel in CPU_KERNELS:
+        case = for_kernel(kernel, {"q_lens": [3, 0, 2], "kv_lens": [0, 0, 0], "cross": True, "causal": False,
+                                   "window": None, "activation": "softmax", "heads": 1, "qk_scale": None,
+                                   "out_scale": 1.0, "seed": 1})
         leaves, grad, q_off, kv_off = make_inputs(case, 8, torch.float64, "cpu")
         out, dq, dk, dv = run(kernel, case, leaves, grad, q_off, kv_off)
         assert out.shape == (5, 1, 8) and not out.any() and not dq.any()

@@ -1,0 +1,345 @@
+// cpu_fused: jagged GDPA with a pointwise activation, fused on the CPU (gemref/attention/cpu_fused.py).
+//
+// One (sequence, head) pair at a time. Its keys and values are copied once into a local,
+// zero-padded workspace (K and V transposed for the score products, K and V row-major for the
+// output products); then queries go in groups of QB, keys in blocks of L lanes, and each
+// QB x L score block lives in registers from the Q.K^T product through the activation to the
+// A.V product (forward) or the dV, dK, dQ products (backward). No score ever reaches memory.
+//
+// Geometry (the FLOP formula in cpu_fused.py replays it): a group of QB consecutive queries
+// covers the union of its rows' allowed key ranges, in whole L-key blocks; lanes outside a
+// row's own range are computed and then zeroed. The head dim is padded with zeros to
+// L * NV, NV in {1, 2, 4, 8}, so the products see only full vectors. Every entry point
+// returns the number of score entries it computed (QB * L per block): tests compare it with
+// the formula.
+//
+// Precision: float32 and float64, with the same geometry. float32 runs the activations as
+// vector formulas (exp: Cody-Waite range reduction and a degree-6 polynomial, ~1 ulp); float64
+// and the erf/tanh activations go lane by lane through <cmath>.
+// Vectors are GCC/Clang vector extensions: the compiler maps them to AVX-512, AVX2 or SSE.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+enum Act { SILU = 1, GELU, GELU_TANH, RELU, RELU2, LEAKY_RELU, IDENTITY };  // cpu_fused.py ACT_IDS
+constexpr int L = 16;   // key lanes per block
+constexpr int QB = 4;   // queries per group
+
+template <typename T> struct Vec;
+template <> struct Vec<float> { typedef float type __attribute__((vector_size(L * 4))); };
+template <> struct Vec<double> { typedef double type __attribute__((vector_size(L * 8))); };
+typedef int32_t Mask32 __attribute__((vector_size(L * 4)));
+typedef int64_t Mask64 __attribute__((vector_size(L * 8)));
+
+template <typename V, typename T> inline V splat(T x) { return V{} + x; }
+template <typename V, typename T> inline V load(const T* p) { V r; std::memcpy(&r, p, sizeof(V)); return r; }
+template <typename V, typename T> inline void store(T* p, V x) { std::memcpy(p, &x, sizeof(V)); }
+
+// ------------------------------------------------------------------------------ activations
+template <typename T, int A> inline T act1(T s) {
+  if constexpr (A == SILU) return s / (T(1) + std::exp(-s));
+  else if constexpr (A == GELU) return T(0.5) * s * (T(1) + std::erf(s * T(0.70710678118654752440)));
+  else if constexpr (A == GELU_TANH) {
+    T u = T(0.79788456080286535588) * (s + T(0.044715) * s * s * s);
+    return T(0.5) * s * (T(1) + std::tanh(u));
+  } else if constexpr (A == RELU) return s > T(0) ? s : T(0);
+  else if constexpr (A == RELU2) { T r = s > T(0) ? s : T(0); return r * r; }
+  else if constexpr (A == LEAKY_RELU) return s > T(0) ? s : T(0.01) * s;
+  else return s;
+}
+
+template <typename T, int A> inline T dact1(T s) {
+  if constexpr (A == SILU) { T g = T(1) / (T(1) + std::exp(-s)); return g * (T(1) + s * (T(1) - g)); }
+  else if constexpr (A == GELU)
+    return T(0.5) * (T(1) + std::erf(s * T(0.70710678118654752440))) +
+           s * std::exp(T(-0.5) * s * s) * T(0.39894228040143267794);
+  else if constexpr (A == GELU_TANH) {
+    const T c = T(0.79788456080286535588);
+    T t = std::tanh(c * (s + T(0.044715) * s * s * s));
+    return T(0.5) * (T(1) + t) + T(0.5) * s * (T(1) - t * t) * c * (T(1) + T(3 * 0.044715) * s * s);
+  } else if constexpr (A == RELU) return s > T(0) ? T(1) : T(0);
+  else if constexpr (A == RELU2) return s > T(0) ? T(2) * s : T(0);
+  else if constexpr (A == LEAKY_RELU) return s > T(0) ? T(1) : T(0.01);
+  else return T(1);
+}
+
+typedef Vec<float>::type VF;
+
+inline VF exp_vf(VF x) {
+  x = x < splat<VF>(-87.0f) ? splat<VF>(-87.0f) : x;
+  x = x > splat<VF>(88.0f) ? splat<VF>(88.0f) : x;
+  VF n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+  VF r = x - n * 0.693359375f + n * 2.12194440e-4f;                 // x - n ln 2, in two parts
+  VF p = splat<VF>(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  Mask32 e = (__builtin_convertvector(n, Mask32) + 127) << 23;    // 2^n
+  return p * (VF)e;
+}
+
+// a = act(s) and, when da is given, da = act'(s), for one block of L scores.
+template <typename T, int A> inline void activate(typename Vec<T>::type s, typename Vec<T>::type* a,
+                                                  typename Vec<T>::type* da) {
+  typedef typename Vec<T>::type V;
+  if constexpr (std::is_same<T, float>::value && A == SILU) {
+    V g = 1.0f / (1.0f + exp_vf(-s));
+    *a = s * g;
+    if (da) *da = g * (1.0f + s * (1.0f - g));
+  } else if constexpr (std::is_same<T, float>::value && (A == RELU || A == RELU2 || A == LEAKY_RELU || A == IDENTITY)) {
+    const V z = splat<V>(0.0f), one = splat<V>(1.0f);
+    if constexpr (A == RELU) { *a = s > z ? s : z; if (da) *da = s > z ? one : z; }
+    else if constexpr (A == RELU2) { V r = s > z ? s : z; *a = r * r; if (da) *da = 2.0f * r; }
+    else if constexpr (A == LEAKY_RELU) { *a = s > z ? s : 0.01f * s; if (da) *da = s > z ? one : splat<V>(0.01f); }
+    else { *a = s; if (da) *da = one; }
+  } else {
+    for (int l = 0; l < L; ++l) {
+      (*a)[l] = act1<T, A>(s[l]);
+      if (da) (*da)[l] = dact1<T, A>(s[l]);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ geometry
+struct Range { int64_t lo, hi; };
+
+// The keys query i may attend (gemref/attention/reference.py's mask), as [lo, hi).
+inline Range keys_of(int64_t i, int64_t lk, bool causal, int64_t window) {
+  int64_t lo = 0, hi = lk;
+  if (causal) hi = std::min(hi, i + 1);
+  if (window > 0) {
+    lo = std::max<int64_t>(0, i - window + 1);
+    if (!causal) hi = std::min(hi, i + window);
+  }
+  return {lo, std::max(lo, hi)};
+}
+
+struct Group {
+  Range rows[QB];
+  int64_t lo, hi, n;  // union of the non-empty ranges (lo >= hi: none); real rows in the group
+};
+
+inline Group group_at(int64_t i0, int64_t lq, int64_t lk, bool causal, int64_t window) {
+  Group g{{}, lk, 0, std::min<int64_t>(QB, lq - i0)};
+  for (int r = 0; r < QB; ++r) {
+    g.rows[r] = r < g.n ? keys_of(i0 + r, lk, causal, window) : Range{0, 0};
+    if (g.rows[r].hi > g.rows[r].lo) { g.lo = std::min(g.lo, g.rows[r].lo); g.hi = std::max(g.hi, g.rows[r].hi); }
+  }
+  return g;
+}
+
+template <typename T> inline typename Vec<T>::type lanes(int64_t jb) {
+  typename Vec<T>::type j;
+  for (int l = 0; l < L; ++l) j[l] = T(jb + l);
+  return j;
+}
+
+// x with the lanes outside [r.lo, r.hi) set to 0 (j: the lanes' key indices).
+template <typename T> inline typename Vec<T>::type inside(typename Vec<T>::type x, typename Vec<T>::type j, Range r) {
+  typedef typename Vec<T>::type V;
+  return (j >= T(r.lo) && j < T(r.hi)) ? x : splat<V>(T(0));
+}
+
+// ------------------------------------------------------------------------------ one pair
+template <typename T, int NV>
+struct Pair {
+  static constexpr int D = NV * L;  // padded head dim
+  typedef typename Vec<T>::type V;
+  int64_t lq, lk, lkp, stride, d;   // rows, keys, keys padded to L, row stride (H * head_dim), head_dim
+  T *kT, *vT, *kr, *vr;             // D x lkp (transposed), lkp x D (row-major)
+
+  // Copies this pair's keys and values into the workspace: K scaled by qk_scale, the
+  // row-major V by v_scale; padding (keys beyond lk, dims beyond d) is zero.
+  void prepare(const T* k, const T* v, T qk_scale, T v_scale, std::vector<T>& ws, bool grads) {
+    lkp = (lk + L - 1) / L * L;
+    ws.assign(size_t(D * lkp * (grads ? 6 : 4) + 64 / sizeof(T)), T(0));
+    T* base = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(ws.data()) + 63) & ~uintptr_t(63));
+    kT = base; vT = kT + D * lkp; kr = vT + D * lkp; vr = kr + D * lkp;
+    for (int64_t j = 0; j < lk; ++j)
+      for (int64_t c = 0; c < d; ++c) {
+        T kv = k[j * stride + c] * qk_scale, vv = v[j * stride + c];
+        kT[c * lkp + j] = kv; vT[c * lkp + j] = vv; kr[j * D + c] = kv; vr[j * D + c] = vv * v_scale;
+      }
+  }
+
+  void row(const T* src, int64_t i, T scale, T* dst) const {  // one query-side row, zero-padded to D
+    std::fill(dst, dst + D, T(0));
+    if (i < lq) for (int64_t c = 0; c < d; ++c) dst[c] = src[i * stride + c] * scale;
+  }
+
+  void write_row(T* dst, int64_t i, const V* x) const {  // the first d dims of a padded row
+    alignas(64) T tmp[D];
+    for (int c = 0; c < NV; ++c) store(tmp + c * L, x[c]);
+    std::memcpy(dst + i * stride, tmp, sizeof(T) * d);
+  }
+
+  template <int A>
+  int64_t forward(const T* q, T* out, bool causal, int64_t window) const {
+    int64_t entries = 0;
+    alignas(64) T qs[QB][D], af[QB][L];
+    for (int64_t i0 = 0; i0 < lq; i0 += QB) {
+      Group g = group_at(i0, lq, lk, causal, window);
+      V o[QB][NV];
+      for (int r = 0; r < QB; ++r) {
+        row(q, i0 + r, T(1), qs[r]);
+        for (int c = 0; c < NV; ++c) o[r][c] = splat<V>(T(0));
+      }
+      for (int64_t jb = g.lo / L * L; jb < g.hi; jb += L) {
+        V s[QB];
+        for (int r = 0; r < QB; ++r) s[r] = splat<V>(T(0));
+        for (int c = 0; c < D; ++c) {
+          V kc = load<V>(kT + c * lkp + jb);
+          for (int r = 0; r < QB; ++r) s[r] += qs[r][c] * kc;
+        }
+        const V j = lanes<T>(jb);
+        for (int r = 0; r < QB; ++r) {
+          V a;
+          activate<T, A>(s[r], &a, nullptr);
+          store(af[r], inside<T>(a, j, g.rows[r]));
+        }
+        for (int l = 0; l < L; ++l) {
+          const T* vrow = vr + (jb + l) * D;
+          for (int c = 0; c < NV; ++c) {
+            V vc = load<V>(vrow + c * L);
+            for (int r = 0; r < QB; ++r) o[r][c] += af[r][l] * vc;
+          }
+        }
+        entries += QB * L;
+      }
+      for (int r = 0; r < g.n; ++r) write_row(out, i0 + r, o[r]);
+    }
+    return entries;
+  }
+
+  // dQ rows are written here; dK, dV accumulate in dkl, dvl (lkp x D, unscaled dK).
+  template <int A>
+  int64_t backward(const T* go, const T* q, T* dq, bool causal, int64_t window, T out_scale, T* dkl, T* dvl) const {
+    int64_t entries = 0;
+    alignas(64) T qs[QB][D], gs[QB][D], wf[QB][L], df[QB][L];
+    for (int64_t i0 = 0; i0 < lq; i0 += QB) {
+      Group g = group_at(i0, lq, lk, causal, window);
+      V qv[QB][NV], gv[QB][NV], dqa[QB][NV];
+      for (int r = 0; r < QB; ++r) {
+        row(q, i0 + r, T(1), qs[r]);
+        row(go, i0 + r, out_scale, gs[r]);
+        for (int c = 0; c < NV; ++c) {
+          qv[r][c] = load<V>(qs[r] + c * L); gv[r][c] = load<V>(gs[r] + c * L); dqa[r][c] = splat<V>(T(0));
+        }
+      }
+      for (int64_t jb = g.lo / L * L; jb < g.hi; jb += L) {
+        V s[QB], da[QB];  // scores and dA = dO' . V
+        for (int r = 0; r < QB; ++r) { s[r] = splat<V>(T(0)); da[r] = splat<V>(T(0)); }
+        for (int c = 0; c < D; ++c) {
+          V kc = load<V>(kT + c * lkp + jb), vc = load<V>(vT + c * lkp + jb);
+          for (int r = 0; r < QB; ++r) { s[r] += qs[r][c] * kc; da[r] += gs[r][c] * vc; }
+        }
+        const V j = lanes<T>(jb);
+        for (int r = 0; r < QB; ++r) {
+          V a, dact;
+          activate<T, A>(s[r], &a, &dact);
+          store(wf[r], inside<T>(a, j, g.rows[r]));
+          store(df[r], inside<T>(da[r] * dact, j, g.rows[r]));  // dS
+        }
+        for (int l = 0; l < L; ++l) {
+          const int64_t at = (jb + l) * D;
+          for (int c = 0; c < NV; ++c) {
+            V dvc = load<V>(dvl + at + c * L), dkc = load<V>(dkl + at + c * L), kc = load<V>(kr + at + c * L);
+            for (int r = 0; r < QB; ++r) {
+              dvc += wf[r][l] * gv[r][c];
+              dkc += df[r][l] * qv[r][c];
+              dqa[r][c] += df[r][l] * kc;
+            }
+            store(dvl + at + c * L, dvc);
+            store(dkl + at + c * L, dkc);
+          }
+        }
+        entries += QB * L;
+      }
+      for (int r = 0; r < g.n; ++r) write_row(dq, i0 + r, dqa[r]);
+    }
+    return entries;
+  }
+};
+
+struct Args {
+  const int64_t *q_offsets, *kv_offsets, *pairs;
+  int64_t n_pairs, heads, head_dim;
+  bool causal;
+  int64_t window;
+};
+
+template <typename T, int A, int NV>
+int64_t run_pairs(const Args& a, bool grads, const T* go, const T* q, const T* k, const T* v, T* out, T* dq, T* dk, T* dv,
+                  T qk_scale, T out_scale) {
+  std::vector<T> ws;
+  int64_t entries = 0;
+  const int64_t stride = a.heads * a.head_dim;
+  for (int64_t p = 0; p < a.n_pairs; ++p) {
+    const int64_t b = a.pairs[p] / a.heads, h = a.pairs[p] % a.heads;
+    Pair<T, NV> pr{};
+    pr.lq = a.q_offsets[b + 1] - a.q_offsets[b];
+    pr.lk = a.kv_offsets[b + 1] - a.kv_offsets[b];
+    pr.stride = stride;
+    pr.d = a.head_dim;
+    const int64_t qo = a.q_offsets[b] * stride + h * a.head_dim, ko = a.kv_offsets[b] * stride + h * a.head_dim;
+    pr.prepare(k + ko, v + ko, qk_scale, grads ? T(1) : out_scale, ws, grads);
+    if (!grads) { entries += pr.template forward<A>(q + qo, out + qo, a.causal, a.window); continue; }
+    T* dkl = pr.vr + Pair<T, NV>::D * pr.lkp;
+    T* dvl = dkl + Pair<T, NV>::D * pr.lkp;
+    entries += pr.template backward<A>(go + qo, q + qo, dq + qo, a.causal, a.window, out_scale, dkl, dvl);
+    for (int64_t j = 0; j < pr.lk; ++j)
+      for (int64_t c = 0; c < a.head_dim; ++c) {
+        dk[ko + j * stride + c] = dkl[j * Pair<T, NV>::D + c] * qk_scale;
+        dv[ko + j * stride + c] = dvl[j * Pair<T, NV>::D + c];
+      }
+  }
+  return entries;
+}
+
+template <typename T, int A>
+int64_t by_width(const Args& a, bool grads, const T* go, const T* q, const T* k, const T* v, T* out, T* dq, T* dk,
+                 T* dv, T s1, T s2) {
+  if (a.head_dim <= L) return run_pairs<T, A, 1>(a, grads, go, q, k, v, out, dq, dk, dv, s1, s2);
+  if (a.head_dim <= 2 * L) return run_pairs<T, A, 2>(a, grads, go, q, k, v, out, dq, dk, dv, s1, s2);
+  if (a.head_dim <= 4 * L) return run_pairs<T, A, 4>(a, grads, go, q, k, v, out, dq, dk, dv, s1, s2);
+  if (a.head_dim <= 8 * L) return run_pairs<T, A, 8>(a, grads, go, q, k, v, out, dq, dk, dv, s1, s2);
+  return -1;
+}
+
+template <typename T>
+int64_t dispatch(int act, const Args& a, bool grads, const T* go, const T* q, const T* k, const T* v, T* out,
+                 T* dq, T* dk, T* dv, double s1, double s2) {
+  switch (act) {
+#define GEMREF_ACT(X) case X: return by_width<T, X>(a, grads, go, q, k, v, out, dq, dk, dv, T(s1), T(s2));
+    GEMREF_ACT(SILU) GEMREF_ACT(GELU) GEMREF_ACT(GELU_TANH) GEMREF_ACT(RELU) GEMREF_ACT(RELU2)
+    GEMREF_ACT(LEAKY_RELU) GEMREF_ACT(IDENTITY)
+#undef GEMREF_ACT
+    default: return -1;
+  }
+}
+
+}  // namespace
+
+// C entry points (ctypes). Tensors are contiguous (T, H, D); the pairs b * H + h to compute are
+// listed, so callers can split them across threads (no two pairs write the same rows). Forward
+// (backward = 0) writes out; backward writes dq, dk, dv (pointers may be null when a tensor has
+// no rows: test `backward`, never a pointer). Returns the score entries computed, or -1 for
+// an unknown activation or a head dim above 8 * L.
+#define GEMREF_ENTRY(NAME, T)                                                                          \
+  extern "C" int64_t NAME(int act, int backward, const T* go, const T* q, const T* k, const T* v, T* out, \
+                          T* dq, T* dk, T* dv, const int64_t* q_offsets, const int64_t* kv_offsets,       \
+                          const int64_t* pairs, int64_t n_pairs, int64_t heads, int64_t head_dim,         \
+                          int causal, int64_t window, double qk_scale, double out_scale) {                \
+    Args a{q_offsets, kv_offsets, pairs, n_pairs, heads, head_dim, causal != 0, window};               \
+    return dispatch<T>(act, a, backward != 0, go, q, k, v, out, dq, dk, dv, qk_scale, out_scale);      \
+  }
+GEMREF_ENTRY(gemref_gdpa_f32, float)
+GEMREF_ENTRY(gemref_gdpa_f64, double)

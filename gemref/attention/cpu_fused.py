@@ -1,0 +1,252 @@
+"""`cpu_fused`: jagged GDPA with a pointwise activation as one fused C++ loop per (sequence, head).
+
+cpu_jagged (cpu_jagged.py) already avoids the padded reference's waste, but it still writes
+every score to a workspace and reads it back several times (activation, masks, one matmul per
+product), and at the small head dims of a ranking model (16-64) a batched matmul runs far
+below the CPU's peak. This kernel keeps each score block in registers from Q.K^T through the
+activation to its last use, so a score costs arithmetic only:
+
+  * forward: S = Q K^T, A = act(S) masked, O = out_scale A V;
+  * backward, recomputing S (only q, k, v and the offsets are saved): dA = dO' V^T,
+    dS = dA act'(S), dV += A^T dO', dK += dS^T Q, dQ += dS K', with K' = qk_scale K and
+    dO' = out_scale dO folded in once per pair.
+
+The loops and their geometry (query groups of QB, key blocks of LANES, head dim padded to
+LANES * {1, 2, 4, 8}) are described in cpu_fused.cpp; `computed_entries` replays that
+geometry, and the kernel returns what it computed, so the FLOP formula is checked against
+the kernel itself. Executed matmul FLOPs per computed entry: forward 2 products, backward 5,
+each 2 * padded head dim.
+
+Scope: CPU, pointwise activations (softmax needs each row's statistics over all its keys:
+cpu_jagged or sdpa run it), head dim <= 128, float32 and float64 (bf16/fp16 are computed in
+float32). Threads: the (sequence, head) pairs are split across torch.get_num_threads()
+Python threads by longest-processing-time (ctypes releases the GIL), no OpenMP runtime of its
+own. The kernel is built on first use (cpu_fused_build.py); if it cannot be, the kernel is
+unavailable with the reason and kernel="auto" takes cpu_jagged.
+
+Like cpu_jagged, forward and backward are torch.library custom ops (gemref::cpu_fused_fwd,
+gemref::cpu_fused_bwd) with fake implementations and FLOP formulas: torch.compile traces
+around one op, FlopCounterMode counts it, selective AC saves its output. The memory tracker
+sees the torch tensors the op allocates; the C++ workspace (per thread, 4-6 x padded head dim
+x keys of one sequence) is not counted.
+"""
+from __future__ import annotations
+
+import heapq
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
+
+from ..data.jagged import lengths_to_offsets, offsets_to_lengths
+from ..mfu.memory import LiveTensorBytes
+from .api import register_kernel
+from .cpu_fused_build import library
+from .reference import POINTWISE, default_qk_scale
+
+ACT_IDS = {"silu": 1, "gelu": 2, "gelu_tanh": 3, "relu": 4, "relu2": 5, "leaky_relu": 6, "identity": 7}
+QB, LANES, MAX_HEAD_DIM = 4, 16, 128  # cpu_fused.cpp's QB, L and 8 * L
+assert set(ACT_IDS) == set(POINTWISE)
+
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The head dim the kernel computes with: LANES * the smallest of 1, 2, 4, 8 that fits."""
+    for width in (1, 2, 4, 8):
+        if head_dim <= LANES * width:
+            return LANES * width
+    raise ValueError(f"head dim {head_dim} > {MAX_HEAD_DIM}")
+
+
+def computed_entries(q_lengths: Tensor, kv_lengths: Tensor, causal: bool, window: int | None) -> int:
+    """Score entries the kernel computes for one head: per group of QB queries, the L-key
+    blocks that cover the union of its rows' allowed keys, QB * LANES entries each."""
+    lq, lk = (x.reshape(-1).long().cpu() for x in (q_lengths, kv_lengths))
+    groups = (lq + QB - 1) // QB
+    if int(groups.sum()) == 0:
+        return 0
+    seq = torch.repeat_interleave(torch.arange(lq.numel()), groups)
+    start = lengths_to_offsets(groups)[:-1]
+    rank = torch.arange(int(groups.sum())) - torch.repeat_interleave(start, groups)
+    i = (rank * QB)[:, None] + torch.arange(QB)          # (groups, QB) query indices
+    n_q, n_k = lq[seq][:, None], lk[seq][:, None]
+    lo, hi = torch.zeros_like(i), n_k.expand_as(i)
+    if causal:
+        hi = torch.minimum(hi, i + 1)
+    if window is not None:
+        lo = (i - window + 1).clamp(min=0)
+        if not causal:
+            hi = torch.minimum(hi, i + window)
+    rows = (i < n_q) & (hi > lo)
+    lo_g = torch.where(rows, lo, n_k).amin(dim=1)
+    hi_g = torch.where(rows, hi, 0).amax(dim=1)
+    blocks = torch.where(rows.any(dim=1), (hi_g + LANES - 1) // LANES - lo_g // LANES, 0)
+    return int(blocks.sum()) * QB * LANES
+
+
+def _split(q_offsets: Tensor, kv_offsets: Tensor, heads: int, parts: int) -> list[Tensor]:
+    """The (sequence, head) pair ids b * heads + h in `parts` lists of about equal work
+    (longest first, each to the least loaded list)."""
+    work = (offsets_to_lengths(q_offsets) + 1) * (offsets_to_lengths(kv_offsets) + 1)
+    cost = work.repeat_interleave(heads)
+    if parts == 1:
+        return [torch.arange(cost.numel())]
+    bins: list[list[int]] = [[] for _ in range(parts)]
+    heap = [(0, b) for b in range(parts)]
+    for pair in torch.argsort(cost, descending=True).tolist():
+        load, b = heapq.heappop(heap)
+        bins[b].append(pair)
+        heapq.heappush(heap, (load + int(cost[pair]), b))
+    return [torch.tensor(b, dtype=torch.int64) for b in bins if b]
+
+
+def _launch(activation: str, grads: tuple | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor | None,
+            q_offsets: Tensor, kv_offsets: Tensor, causal: bool, window: int, qk_scale: float,
+            out_scale: float) -> int:
+    """Runs the kernel over every pair, split across torch's thread count; entries computed.
+    grads: None (forward into out) or (grad_out, dq, dk, dv)."""
+    global _pool, _pool_size
+    lib = library()
+    assert not isinstance(lib, str), lib  # _unavailable refused it before dispatch
+    fn = lib.gemref_gdpa_f64 if q.dtype == torch.float64 else lib.gemref_gdpa_f32
+    go, dq, dk, dv = grads if grads is not None else (None, None, None, None)
+    q_offsets, kv_offsets = q_offsets.contiguous(), kv_offsets.contiguous()
+    H, D = q.shape[1], q.shape[2]
+    ptr = [t.data_ptr() if t is not None else None for t in (go, q, k, v, out, dq, dk, dv, q_offsets, kv_offsets)]
+
+    def call(pairs: Tensor) -> int:
+        got = fn(ACT_IDS[activation], int(grads is not None), *ptr, pairs.data_ptr(), pairs.numel(), H, D,
+                 int(causal), window, qk_scale, out_scale)
+        if got < 0:
+            raise AssertionError(f"cpu_fused refused activation={activation} head_dim={D}")
+        return got
+
+    parts = _split(q_offsets, kv_offsets, H, max(1, min(torch.get_num_threads(), (q_offsets.numel() - 1) * H)))
+    if len(parts) <= 1:
+        return sum(call(p) for p in parts)
+    if _pool is None or _pool_size < len(parts):
+        _pool, _pool_size = ThreadPoolExecutor(len(parts), thread_name_prefix="gemref-cpu-fused"), len(parts)
+    return sum(_pool.map(call, parts))
+
+
+def _compute_dtype(q: Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+# ------------------------------------------------------------------ custom ops and autograd
+def _fwd_body(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, activation: str,
+              causal: bool, window: int, qk_scale: float, out_scale: float) -> Tensor:
+    """out (Tq, H, D) in q's dtype. window 0: none."""
+    dtype = _compute_dtype(q)
+    q_, k_, v_ = (x.to(dtype).contiguous() for x in (q, k, v))
+    out = torch.empty_like(q_)
+    _launch(activation, None, q_, k_, v_, out, q_offsets, kv_offsets, causal, window, qk_scale, out_scale)
+    return out.to(q.dtype)
+
+
+cpu_fused_fwd = torch.library.custom_op("gemref::cpu_fused_fwd", _fwd_body, mutates_args=())
+
+
+@cpu_fused_fwd.register_fake
+def _(q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale):
+    return torch.empty_like(q)
+
+
+def _bwd_body(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor,
+              activation: str, causal: bool, window: int, qk_scale: float,
+              out_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) in the inputs' dtypes."""
+    dtype = _compute_dtype(q)
+    go, q_, k_, v_ = (x.to(dtype).contiguous() for x in (grad_out, q, k, v))
+    dq, dk, dv = torch.empty_like(q_), torch.empty_like(k_), torch.empty_like(v_)
+    _launch(activation, (go, dq, dk, dv), q_, k_, v_, None, q_offsets, kv_offsets, causal, window, qk_scale,
+            out_scale)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+cpu_fused_bwd = torch.library.custom_op("gemref::cpu_fused_bwd", _bwd_body, mutates_args=())
+
+
+@cpu_fused_bwd.register_fake
+def _(grad_out, q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale = inputs
+    ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
+    ctx.args = (activation, causal, window, qk_scale, out_scale)
+
+
+def _backward_op(ctx, grad_out):
+    q, k, v, q_offsets, kv_offsets = ctx.saved_tensors
+    dq, dk, dv = torch.ops.gemref.cpu_fused_bwd(grad_out, q, k, v, q_offsets, kv_offsets, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+cpu_fused_fwd.register_autograd(_backward_op, setup_context=_setup_context)
+
+
+def cpu_fused_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: int, head_dim: int,
+                             causal: bool, window: int | None) -> tuple[int, int]:
+    """(forward, backward) matmul FLOPs the kernel runs: 2 and 5 products of 2 * padded head
+    dim FLOPs per computed entry."""
+    one = 2 * padded_head_dim(head_dim) * heads * computed_entries(q_lengths, kv_lengths, causal, window)
+    return 2 * one, 5 * one
+
+
+def _flops(q: Tensor, q_offsets: Tensor, kv_offsets: Tensor, causal: bool, window: int) -> tuple[int, int]:
+    return cpu_fused_executed_flops(offsets_to_lengths(q_offsets), offsets_to_lengths(kv_offsets), q.shape[1],
+                                    q.shape[2], causal, window or None)
+
+
+@register_flop_formula(torch.ops.gemref.cpu_fused_fwd, get_raw=True)
+def _fwd_flop(q, k, v, q_offsets, kv_offsets, activation, causal, window, *args, out_val=None, **kwargs) -> int:
+    return _flops(q, q_offsets, kv_offsets, causal, window)[0]
+
+
+@register_flop_formula(torch.ops.gemref.cpu_fused_bwd, get_raw=True)
+def _bwd_flop(grad_out, q, k, v, q_offsets, kv_offsets, activation, causal, window,
+              *args, out_val=None, **kwargs) -> int:
+    return _flops(q, q_offsets, kv_offsets, causal, window)[1]
+
+
+def _memory_traced(mode, func, types, args, kwargs):
+    """Under gemref.mfu.memory's CPU tracker, the op's own tensors (dtype conversions, outputs) count."""
+    body = _fwd_body if func is torch.ops.gemref.cpu_fused_fwd.default else _bwd_body
+    with mode:
+        return body(*args, **(kwargs or {}))
+
+
+for _op in (cpu_fused_fwd, cpu_fused_bwd):
+    torch.library.register_torch_dispatch(_op, LiveTensorBytes, _memory_traced)
+
+
+# -------------------------------------------------------------------------- entry points
+def gdpa_cpu_fused(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *,
+                   activation: str, causal: bool = False, window: int | None = None,
+                   qk_scale: float | None = None, out_scale: float = 1.0,
+                   max_q: int | None = None, max_kv: int | None = None) -> Tensor:
+    """Jagged GDPA, q (Tq, H, D), k/v (Tk, H, D) -> (Tq, H, D); see the module docstring."""
+    if qk_scale is None:
+        qk_scale = default_qk_scale(q.shape[-1])
+    return torch.ops.gemref.cpu_fused_fwd(q, k, v, q_offsets, kv_offsets, activation, causal, window or 0,
+                                          float(qk_scale), float(out_scale))
+
+
+def _unavailable(q: Tensor, activation: str, causal: bool, window: int | None) -> str | None:
+    if q.device.type != "cpu":
+        return f"cpu_fused is a CPU kernel and q is on {q.device.type}"
+    if activation not in ACT_IDS:
+        return (f"pointwise activations only, got {activation!r} (softmax rows need statistics over all "
+                "their keys: use cpu_jagged or sdpa)")
+    if q.shape[-1] > MAX_HEAD_DIM:
+        return f"head dim {q.shape[-1]} > {MAX_HEAD_DIM}"
+    lib = library()
+    return lib if isinstance(lib, str) else None
+
+
+register_kernel("cpu_fused", gdpa_cpu_fused, _unavailable, cpu_fused_executed_flops)

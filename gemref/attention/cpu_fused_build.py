@@ -1,0 +1,129 @@
+"""Building cpu_fused's C++ kernel: compiled once per machine, cached, loaded with ctypes.
+
+The kernel is one C++ file (cpu_fused.cpp) with a C interface and no PyTorch headers, so it
+compiles in about half a minute with the system compiler (`$CXX`, else `c++`, else `g++`:
+the same compiler torch.compile's CPU backend needs) and loads with ctypes; the tensors are
+passed as raw pointers. It is compiled with -march=native, so the library is specific to the
+CPU: the cache key holds the source, the flags, the compiler's version and the CPU's model
+and feature flags, and the cache folder is `$GEMREF_CACHE_DIR/cpu_fused` (default
+~/.cache/gemref/cpu_fused). Concurrent processes (pytest workers, ranks) take a file lock,
+so one compiles and the others load its result; a library is written to a temporary name
+and renamed, so a killed build never leaves a half-written one.
+
+`library()` returns the loaded library, or the reason it cannot (no compiler, a failed
+build): the kernel reports that reason as unavailable and `kernel="auto"` falls back.
+"""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_fused.cpp")
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
+BUILD_TIMEOUT_S = 600
+
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL | str] = {}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("GEMREF_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or
+                                                      Path.home() / ".cache") / "gemref"
+    return Path(root) / "cpu_fused"
+
+
+def compiler() -> str | None:
+    """The C++ compiler to use: $CXX, else c++ or g++ on the PATH (None: none found)."""
+    for name in (os.environ.get("CXX"), "c++", "g++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_identity() -> str:
+    """The CPU's model name and feature flags (Linux); the machine type elsewhere."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine()
+    keep = [line for line in lines if line.startswith(("model name", "flags", "Features"))]
+    return "\n".join(sorted(set(keep)))
+
+
+def _key(cxx: str) -> str:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), _cpu_identity().encode()):
+        h.update(part)
+        h.update(b"\0")
+    return h.hexdigest()[:20]
+
+
+def _build(cxx: str, target: Path) -> str | None:
+    """Compiles SOURCE into target (atomically); the error's last line, or None."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():
+            return None
+        log.info("compiling the cpu_fused attention kernel (once per machine, ~30 s): %s", target)
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        try:
+            proc = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True,
+                                  timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            tmp.unlink(missing_ok=True)
+            return f"{cxx} did not finish in {BUILD_TIMEOUT_S} s"
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            lines = [line for line in proc.stderr.splitlines() if line.strip()]
+            return f"{cxx} failed (exit {proc.returncode}): {lines[-1] if lines else 'no output'}"
+        os.replace(tmp, target)
+    return None
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    for name in ("gemref_gdpa_f32", "gemref_gdpa_f64"):
+        fn = getattr(lib, name)
+        fn.restype = i64
+        fn.argtypes = [ctypes.c_int, ctypes.c_int] + [p] * 11 + [i64, i64, i64, ctypes.c_int, i64, ctypes.c_double,
+                                                   ctypes.c_double]
+    return lib
+
+
+def library() -> ctypes.CDLL | str:
+    """The loaded kernel library, or the reason it cannot be built or loaded here."""
+    with _lock:
+        if "lib" not in _loaded:
+            _loaded["lib"] = _load()
+            if isinstance(_loaded["lib"], str):
+                log.warning("cpu_fused attention kernel unavailable: %s", _loaded["lib"])
+        return _loaded["lib"]
+
+
+def _load() -> ctypes.CDLL | str:
+    cxx = compiler()
+    if cxx is None:
+        return "no C++ compiler found (set $CXX or install g++)"
+    target = cache_dir() / f"cpu_fused-{_key(cxx)}.so"
+    try:
+        error = None if target.exists() else _build(cxx, target)
+    except OSError as e:
+        return f"cannot build into {target.parent}: {e}"
+    if error is not None:
+        return error
+    try:
+        return _declare(ctypes.CDLL(str(target)))
+    except OSError as e:
+        return f"cannot load {target}: {e}"
