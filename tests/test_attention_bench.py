@@ -25,7 +25,7 @@ def test_bench_attention_tiny_run_writes_its_record(tmp_path, capsys):
     assert record["bench"] == "attention" and record["threads"] == 1
     kernels = {(r["activation"], r["kernel"]) for r in record["rows"]}
     assert kernels == {("softmax", "reference"), ("softmax", "sdpa"), ("softmax", "cpu_jagged"),
-                       ("silu", "reference"), ("silu", "cpu_jagged")}
+                       ("silu", "reference"), ("silu", "cpu_jagged"), ("silu", "cpu_fused")}
     for row in record["rows"]:
         assert row["fwd_ms"] > 0 and row["fwdbwd_ms"] > 0 and row["peak_mib"] > 0
         assert row["speedup_fwd"] > 0 and row["fwd_tflops"] > 0

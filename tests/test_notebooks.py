@@ -27,7 +27,7 @@ EXPECT = {
     "01_jagged_batches": lambda m: (m["skewed_padded_over_model"] > m["skewed_jagged_over_model"] > 1
                                     and m["memory_ratio"] > 1 and m["mfu_jagged"] > 0),
     "02_flash_attention": lambda m: m["memory_ratio_sdpa"] > 3 and m["fused_kernel"] == "sdpa",
-    "03_gdpa": lambda m: (m["gdpa_kernel"] == "cpu_jagged" and m["mfu_gdpa"] > 0
+    "03_gdpa": lambda m: (m["gdpa_kernel"] == "cpu_fused" and m["mfu_gdpa"] > 0
                          and 0 < m["window_flops_vs_full_at_max"] < 1),
     "06_load_balancing": lambda m: (m["imbalance_kk"] <= 1.02 < m["imbalance_round_robin"]
                                     and m["bubble_cut"] > 0.9 and m["local_exchange_bytes"] == 0 and m["local_once"]

@@ -211,7 +211,7 @@ def sdpa_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: int, head_
 
 def _unavailable(q: Tensor, activation: str, causal: bool, window: int | None) -> str | None:
     if activation != "softmax":
-        return f"SDPA computes softmax attention only, not activation={activation!r} (use triton or cpu_jagged)"
+        return f"SDPA computes softmax attention only, not activation={activation!r} (use cpu_fused, cpu_jagged or triton)"
     if q.device.type == "cuda" and q.dtype not in (torch.float16, torch.bfloat16):
         return f"on CUDA the flash kernels need float16/bfloat16, got {q.dtype} (use triton)"
     if q.device.type not in ("cpu", "cuda"):
