@@ -30,7 +30,8 @@ def test_inside_and_outside_the_band():
 def test_rows_read_the_band_per_label():
     rows = seed_band_rows({"fp32": REF, "mxfp8": [4.0, 4.0, 4.0], "one": [2.5]}, "fp32", k=3)
     ref, mx, one = rows
-    assert ref == {"label": "fp32", "seeds": 3, "mean": 2.0, "sd": 1.0, "min": 1.0, "max": 3.0}
+    assert ref == {"label": "fp32", "seeds": 3, "mean": 2.0, "sd": 1.0, "min": 1.0, "max": 3.0,
+                   "difference": None, "relative": None, "tolerance": None, "within": None}
     assert mx["difference"] == 2.0 and mx["relative"] == 1.0 and mx["within"] and mx["sd"] == 0.0
     assert mx["tolerance"] == pytest.approx(3 * math.sqrt(2 / 3))
     assert one["sd"] is None and one["tolerance"] == pytest.approx(3 * math.sqrt(1 / 3 + 1)) and one["within"]

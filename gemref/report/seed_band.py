@@ -72,8 +72,8 @@ def seed_band(reference: Sequence[float], variant: Sequence[float], k: float = K
 
 def seed_band_rows(values: Mapping[str, Sequence[float]], reference: str, k: float = K_SE) -> list[dict]:
     """One table row per label of `values` (label -> one value per seed): its seeds, mean,
-    standard deviation, min and max, and, beside the reference's, its difference of means from
-    the reference (absolute and relative), the tolerance, and whether it lies inside the band."""
+    standard deviation, min and max, and (None on the reference's own row) its difference of means
+    from the reference (absolute and relative), the tolerance, and whether it lies inside the band."""
     if reference not in values:
         raise UsageError(f"reference {reference!r} is not among {sorted(values)}")
     rows = []
@@ -81,10 +81,9 @@ def seed_band_rows(values: Mapping[str, Sequence[float]], reference: str, k: flo
         vals = _checked(vals, label, 1)
         row = {"label": label, "seeds": len(vals), "mean": statistics.mean(vals),
                "sd": statistics.stdev(vals) if len(vals) > 1 else None, "min": min(vals), "max": max(vals)}
-        if label != reference:
-            band = seed_band(values[reference], vals, k)
-            row.update(difference=band.difference,
-                       relative=band.difference / band.reference_mean if band.reference_mean else None,
-                       tolerance=band.tolerance, within=band.within)
+        band = seed_band(values[reference], vals, k) if label != reference else None
+        row.update(difference=band and band.difference,
+                   relative=band.difference / band.reference_mean if band and band.reference_mean else None,
+                   tolerance=band and band.tolerance, within=band and band.within)
         rows.append(row)
     return rows
