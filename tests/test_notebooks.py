@@ -197,3 +197,10 @@ def test_batch_times_each_notebook_and_fails_over_budget(tmp_path, capfd):
         run_notebooks("ci", tmp_path / "late", notebook_dir=folder, log=lambda s: None)
     assert failed.value.rows[0]["notebook"] == "00_toy"
     assert (tmp_path / "late" / "summary.csv").exists(), "the summary is written before the batch fails"
+
+
+def test_mxfp8_chapter_refuses_one_seed(tmp_path):
+    """A seed band needs two seeds: chapter 09 says so before it trains anything."""
+    with pytest.raises(NotebookFailure, match=r"09_mxfp8 failed: .* raised UsageError: SEEDS=1: a seed band needs at "
+                                              r"least 2 seeds per precision"):
+        run_notebooks("ci", tmp_path / "out", names=["09_mxfp8"], params={"SEEDS": 1}, log=lambda s: None)
