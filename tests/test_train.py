@@ -23,6 +23,7 @@ from gemref.model import GEMRef
 from gemref.parallel.checkpoint import latest_checkpoint, load_checkpoint, run_description
 from gemref.parallel.launch import spawn
 from gemref.report.records import RunRecord
+from gemref.report.seed_band import difference_tolerance, seed_band
 from gemref.train import NonFiniteError, Setup, evaluate, run, setup
 
 TINY = get_preset("tiny")
@@ -76,7 +77,7 @@ def warm_fp32(data_root) -> dict:
     start = evaluate(warm, MX_BASE.eval_batches, MX_WARM)["eval_loss"]
     state = {k: v.clone() for k, v in warm.model.state_dict().items()}
     fp32 = [continue_training(state, seed, precision="fp32") for seed in MX_SEEDS]
-    tolerance = K_SE * statistics.stdev(fp32) * math.sqrt(2 / len(MX_SEEDS))
+    tolerance = difference_tolerance(fp32, K_SE)
     assert start - statistics.mean(fp32) > tolerance, ("fp32 barely learned: the band says nothing", start, fp32)
     return {"state": state, "fp32": fp32, "tolerance": tolerance}
 
@@ -90,12 +91,11 @@ def test_mxfp8_training_tracks_fp32(warm_fp32):
     the model first trains MX_WARM steps in fp32; then, for each seed (data order, fresh AdamW),
     MX_STEPS more in fp32 and in MXFP8. (A fresh AdamW: fp32's second moments are too small for
     MXFP8's gradient noise, and inherited ones made the MXFP8 loss rise.) MXFP8's mean eval loss
-    must lie within 3 standard errors (fp32's spread, sqrt(2/n)) of fp32's mean, and fp32 must
-    have learned more than that tolerance (the fixture checks), so an MXFP8 path that does not
-    learn fails."""
+    must lie within 3 standard errors (fp32's spread, sqrt(2/n); gemref/report/seed_band.py) of
+    fp32's mean, and fp32 must have learned more than that tolerance (the fixture checks), so an
+    MXFP8 path that does not learn fails."""
     mx = [continue_training(warm_fp32["state"], seed, precision="mxfp8") for seed in MX_SEEDS]
-    fp32 = warm_fp32["fp32"]
-    assert abs(statistics.mean(mx) - statistics.mean(fp32)) <= warm_fp32["tolerance"], (fp32, mx)
+    assert seed_band(warm_fp32["fp32"], mx, K_SE).within, (warm_fp32["fp32"], mx)
 
 
 @pytest.mark.slow
@@ -106,8 +106,7 @@ def test_compressed_saved_activations_train_like_exact_ones(warm_fp32, ac, fmt):
     exact fp32 steps do: its mean over MX_SEEDS lies within fp32's band (as for MXFP8 above)."""
     compressed = [continue_training(warm_fp32["state"], seed, precision="fp32", ac=ac, ac_budget=0.4,
                                     ac_compress=fmt) for seed in MX_SEEDS]
-    fp32 = warm_fp32["fp32"]
-    assert abs(statistics.mean(compressed) - statistics.mean(fp32)) <= warm_fp32["tolerance"], (fp32, compressed)
+    assert seed_band(warm_fp32["fp32"], compressed, K_SE).within, (warm_fp32["fp32"], compressed)
 
 
 def test_mxfp8_run_records_its_precision(data_root):
