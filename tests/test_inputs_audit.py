@@ -167,3 +167,21 @@ def test_gdpa_checks_scales_and_length_hints(kwargs, message):
         gdpa(q, q, q, offsets, kernel="reference", **kwargs)
     exact = gdpa(q, q, q, offsets, kernel="reference", max_len=6)       # an exact hint is fine
     assert torch.equal(exact, gdpa(q, q, q, offsets, kernel="reference"))
+
+
+# ----------------------------------------------------------------------------- 8/10. environment, divergence
+
+
+def test_a_bad_torchrun_world_size_is_one_line(monkeypatch, cli):
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "localhost"), ("MASTER_PORT", "1"),
+                        ("WORLD_SIZE", "abc")):
+        monkeypatch.setenv(name, value)
+    assert "WORLD_SIZE='abc' (torchrun's environment) must be an integer >= 1" in cli("train", "--steps", "1")
+
+
+def test_a_diverging_run_is_one_line_naming_the_step(data_root, capsys):
+    code = main(["train", "--steps", "3", "--warmup-steps", "0", "--eval-batches", "1", "--quiet", "--lr", "1e30"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    line, = err.strip().splitlines()
+    assert line.startswith("gemref train: error: training step ") and "non-finite loss" in line

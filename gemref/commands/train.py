@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-
+import sys
 from dataclasses import replace
 
 from ..config import ModelConfig, TrainConfig, get_preset, override, parse_mesh
@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from ..report.figures import run_figure, save_figure
     from ..report.rows import run_row
     from ..run_ranks import launch_train
+    from ..step import NonFiniteError
     from ..train import run as train_run
 
     preset = get_preset(args.preset)
@@ -98,7 +99,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     json_path = args.json or (out / "run.json" if out else None)
     if world is None:
-        record = train_run(preset, train, device=args.device, json_path=json_path, progress=not args.quiet)
+        try:
+            record = train_run(preset, train, device=args.device, json_path=json_path, progress=not args.quiet)
+        except NonFiniteError as e:   # the run's outcome (lr, data), not a bug in gemref: one line, exit 1
+            print(f"gemref train: error: {e}", file=sys.stderr)
+            return 1
     else:
         record = launch_train(preset, train, ranks=args.ranks, device=args.device, json_path=json_path,
                               progress=not args.quiet)
