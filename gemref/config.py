@@ -27,6 +27,7 @@ AC_MODES = ("none", "full", "auto", "pt2")
 AC_COMPRESSIONS = ("none", "fp8_tensor", "fp8_block", "mxfp8")
 PRECISIONS = ("fp32", "bf16", "float8_rowwise", "float8_tensorwise", "mxfp8")   # gemref/precision/apply.py
 PRECISION_KERNELS = ("auto", "native", "emulated")                            # float8/MXFP8 GEMM paths
+MAX_SEED = 2 ** 63 - 1      # seeds reach torch.manual_seed and int64 records: larger ones overflow there
 
 
 def _at_least(cfg: Any, low: int, *names: str) -> None:
@@ -39,6 +40,11 @@ def _positive(cfg: Any, *names: str) -> None:
     for name in names:
         if not getattr(cfg, name) > 0:
             raise UsageError(f"{type(cfg).__name__}.{name} must be > 0, got {getattr(cfg, name)}")
+
+
+def _seed(cfg: Any) -> None:
+    if not 0 <= cfg.seed <= MAX_SEED:
+        raise UsageError(f"{type(cfg).__name__}.seed must be in [0, 2**63 - 1], got {cfg.seed}")
 
 
 def _one_of(cfg: Any, name: str, valid: tuple[str, ...]) -> None:
@@ -101,9 +107,9 @@ class ModelConfig:
         if self.d_model % self.n_heads:
             raise UsageError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         _one_of(self, "activation", ATTENTION_ACTIVATIONS)
-        if self.window is not None and self.window < 1:
-            raise UsageError(f"ModelConfig.window must be None (full causal) or >= 1 (events attended "
-                             f"per event), got {self.window}")
+        if self.window is not None and not 1 <= self.window <= self.max_len:
+            raise UsageError(f"ModelConfig.window must be None (full causal) or in [1, max_len={self.max_len}] "
+                             f"(events attended per event; a wider window is full causal), got {self.window}")
         if not self.sparse_vocab or min(self.sparse_vocab) < 1:
             raise UsageError(f"sparse_vocab needs >= 1 table of vocab >= 1, got {self.sparse_vocab}")
 
@@ -139,7 +145,7 @@ class DataConfig:
         check_field_types(self)
         _one_of(self, "length_profile", LENGTH_PROFILES)
         _at_least(self, 1, "n_train", "n_eval", "shard_rows", "median_len")
-        _at_least(self, 0, "seed")              # numpy's generators take seeds >= 0
+        _seed(self)                             # numpy's generators take seeds >= 0
         # log-normal lengths need sigma > 0; the truncated-Pareto id sampler needs a > 0 (a = 0
         # would be uniform ids, a < 0 would favour the rarest ids: not a Zipf law)
         _positive(self, "len_sigma", "zipf_a")
@@ -184,8 +190,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_field_types(self)
         _at_least(self, 1, "batch_size", "steps", "eval_batches")
-        _at_least(self, 0, "warmup_steps", "eval_every", "num_workers", "seed", "checkpoint_every",
-                  "precision_min_dim")
+        _at_least(self, 0, "warmup_steps", "eval_every", "num_workers", "checkpoint_every", "precision_min_dim")
+        _seed(self)
         _positive(self, "lr")
         if self.weight_decay < 0:
             raise UsageError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")
@@ -200,6 +206,12 @@ class TrainConfig:
         parse_mesh(self.mesh)
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise UsageError("checkpoint_every and resume need checkpoint_dir")
+        if self.checkpoint_dir and not (self.checkpoint_every or self.resume):
+            raise UsageError(f"checkpoint_dir={self.checkpoint_dir!r} with checkpoint_every=0 and no resume: "
+                             "nothing would be saved or loaded; set checkpoint_every N (or resume)")
+        if self.checkpoint_every > self.steps:
+            raise UsageError(f"checkpoint_every={self.checkpoint_every} exceeds steps={self.steps}: "
+                             "no checkpoint would be written")
         if self.resume and self.checkpoint_overwrite:
             raise UsageError("resume and checkpoint_overwrite contradict each other: resuming keeps the checkpoints")
         if not 0.0 < self.ac_budget <= 1.0:

@@ -169,6 +169,9 @@ def execute(notebook: Path, out_path: Path, params: dict, *, progress: bool = Fa
                                    cwd=str(notebook.parent), progress_bar=progress,
                                    kernel_name="python3", config=kernel_config())
     except PapermillExecutionError as e:
+        if e.ename == "UsageError":     # a parameter value the notebook refused: the user's mistake (exit 2)
+            raise UsageError(f"notebook {notebook.stem}: {_failing_cell(out_path)} refused a parameter: "
+                             f"{e.evalue} (executed copy: {out_path})") from None
         raise NotebookFailure(notebook.stem, f"{_failing_cell(out_path)} raised {e.ename}: {e.evalue} "
                                              f"(executed copy: {out_path})") from None
     finally:

@@ -22,7 +22,7 @@ TINY = get_preset("tiny").model
 
 @pytest.mark.parametrize("bad", [0, -3])
 def test_window_must_be_positive(bad):
-    with pytest.raises(UsageError, match=rf"ModelConfig.window must be None \(full causal\) or >= 1.*got {bad}"):
+    with pytest.raises(UsageError, match=rf"ModelConfig.window must be None \(full causal\) or in \[1, max_len=64\].*got {bad}"):
         override(TINY, window=bad)
 
 
@@ -126,7 +126,7 @@ def test_gemref_train_attention_window_reaches_the_model_and_the_record(data_roo
     assert record["config"]["model"]["window"] == 4
 
 
-@pytest.mark.parametrize("value, message", [("0", "ModelConfig.window must be None (full causal) or >= 1"),
+@pytest.mark.parametrize("value, message", [("0", "ModelConfig.window must be None (full causal) or in [1, max_len=64]"),
                                             ("x", "ModelConfig.window expects an integer or none, got 'x'")])
 def test_gemref_train_bad_attention_window_exits_2(value, message, capsys):
     from gemref.cli import main

@@ -12,13 +12,15 @@ logs its choice once per (device, dtype, activation).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
 from torch import Tensor
 
-from ..data.jagged import check_offsets, check_offsets_layout
+from ..data.jagged import check_offsets, check_offsets_layout, offsets_to_lengths
+from ..errors import UsageError
 from .reference import ACTIVATIONS, gdpa_reference
 
 log = logging.getLogger(__name__)
@@ -84,11 +86,15 @@ def resolve_kernel(kernel: str, q: Tensor, activation: str, causal: bool, window
                 return name
         raise AssertionError("the reference kernel always runs")
     if kernel not in KERNELS:
-        raise ValueError(f"unknown gdpa kernel {kernel!r}; valid: {', '.join(kernel_names())}")
+        raise UsageError(f"unknown gdpa kernel {kernel!r}; valid: {', '.join(kernel_names())}")
     reason = KERNELS[kernel].unavailable(q, activation, causal, window)
-    if reason is not None:
-        raise ValueError(f"gdpa kernel {kernel!r} cannot run here: {reason}")
+    if reason is not None:     # the caller's (user's) choice of kernel, not a bug: UsageError
+        raise UsageError(f"gdpa kernel {kernel!r} cannot run here: {reason}")
     return kernel
+
+
+def _finite_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def gdpa(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, kv_offsets: Tensor | None = None,
@@ -129,6 +135,12 @@ def gdpa(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, kv_offsets: Tensor
         raise ValueError(f"unknown activation {activation!r}; valid: {', '.join(ACTIVATIONS)}")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"window must be None or an int >= 1 (keys per query), got {window!r}")
+    for name, value, optional in (("qk_scale", qk_scale, True), ("out_scale", out_scale, False)):
+        if not (optional and value is None) and not _finite_number(value):
+            raise ValueError(f"{name} must be a finite number{' or None' if optional else ''}, got {value!r}")
+    for name, value in (("max_len", max_len), ("kv_max_len", kv_max_len)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{name} must be None or an int >= 0 (a hint of the longest sequence), got {value!r}")
     if offsets.numel() != kv_offsets.numel():
         raise ValueError(f"offsets and kv_offsets must have the same batch size; got "
                          f"{offsets.numel() - 1} and {kv_offsets.numel() - 1}")
@@ -137,6 +149,10 @@ def gdpa(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, kv_offsets: Tensor
     if q.device.type != "cuda":  # value checks need a host sync: free on CPU, skipped on CUDA
         check_offsets(offsets, q.shape[0], "offsets")
         check_offsets(kv_offsets, k.shape[0], "kv_offsets")
+        for name, hint, t in (("max_len", max_len, offsets), ("kv_max_len", kv_max_len, kv_offsets)):
+            longest = int(offsets_to_lengths(t).max()) if hint is not None else 0
+            if hint is not None and hint < longest:    # a kernel sizing its tiles by it would drop keys
+                raise ValueError(f"{name}={hint} is shorter than the longest sequence ({longest})")
     if causal and kv_offsets is not offsets and not torch.equal(offsets, kv_offsets):
         raise ValueError("causal attention needs the same query and key offsets (self-attention)")
     name = resolve_kernel(kernel, q, activation, causal, window)

@@ -8,7 +8,8 @@ work starts), with errors in the user's terms.
   must not be a directory (resp. a file), and the folder it goes into (or its nearest existing
   ancestor, for folders still to be created) must accept a new file, tried by creating and
   removing one. `check_output_file`/`check_output_dir` are the same checks as functions.
-- `check_local_ranks`: spawned ranks against the machine (see RANKS_PER_CPU).
+- `check_local_ranks`: spawned ranks against the machine (see RANKS_PER_CPU); `check_workers`: the
+  same bound for DataLoader worker processes.
 """
 from __future__ import annotations
 
@@ -82,6 +83,8 @@ def _writable_folder(path: Path, shown: str) -> None:
 def check_output_file(path: str, flag: str = "") -> str:
     """A file gemref may write (atomically, next to it): not a directory, its folder writable."""
     shown = f"{flag} {path}".strip()
+    if not path.strip():
+        raise UsageError(f"{flag or 'output file'}: empty path; give a file path")
     if Path(path).is_dir():
         raise UsageError(f"{shown}: is a directory; give a file path")
     _writable_folder(Path(path).parent, shown)
@@ -154,6 +157,14 @@ def check_local_ranks(ranks: int, device_type: str, flag: str = "--ranks") -> No
     limit, why = max_local_ranks(device_type)
     if ranks > limit:
         raise UsageError(f"{flag} {ranks}: at most {limit} local {device_type} ranks here ({why})")
+
+
+def check_workers(workers: int, flag: str = "--num-workers") -> None:
+    """UsageError if `workers` DataLoader processes are more than RANKS_PER_CPU x cores (each is a process)."""
+    limit = RANKS_PER_CPU * (os.cpu_count() or 1)
+    if workers > limit:
+        raise UsageError(f"{flag} {workers}: at most {limit} DataLoader worker processes here "
+                         f"({RANKS_PER_CPU} per CPU core x {os.cpu_count() or 1} cores)")
 
 
 def split_pairs(pairs: list[str] | None, flag: str) -> dict[str, str]:

@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import argparse
-
+import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..config import ModelConfig, TrainConfig, get_preset, override, parse_mesh
 from ..errors import UsageError
 from ..fields import parse_field
-from .args import (add_device_arg, add_preset_arg, argtype, check_local_ranks, device_of, output_dir, output_file,
-                   positive_int)
+from .args import (add_device_arg, add_preset_arg, argtype, check_local_ranks, check_workers, device_of, output_dir,
+                   output_file, positive_int)
 from .switches import add_train_switches, train_changes, train_config_from_args
 
 if TYPE_CHECKING:                 # the record's types import torch: only for type checkers
@@ -45,6 +45,11 @@ def plan_ranks(train: TrainConfig, ranks: int | None, torchrun: int | None, devi
         if mesh.world > 1:
             raise UsageError(f"--mesh {train.mesh} needs {mesh.world} ranks: add --ranks {mesh.world} "
                              "(or launch with torchrun)")
+        for flag, value, what in (("--balance", train.balance, "splits each global batch across ranks"),
+                                  ("--sparse-sharding", train.sparse_sharding, "shards the embedding tables "
+                                                                               "across ranks")):
+            if value != "none":      # one process: nothing to split, the switch would do nothing
+                raise UsageError(f"{flag} {value} {what}: add --ranks N (or launch with torchrun)")
         return train, None
     if ranks is not None:
         check_local_ranks(ranks, device_type)
@@ -84,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from ..report.figures import run_figure, save_figure
     from ..report.rows import run_row
     from ..run_ranks import launch_train
+    from ..step import NonFiniteError
     from ..train import run as train_run
 
     preset = get_preset(args.preset)
@@ -92,11 +98,16 @@ def run(args: argparse.Namespace) -> int:
     device = device_of(args.device)
     train, world = plan_ranks(train_config_from_args(args, preset.train), args.ranks, torchrun_world(),
                               device.type, mesh_given="mesh" in train_changes(args))
+    check_workers(train.num_workers)
     replace(preset, train=train)        # the preset's checks of the config against its data
     out = Path(args.out) if args.out else None
     json_path = args.json or (out / "run.json" if out else None)
     if world is None:
-        record = train_run(preset, train, device=args.device, json_path=json_path, progress=not args.quiet)
+        try:
+            record = train_run(preset, train, device=args.device, json_path=json_path, progress=not args.quiet)
+        except NonFiniteError as e:   # the run's outcome (lr, data), not a bug in gemref: one line, exit 1
+            print(f"gemref train: error: {e}", file=sys.stderr)
+            return 1
     else:
         record = launch_train(preset, train, ranks=args.ranks, device=args.device, json_path=json_path,
                               progress=not args.quiet)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -21,6 +22,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from ..config import DataConfig, ModelConfig, Preset
+from ..errors import UsageError
 from .manifest import load_manifest, verified_shards, write_manifest
 from .schema import SCHEMA_VERSION, samples_to_table
 from .synthetic import Teacher
@@ -39,10 +41,28 @@ def dataset_fingerprint(model: ModelConfig, data: DataConfig) -> dict:
     return json.loads(json.dumps(fp))
 
 
+def min_dataset_bytes(model: ModelConfig, data: DataConfig) -> int:
+    """A lower bound of a dataset's size on disk (bytes): its float32 dense features at 2 bytes
+    each (random floats; zstd keeps well over half of them), every other column left out."""
+    return (data.n_train + data.n_eval) * model.n_dense * 2
+
+
+def check_disk_space(model: ModelConfig, data: DataConfig, out_dir: Path) -> None:
+    """UsageError, before any shard is written, when the folder's disk cannot hold the dataset."""
+    folder = out_dir.absolute()
+    while not folder.exists():
+        folder = folder.parent
+    need, free = min_dataset_bytes(model, data), shutil.disk_usage(folder).free
+    if need > free:
+        raise UsageError(f"{out_dir}: n_train + n_eval = {data.n_train + data.n_eval:,} rows need at least "
+                         f"{need / 1e9:,.1f} GB (their dense features alone), {folder} has {free / 1e9:,.1f} GB free")
+
+
 def generate_dataset(model: ModelConfig, data: DataConfig, out_dir: str | Path, *,
                      progress: bool = False) -> dict:
     """Write train/eval shards and manifest.json into out_dir; return the manifest."""
     out = Path(out_dir)
+    check_disk_space(model, data, out)
     out.mkdir(parents=True, exist_ok=True)
     teacher = Teacher.create(model, data)
     splits: dict[str, list[dict]] = {}
@@ -79,8 +99,13 @@ def fingerprint_hash(model: ModelConfig, data: DataConfig) -> str:
 @contextmanager
 def _folder_lock(folder: Path):
     """An exclusive lock, so parallel processes (pytest-xdist, ranks) generate a folder once."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as f:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / ".lock", "w")
+    except OSError as e:     # the data folder the user chose (--data, $GEMREF_DATA_DIR) cannot be written
+        raise UsageError(f"data folder {folder}: cannot create it or write in it ({e.strerror}); "
+                         "choose another with --data DIR or $GEMREF_DATA_DIR") from None
+    with lock as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -111,7 +136,10 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]   # the source checkout, when
 def default_data_root() -> Path:
     """$GEMREF_DATA_DIR, else data/generated in a source checkout, else ~/.cache/gemref/data."""
     if os.environ.get("GEMREF_DATA_DIR"):
-        return Path(os.environ["GEMREF_DATA_DIR"])
+        root = Path(os.environ["GEMREF_DATA_DIR"])
+        if root.exists() and not root.is_dir():
+            raise UsageError(f"GEMREF_DATA_DIR={root}: is a file, not a folder")
+        return root
     if (PROJECT_ROOT / "pyproject.toml").exists():
         return PROJECT_ROOT / "data" / "generated"
     return Path.home() / ".cache" / "gemref" / "data"

@@ -47,7 +47,10 @@ def free_port() -> int:
 def torchrun_world() -> int | None:
     """WORLD_SIZE when launched by torchrun (all of its variables set), else None."""
     if all(v in os.environ for v in TORCHRUN_VARS):
-        return int(os.environ["WORLD_SIZE"])
+        text = os.environ["WORLD_SIZE"]
+        if not text.strip().isdigit() or int(text) < 1:
+            raise UsageError(f"WORLD_SIZE={text!r} (torchrun's environment) must be an integer >= 1")
+        return int(text)
     return None
 
 

@@ -23,6 +23,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from ..config import MeshShape, Preset, TrainConfig, parse_mesh
+from ..errors import UsageError
 from ..mfu.profile import quiet_profile
 from . import comm, launch
 from .fsdp import apply_fsdp, reshard_all
@@ -62,7 +63,7 @@ def parallel_state(train: TrainConfig, device: torch.device) -> tuple[ParallelSt
     if not dist.is_initialized() and launch.ncclx_mesh_built() is None:
         if train.mesh != "1x1" or train.sparse_sharding != "none":
             shape = parse_mesh(train.mesh)
-            raise ValueError(f"mesh={train.mesh} / sparse_sharding={train.sparse_sharding} need a process group: "
+            raise UsageError(f"mesh={train.mesh} / sparse_sharding={train.sparse_sharding} need a process group: "
                              f"pass --ranks {shape.world} or launch with torchrun --nproc-per-node {shape.world}")
         return None, device
     shape = parse_mesh(train.mesh)

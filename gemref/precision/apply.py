@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import PRECISION_KERNELS, PRECISIONS
+from ..errors import UsageError
 from .fast_linear import FastLinear
 
 log = logging.getLogger(__name__)
@@ -185,7 +186,7 @@ def _skip_reason(fqn: str, module: nn.Module, precision: str, min_dim: int,
 def _choose_kernel(precision: str, device: torch.device, kernel: str) -> tuple[str, str]:
     ok, why = native_support(precision, device)
     if kernel == "native" and not ok:
-        raise ValueError(f"kernel='native' for {precision}: {why}")
+        raise UsageError(f"kernel='native' for {precision}: {why}")   # the user's choice, not a bug
     if kernel == "emulated":
         return "emulated", "emulation requested (numerics only, no speed-up)"
     if ok:
