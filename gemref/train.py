@@ -22,6 +22,7 @@ all-reduce (loss, flag) every step, so all stop at the same step, and their work
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -62,6 +63,9 @@ from .precision.fast_linear import use_fastest_cpu_gemms
 from .report import write_json
 from .report.records import EvalResult, MemoryRecord, ParallelRecord, RunRecord, run_record
 from .step import NonFiniteError, backward, forward_loss, nonfinite, train_step  # noqa: F401 (re-exported)
+
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class Setup:
@@ -327,8 +331,11 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
     s = setup(preset, train, device=device, data_root=data_root, progress=progress)
     tc = s.train
     start = resume_step(s)
-    meter = Meter(run_peak(s.device, s.precision.precision, s.rank, s.world),
-                  warmup_steps=min(tc.warmup_steps, tc.steps - start - 1))
+    warmup = min(tc.warmup_steps, tc.steps - start - 1)   # at least one timed step
+    if warmup < tc.warmup_steps and s.rank == 0:
+        log.warning("timing after %d warm-up step(s), not warmup_steps=%d: this run has %d step(s) to time",
+                    max(warmup, 0), tc.warmup_steps, tc.steps - start)
+    meter = Meter(run_peak(s.device, s.precision.precision, s.rank, s.world), warmup_steps=warmup)
     batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, start),
                                num_workers=tc.num_workers, device=s.device))
     good = checkpoint_path(tc.checkpoint_dir, start) if start else None   # newest checkpoint of a good state

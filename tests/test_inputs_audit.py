@@ -185,3 +185,15 @@ def test_a_diverging_run_is_one_line_naming_the_step(data_root, capsys):
     assert code == 1 and "Traceback" not in err, err
     line, = err.strip().splitlines()
     assert line.startswith("gemref train: error: training step ") and "non-finite loss" in line
+
+
+def test_fewer_steps_than_warmup_times_what_it_can_and_says_so(data_root, caplog):
+    """warmup_steps=5 on a 2-step run: one warm-up step, one timed, a warning naming both
+    (never a silent clamp), and the record states the warm-up it used."""
+    from gemref.train import run
+
+    train = override(TINY.train, steps=2, warmup_steps=5, eval_every=0)
+    with caplog.at_level("WARNING", logger="gemref.train"):
+        record = run("tiny", train, device="cpu", data_root=data_root, progress=False, measure_memory=False)
+    assert record["warmup_steps"] == 1 and record["steps_timed"] == 1
+    assert any("not warmup_steps=5" in r.getMessage() for r in caplog.records)
