@@ -13,12 +13,14 @@ from gemref.data.jagged import lengths_to_offsets
 
 
 def _entries_run(q_lens, kv_lens, causal, window, heads=2, D=8):
-    """The score entries the kernel itself reports for one forward call."""
+    """The score entries the kernel itself reports for one forward and one backward call."""
     case = {"q_lens": q_lens, "kv_lens": kv_lens, "cross": True, "seed": 0, "heads": heads}
-    (q, k, v), _, q_off, kv_off = make_inputs(case, D, torch.float32, "cpu")
-    out = torch.empty_like(q)
-    return cpu_fused._launch("silu", None, q.detach(), k.detach(), v.detach(), out, q_off, kv_off, causal,
-                             window or 0, 0.3, 1.0)
+    (q, k, v), grad, q_off, kv_off = make_inputs(case, D, torch.float32, "cpu")
+    q, k, v = q.detach(), k.detach(), v.detach()
+    args = (q_off, kv_off, causal, window or 0, 0.3, 1.0)
+    forward = cpu_fused._launch("silu", None, q, k, v, torch.empty_like(q), *args)
+    grads = (grad, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    return forward, cpu_fused._launch("silu", grads, q, k, v, None, *args)
 
 
 @kernel_settings(ci=200)
@@ -30,16 +32,20 @@ def test_the_formula_counts_what_the_kernel_computes(data, causal, window):
     q_lens = data.draw(lengths)
     kv_lens = q_lens if causal or data.draw(st.booleans()) else data.draw(
         st.lists(st.integers(0, 90), min_size=len(q_lens), max_size=len(q_lens)))
-    expected = 2 * cpu_fused.computed_entries(torch.tensor(q_lens), torch.tensor(kv_lens), causal, window)
-    assert _entries_run(q_lens, kv_lens, causal, window) == expected
-    # forward executed FLOPs (2 products x 2 x 16 padded dims) never below the model's
-    assert 2 * 2 * 16 * expected >= attention_model_flops(q_lens, kv_lens, 2, 8, causal, window)
+    head_dim = data.draw(st.sampled_from([8, 32, 48]))   # forward groups of 8, 8, 4 queries
+    expected = tuple(2 * cpu_fused.computed_entries(torch.tensor(q_lens), torch.tensor(kv_lens), causal, window, g)
+                     for g in cpu_fused.query_groups(head_dim))
+    assert _entries_run(q_lens, kv_lens, causal, window, D=head_dim) == expected
+    # forward executed FLOPs (2 products x 2 x padded dims) never below the model's
+    padded = cpu_fused.padded_head_dim(head_dim)
+    assert 2 * 2 * padded * expected[0] >= attention_model_flops(q_lens, kv_lens, 2, head_dim, causal, window)
 
 
 def test_computed_entries_by_hand():
-    """Groups of 4 queries over 16-key blocks, 64 entries a block, one head."""
-    def n(q, kv, causal, window=None):
-        return cpu_fused.computed_entries(torch.tensor(q), torch.tensor(kv), causal, window)
+    """Groups of 4 queries (the backward's) over 16-key blocks, 64 entries a block, one head;
+    then groups of 8 (the forward's at head dims <= 32), 128 entries a block."""
+    def n(q, kv, causal, window=None, group=4):
+        return cpu_fused.computed_entries(torch.tensor(q), torch.tensor(kv), causal, window, group)
     # causal L=5: rows 0-3 reach key 3 (1 block), row 4 key 4 (1 block): 2 x 64
     assert n([5], [5], True) == 128
     # 3 queries over 20 keys, full: one group, 2 blocks
@@ -52,12 +58,17 @@ def test_computed_entries_by_hand():
     assert n([40], [40], True, 2) == (4 + 2 + 3 + 2 + 1) * 64
     # empty key side and empty query side: nothing
     assert n([4, 0], [0, 9], False) == 0
+    # groups of 8, causal L=40: groups at 0, 8, ..., 32 reach keys 7, 15, 23, 31, 39:
+    # blocks 1, 1, 2, 2, 3 = 9 blocks of 8 x 16
+    assert n([40], [40], True, group=8) == 9 * 128
+    assert cpu_fused.query_groups(16) == (8, 4) and cpu_fused.query_groups(33) == (4, 4)
 
 
 def test_flop_counter_prices_the_op_by_its_entries():
     """FlopCounterMode on gdpa(kernel="cpu_fused"): forward 2 products, backward 5, each
-    2 x padded head dim per entry. H=2, D=24 (padded to 32); causal L=5: 128 entries a head
-    (test above): forward 2 * 2 * 32 * 2 * 128 = 32,768, backward 5/2 of it = 81,920."""
+    2 x padded head dim per entry. H=2, D=24 (padded to 32); causal L=5: forward one group of
+    8 queries over one 16-key block, 128 entries a head: 2 * 2 * 32 * 2 * 128 = 32,768;
+    backward two groups of 4 (test above), 128 entries a head: 5 * 2 * 32 * 2 * 128 = 81,920."""
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(5, 2, 24, generator=gen, requires_grad=True) for _ in range(3))
     with FlopCounterMode(display=False) as fwd:

@@ -2,16 +2,17 @@
 //
 // One (sequence, head) pair at a time. Its keys and values are copied once into a local,
 // zero-padded workspace (K and V transposed for the score products, K and V row-major for the
-// output products); then queries go in groups of QB, keys in blocks of L lanes, and each
-// QB x L score block lives in registers from the Q.K^T product through the activation to the
-// A.V product (forward) or the dV, dK, dQ products (backward). No score ever reaches memory.
+// output products); then queries go in groups (QF = 8 in the forward while NV <= 2, else
+// QB = 4), keys in blocks of L lanes, and each group x L score block lives in registers from
+// the Q.K^T product through the activation to the A.V product (forward) or the dV, dK, dQ
+// products (backward). No score ever reaches memory.
 //
-// Geometry (the FLOP formula in cpu_fused.py replays it): a group of QB consecutive queries
+// Geometry (the FLOP formula in cpu_fused.py replays it): a group of consecutive queries
 // covers the union of its rows' allowed key ranges, in whole L-key blocks; lanes outside a
 // row's own range are computed and then zeroed. The head dim is padded with zeros to
 // L * NV, NV in {1, 2, 4, 8}, so the products see only full vectors. Every entry point
-// returns the number of score entries it computed (QB * L per block): tests compare it with
-// the formula.
+// returns the number of score entries it computed (group size * L per block): tests compare
+// it with the formula.
 //
 // Precision: float32 and float64, with the same geometry. float32 runs the activations as
 // vector formulas (exp: Cody-Waite range reduction and a degree-6 polynomial, ~1 ulp); float64
@@ -28,7 +29,8 @@ namespace {
 
 enum Act { SILU = 1, GELU, GELU_TANH, RELU, RELU2, LEAKY_RELU, IDENTITY };  // cpu_fused.py ACT_IDS
 constexpr int L = 16;   // key lanes per block
-constexpr int QB = 4;   // queries per group
+constexpr int QB = 4;   // queries per group in the backward (and in the forward from NV = 4)
+constexpr int QF = 8;   // queries per group in the forward while NV <= 2 (registers allow it)
 
 template <typename T> struct Vec;
 template <> struct Vec<float> { typedef float type __attribute__((vector_size(L * 4))); };
@@ -122,14 +124,16 @@ inline Range keys_of(int64_t i, int64_t lk, bool causal, int64_t window) {
   return {lo, std::max(lo, hi)};
 }
 
+template <int Q>
 struct Group {
-  Range rows[QB];
+  Range rows[Q];
   int64_t lo, hi, n;  // union of the non-empty ranges (lo >= hi: none); real rows in the group
 };
 
-inline Group group_at(int64_t i0, int64_t lq, int64_t lk, bool causal, int64_t window) {
-  Group g{{}, lk, 0, std::min<int64_t>(QB, lq - i0)};
-  for (int r = 0; r < QB; ++r) {
+template <int Q>
+inline Group<Q> group_at(int64_t i0, int64_t lq, int64_t lk, bool causal, int64_t window) {
+  Group<Q> g{{}, lk, 0, std::min<int64_t>(Q, lq - i0)};
+  for (int r = 0; r < Q; ++r) {
     g.rows[r] = r < g.n ? keys_of(i0 + r, lk, causal, window) : Range{0, 0};
     if (g.rows[r].hi > g.rows[r].lo) { g.lo = std::min(g.lo, g.rows[r].lo); g.hi = std::max(g.hi, g.rows[r].hi); }
   }
@@ -152,21 +156,33 @@ template <typename T> inline typename Vec<T>::type inside(typename Vec<T>::type 
 template <typename T, int NV>
 struct Pair {
   static constexpr int D = NV * L;  // padded head dim
+  static constexpr int QFWD = NV <= 2 ? QF : QB;
   typedef typename Vec<T>::type V;
   int64_t lq, lk, lkp, stride, d;   // rows, keys, keys padded to L, row stride (H * head_dim), head_dim
-  T *kT, *vT, *kr, *vr;             // D x lkp (transposed), lkp x D (row-major)
+  T *kT, *vT, *kr, *vr, *dkl, *dvl;  // D x lkp (transposed), lkp x D (row-major)
 
-  // Copies this pair's keys and values into the workspace: K scaled by qk_scale, the
-  // row-major V by v_scale; padding (keys beyond lk, dims beyond d) is zero.
-  void prepare(const T* k, const T* v, T qk_scale, T v_scale, std::vector<T>& ws, bool grads) {
+  // Copies this pair's keys and values into the workspace, zero-padded (keys beyond lk, dims
+  // beyond d), K scaled by qk_scale. Forward: kT and V row-major (vr, scaled by out_scale).
+  // Backward: kT, vT, K row-major (kr) and zeroed dK, dV accumulators (dkl, dvl).
+  void prepare(const T* k, const T* v, T qk_scale, T out_scale, std::vector<T>& ws, bool grads) {
     lkp = (lk + L - 1) / L * L;
-    ws.assign(size_t(D * lkp * (grads ? 6 : 4) + 64 / sizeof(T)), T(0));
+    ws.assign(size_t(D * lkp * (grads ? 5 : 2) + 64 / sizeof(T)), T(0));
     T* base = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(ws.data()) + 63) & ~uintptr_t(63));
-    kT = base; vT = kT + D * lkp; kr = vT + D * lkp; vr = kr + D * lkp;
+    kT = base;
+    if (!grads) {
+      vr = kT + D * lkp;
+      for (int64_t j = 0; j < lk; ++j)
+        for (int64_t c = 0; c < d; ++c) {
+          kT[c * lkp + j] = k[j * stride + c] * qk_scale;
+          vr[j * D + c] = v[j * stride + c] * out_scale;
+        }
+      return;
+    }
+    vT = kT + D * lkp; kr = vT + D * lkp; dkl = kr + D * lkp; dvl = dkl + D * lkp;
     for (int64_t j = 0; j < lk; ++j)
       for (int64_t c = 0; c < d; ++c) {
-        T kv = k[j * stride + c] * qk_scale, vv = v[j * stride + c];
-        kT[c * lkp + j] = kv; vT[c * lkp + j] = vv; kr[j * D + c] = kv; vr[j * D + c] = vv * v_scale;
+        T kv = k[j * stride + c] * qk_scale;
+        kT[c * lkp + j] = kv; vT[c * lkp + j] = v[j * stride + c]; kr[j * D + c] = kv;
       }
   }
 
@@ -184,23 +200,23 @@ struct Pair {
   template <int A>
   int64_t forward(const T* q, T* out, bool causal, int64_t window) const {
     int64_t entries = 0;
-    alignas(64) T qs[QB][D], af[QB][L];
-    for (int64_t i0 = 0; i0 < lq; i0 += QB) {
-      Group g = group_at(i0, lq, lk, causal, window);
-      V o[QB][NV];
-      for (int r = 0; r < QB; ++r) {
+    alignas(64) T qs[QFWD][D], af[QFWD][L];
+    for (int64_t i0 = 0; i0 < lq; i0 += QFWD) {
+      Group<QFWD> g = group_at<QFWD>(i0, lq, lk, causal, window);
+      V o[QFWD][NV];
+      for (int r = 0; r < QFWD; ++r) {
         row(q, i0 + r, T(1), qs[r]);
         for (int c = 0; c < NV; ++c) o[r][c] = splat<V>(T(0));
       }
       for (int64_t jb = g.lo / L * L; jb < g.hi; jb += L) {
-        V s[QB];
-        for (int r = 0; r < QB; ++r) s[r] = splat<V>(T(0));
+        V s[QFWD];
+        for (int r = 0; r < QFWD; ++r) s[r] = splat<V>(T(0));
         for (int c = 0; c < D; ++c) {
           V kc = load<V>(kT + c * lkp + jb);
-          for (int r = 0; r < QB; ++r) s[r] += qs[r][c] * kc;
+          for (int r = 0; r < QFWD; ++r) s[r] += qs[r][c] * kc;
         }
         const V j = lanes<T>(jb);
-        for (int r = 0; r < QB; ++r) {
+        for (int r = 0; r < QFWD; ++r) {
           V a;
           activate<T, A>(s[r], &a, nullptr);
           store(af[r], inside<T>(a, j, g.rows[r]));
@@ -209,10 +225,10 @@ struct Pair {
           const T* vrow = vr + (jb + l) * D;
           for (int c = 0; c < NV; ++c) {
             V vc = load<V>(vrow + c * L);
-            for (int r = 0; r < QB; ++r) o[r][c] += af[r][l] * vc;
+            for (int r = 0; r < QFWD; ++r) o[r][c] += af[r][l] * vc;
           }
         }
-        entries += QB * L;
+        entries += QFWD * L;
       }
       for (int r = 0; r < g.n; ++r) write_row(out, i0 + r, o[r]);
     }
@@ -221,11 +237,11 @@ struct Pair {
 
   // dQ rows are written here; dK, dV accumulate in dkl, dvl (lkp x D, unscaled dK).
   template <int A>
-  int64_t backward(const T* go, const T* q, T* dq, bool causal, int64_t window, T out_scale, T* dkl, T* dvl) const {
+  int64_t backward(const T* go, const T* q, T* dq, bool causal, int64_t window, T out_scale) const {
     int64_t entries = 0;
     alignas(64) T qs[QB][D], gs[QB][D], wf[QB][L], df[QB][L];
     for (int64_t i0 = 0; i0 < lq; i0 += QB) {
-      Group g = group_at(i0, lq, lk, causal, window);
+      Group<QB> g = group_at<QB>(i0, lq, lk, causal, window);
       V qv[QB][NV], gv[QB][NV], dqa[QB][NV];
       for (int r = 0; r < QB; ++r) {
         row(q, i0 + r, T(1), qs[r]);
@@ -290,15 +306,13 @@ int64_t run_pairs(const Args& a, bool grads, const T* go, const T* q, const T* k
     pr.stride = stride;
     pr.d = a.head_dim;
     const int64_t qo = a.q_offsets[b] * stride + h * a.head_dim, ko = a.kv_offsets[b] * stride + h * a.head_dim;
-    pr.prepare(k + ko, v + ko, qk_scale, grads ? T(1) : out_scale, ws, grads);
+    pr.prepare(k + ko, v + ko, qk_scale, out_scale, ws, grads);
     if (!grads) { entries += pr.template forward<A>(q + qo, out + qo, a.causal, a.window); continue; }
-    T* dkl = pr.vr + Pair<T, NV>::D * pr.lkp;
-    T* dvl = dkl + Pair<T, NV>::D * pr.lkp;
-    entries += pr.template backward<A>(go + qo, q + qo, dq + qo, a.causal, a.window, out_scale, dkl, dvl);
+    entries += pr.template backward<A>(go + qo, q + qo, dq + qo, a.causal, a.window, out_scale);
     for (int64_t j = 0; j < pr.lk; ++j)
       for (int64_t c = 0; c < a.head_dim; ++c) {
-        dk[ko + j * stride + c] = dkl[j * Pair<T, NV>::D + c] * qk_scale;
-        dv[ko + j * stride + c] = dvl[j * Pair<T, NV>::D + c];
+        dk[ko + j * stride + c] = pr.dkl[j * Pair<T, NV>::D + c] * qk_scale;
+        dv[ko + j * stride + c] = pr.dvl[j * Pair<T, NV>::D + c];
       }
   }
   return entries;

@@ -11,8 +11,8 @@ activation to its last use, so a score costs arithmetic only:
     dS = dA act'(S), dV += A^T dO', dK += dS^T Q, dQ += dS K', with K' = qk_scale K and
     dO' = out_scale dO folded in once per pair.
 
-The loops and their geometry (query groups of QB, key blocks of LANES, head dim padded to
-LANES * {1, 2, 4, 8}) are described in cpu_fused.cpp; `computed_entries` replays that
+The loops and their geometry (query groups of QF or QB, key blocks of LANES, head dim padded
+to LANES * {1, 2, 4, 8}) are described in cpu_fused.cpp; `computed_entries` replays that
 geometry, and the kernel returns what it computed, so the FLOP formula is checked against
 the kernel itself. Executed matmul FLOPs per computed entry: forward 2 products, backward 5,
 each 2 * padded head dim.
@@ -46,7 +46,7 @@ from .cpu_fused_build import library
 from .reference import POINTWISE, default_qk_scale
 
 ACT_IDS = {"silu": 1, "gelu": 2, "gelu_tanh": 3, "relu": 4, "relu2": 5, "leaky_relu": 6, "identity": 7}
-QB, LANES, MAX_HEAD_DIM = 4, 16, 128  # cpu_fused.cpp's QB, L and 8 * L
+QB, QF, LANES, MAX_HEAD_DIM = 4, 8, 16, 128  # cpu_fused.cpp's QB, QF, L and 8 * L
 assert set(ACT_IDS) == set(POINTWISE)
 
 _pool: ThreadPoolExecutor | None = None
@@ -61,17 +61,24 @@ def padded_head_dim(head_dim: int) -> int:
     raise ValueError(f"head dim {head_dim} > {MAX_HEAD_DIM}")
 
 
-def computed_entries(q_lengths: Tensor, kv_lengths: Tensor, causal: bool, window: int | None) -> int:
-    """Score entries the kernel computes for one head: per group of QB queries, the L-key
-    blocks that cover the union of its rows' allowed keys, QB * LANES entries each."""
+def query_groups(head_dim: int) -> tuple[int, int]:
+    """Queries per group in the (forward, backward) loops: QF in the forward while the padded
+    head dim is at most 2 * LANES (its accumulators fit in registers), else QB."""
+    return (QF if padded_head_dim(head_dim) <= 2 * LANES else QB), QB
+
+
+def computed_entries(q_lengths: Tensor, kv_lengths: Tensor, causal: bool, window: int | None,
+                     group: int) -> int:
+    """Score entries the kernel computes for one head: per group of `group` queries, the
+    LANES-key blocks that cover the union of its rows' allowed keys, group * LANES each."""
     lq, lk = (x.reshape(-1).long().cpu() for x in (q_lengths, kv_lengths))
-    groups = (lq + QB - 1) // QB
+    groups = (lq + group - 1) // group
     if int(groups.sum()) == 0:
         return 0
     seq = torch.repeat_interleave(torch.arange(lq.numel()), groups)
     start = lengths_to_offsets(groups)[:-1]
     rank = torch.arange(int(groups.sum())) - torch.repeat_interleave(start, groups)
-    i = (rank * QB)[:, None] + torch.arange(QB)          # (groups, QB) query indices
+    i = (rank * group)[:, None] + torch.arange(group)    # (groups, group) query indices
     n_q, n_k = lq[seq][:, None], lk[seq][:, None]
     lo, hi = torch.zeros_like(i), n_k.expand_as(i)
     if causal:
@@ -84,7 +91,7 @@ def computed_entries(q_lengths: Tensor, kv_lengths: Tensor, causal: bool, window
     lo_g = torch.where(rows, lo, n_k).amin(dim=1)
     hi_g = torch.where(rows, hi, 0).amax(dim=1)
     blocks = torch.where(rows.any(dim=1), (hi_g + LANES - 1) // LANES - lo_g // LANES, 0)
-    return int(blocks.sum()) * QB * LANES
+    return int(blocks.sum()) * group * LANES
 
 
 def _split(q_offsets: Tensor, kv_offsets: Tensor, heads: int, parts: int) -> list[Tensor]:
@@ -193,9 +200,10 @@ cpu_fused_fwd.register_autograd(_backward_op, setup_context=_setup_context)
 def cpu_fused_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: int, head_dim: int,
                              causal: bool, window: int | None) -> tuple[int, int]:
     """(forward, backward) matmul FLOPs the kernel runs: 2 and 5 products of 2 * padded head
-    dim FLOPs per computed entry."""
-    one = 2 * padded_head_dim(head_dim) * heads * computed_entries(q_lengths, kv_lengths, causal, window)
-    return 2 * one, 5 * one
+    dim FLOPs per computed entry (forward and backward group their queries differently)."""
+    per_entry = 2 * padded_head_dim(head_dim) * heads
+    fwd, bwd = (computed_entries(q_lengths, kv_lengths, causal, window, g) for g in query_groups(head_dim))
+    return 2 * per_entry * fwd, 5 * per_entry * bwd
 
 
 def _flops(q: Tensor, q_offsets: Tensor, kv_offsets: Tensor, causal: bool, window: int) -> tuple[int, int]:
