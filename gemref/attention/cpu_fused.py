@@ -24,11 +24,11 @@ Python threads by longest-processing-time (ctypes releases the GIL), no OpenMP r
 own. The kernel is built on first use (cpu_fused_build.py); if it cannot be, the kernel is
 unavailable with the reason and kernel="auto" takes cpu_jagged.
 
-Like cpu_jagged, forward and backward are torch.library custom ops (gemref::cpu_fused_fwd,
-gemref::cpu_fused_bwd) with fake implementations and FLOP formulas: torch.compile traces
-around one op, FlopCounterMode counts it, selective AC saves its output. The memory tracker
-sees the torch tensors the op allocates; the C++ workspace (per thread, 4-6 x padded head dim
-x keys of one sequence) is not counted.
+Like cpu_jagged, forward and backward are torch.library custom ops (jagged_op.py:
+gemref::cpu_fused_fwd, gemref::cpu_fused_bwd) with fake implementations and FLOP formulas:
+torch.compile traces around one op, FlopCounterMode counts it, selective AC saves its output.
+The memory tracker sees the torch tensors the op allocates; the C++ workspace (per thread, 2
+or 5 x padded head dim x keys of one sequence) is not counted.
 """
 from __future__ import annotations
 
@@ -40,10 +40,10 @@ from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from ..data.jagged import lengths_to_offsets, offsets_to_lengths
-from ..mfu.memory import LiveTensorBytes
 from .api import register_kernel
+from .jagged_op import JaggedGDPAOps
 from .cpu_fused_build import library
-from .reference import POINTWISE, default_qk_scale
+from .reference import POINTWISE
 
 ACT_IDS = {"silu": 1, "gelu": 2, "gelu_tanh": 3, "relu": 4, "relu2": 5, "leaky_relu": 6, "identity": 7}
 QB, QF, LANES, MAX_HEAD_DIM = 4, 8, 16, 128  # cpu_fused.cpp's QB, QF, L and 8 * L
@@ -154,14 +154,6 @@ def _fwd_body(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Te
     return out.to(q.dtype)
 
 
-cpu_fused_fwd = torch.library.custom_op("gemref::cpu_fused_fwd", _fwd_body, mutates_args=())
-
-
-@cpu_fused_fwd.register_fake
-def _(q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale):
-    return torch.empty_like(q)
-
-
 def _bwd_body(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor,
               activation: str, causal: bool, window: int, qk_scale: float,
               out_scale: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -174,27 +166,7 @@ def _bwd_body(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tens
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-cpu_fused_bwd = torch.library.custom_op("gemref::cpu_fused_bwd", _bwd_body, mutates_args=())
-
-
-@cpu_fused_bwd.register_fake
-def _(grad_out, q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale = inputs
-    ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
-    ctx.args = (activation, causal, window, qk_scale, out_scale)
-
-
-def _backward_op(ctx, grad_out):
-    q, k, v, q_offsets, kv_offsets = ctx.saved_tensors
-    dq, dk, dv = torch.ops.gemref.cpu_fused_bwd(grad_out, q, k, v, q_offsets, kv_offsets, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None
-
-
-cpu_fused_fwd.register_autograd(_backward_op, setup_context=_setup_context)
+OPS = JaggedGDPAOps("cpu_fused", _fwd_body, _bwd_body)
 
 
 def cpu_fused_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: int, head_dim: int,
@@ -222,27 +194,8 @@ def _bwd_flop(grad_out, q, k, v, q_offsets, kv_offsets, activation, causal, wind
     return _flops(q, q_offsets, kv_offsets, causal, window)[1]
 
 
-def _memory_traced(mode, func, types, args, kwargs):
-    """Under gemref.mfu.memory's CPU tracker, the op's own tensors (dtype conversions, outputs) count."""
-    body = _fwd_body if func is torch.ops.gemref.cpu_fused_fwd.default else _bwd_body
-    with mode:
-        return body(*args, **(kwargs or {}))
-
-
-for _op in (cpu_fused_fwd, cpu_fused_bwd):
-    torch.library.register_torch_dispatch(_op, LiveTensorBytes, _memory_traced)
-
-
 # -------------------------------------------------------------------------- entry points
-def gdpa_cpu_fused(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *,
-                   activation: str, causal: bool = False, window: int | None = None,
-                   qk_scale: float | None = None, out_scale: float = 1.0,
-                   max_q: int | None = None, max_kv: int | None = None) -> Tensor:
-    """Jagged GDPA, q (Tq, H, D), k/v (Tk, H, D) -> (Tq, H, D); see the module docstring."""
-    if qk_scale is None:
-        qk_scale = default_qk_scale(q.shape[-1])
-    return torch.ops.gemref.cpu_fused_fwd(q, k, v, q_offsets, kv_offsets, activation, causal, window or 0,
-                                          float(qk_scale), float(out_scale))
+gdpa_cpu_fused = OPS  # the gdpa entry point (KernelFn)
 
 
 def _unavailable(q: Tensor, activation: str, causal: bool, window: int | None) -> str | None:

@@ -23,9 +23,9 @@ normalised exactly once. Scales are folded into the padded operands (k by qk_sca
 out_scale), so no score tile is rescaled. Half-precision inputs are computed in float32
 (CPUs without AMX run bf16 matmuls slowly, and accumulating dK, dV in bf16 loses precision).
 
-One opaque op. Forward and backward are torch.library custom ops (gemref::cpu_jagged_fwd,
-gemref::cpu_jagged_bwd) with fake implementations and FlopCounterMode formulas, like the
-Triton kernel: dispatch-level tools see one op, not the tens of aten ops inside. So
+One opaque op (jagged_op.py). Forward and backward are torch.library custom ops
+(gemref::cpu_jagged_fwd, gemref::cpu_jagged_bwd) with fake implementations and FlopCounterMode
+formulas, like the Triton kernel: dispatch-level tools see one op, not the tens of aten ops inside. So
 torch.compile traces around it, FlopCounterMode counts its executed FLOPs (the formula
 replays the plan), and selective activation checkpointing (gemref/autoac/solver.py) saves its
 output instead of recomputing the forward (the workspace it reuses holds no activations).
@@ -48,12 +48,12 @@ from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from ..data.jagged import lengths_to_offsets
-from ..mfu.memory import LiveTensorBytes
 from .api import register_kernel
+from .jagged_op import JaggedGDPAOps
 from .cpu_jagged_plan import Piece, Plan, make_plan
 from .cpu_jagged_tiles import (activation_, activation_backward_, compute_dtype, key_padding_bias, keys, new_padded,
                                pad, queries, softmax_, unpad, zero_masked_)
-from .reference import ACTIVATIONS, default_qk_scale
+from .reference import ACTIVATIONS
 
 CHUNK_ENTRIES = 1 << 18  # score entries per wave (all its tiles): 1 MiB in float32, about an L2 cache
 
@@ -160,14 +160,6 @@ def _fwd_body(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Te
     return _forward(q, k, v, plan, activation, qk_scale, out_scale)
 
 
-cpu_jagged_fwd = torch.library.custom_op("gemref::cpu_jagged_fwd", _fwd_body, mutates_args=())
-
-
-@cpu_jagged_fwd.register_fake
-def _(q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale):
-    return torch.empty_like(q)
-
-
 def _bwd_body(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor,
               activation: str, causal: bool, window: int, qk_scale: float,
               out_scale: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -176,28 +168,7 @@ def _bwd_body(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tens
     return _backward(grad_out, q, k, v, plan, activation, qk_scale, out_scale)
 
 
-cpu_jagged_bwd = torch.library.custom_op("gemref::cpu_jagged_bwd", _bwd_body, mutates_args=())
-
-
-@cpu_jagged_bwd.register_fake
-def _(grad_out, q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale = inputs
-    ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
-    ctx.args = (activation, causal, window, qk_scale, out_scale)
-
-
-def _backward_op(ctx, grad_out):
-    q, k, v, q_offsets, kv_offsets = ctx.saved_tensors
-    dq, dk, dv = torch.ops.gemref.cpu_jagged_bwd(grad_out.contiguous(), q, k, v, q_offsets, kv_offsets,
-                                                 *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None
-
-
-cpu_jagged_fwd.register_autograd(_backward_op, setup_context=_setup_context)
+OPS = JaggedGDPAOps("cpu_jagged", _fwd_body, _bwd_body)
 
 
 def _executed(q_offsets: Tensor, kv_offsets: Tensor, activation: str, causal: bool, window: int,
@@ -218,28 +189,8 @@ def _bwd_flop(grad_out, q, k, v, q_offsets, kv_offsets, activation, causal, wind
     return 5 * _executed(q_offsets, kv_offsets, activation, causal, window, q.shape[1], q.shape[2])
 
 
-def _memory_traced(mode, func, types, args, kwargs):
-    """Under gemref.mfu.memory's CPU tracker, run the op's body with the tracker on, so the
-    tiles and padded blocks it allocates count towards the peak."""
-    body = _fwd_body if func is torch.ops.gemref.cpu_jagged_fwd.default else _bwd_body
-    with mode:
-        return body(*args, **(kwargs or {}))
-
-
-for _op in (cpu_jagged_fwd, cpu_jagged_bwd):
-    torch.library.register_torch_dispatch(_op, LiveTensorBytes, _memory_traced)
-
-
 # -------------------------------------------------------------------------- entry points
-def gdpa_cpu_jagged(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *,
-                    activation: str, causal: bool = False, window: int | None = None,
-                    qk_scale: float | None = None, out_scale: float = 1.0,
-                    max_q: int | None = None, max_kv: int | None = None) -> Tensor:
-    """Jagged GDPA, q (Tq, H, D), k/v (Tk, H, D) -> (Tq, H, D); see the module docstring."""
-    if qk_scale is None:
-        qk_scale = default_qk_scale(q.shape[-1])
-    return torch.ops.gemref.cpu_jagged_fwd(q, k, v, q_offsets, kv_offsets, activation, causal, window or 0,
-                                           float(qk_scale), float(out_scale))
+gdpa_cpu_jagged = OPS  # the gdpa entry point (KernelFn)
 
 
 def cpu_jagged_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: int, head_dim: int,

@@ -1,0 +1,68 @@
+"""One opaque op per direction: the custom-op scaffolding of the CPU jagged GDPA kernels.
+
+A kernel supplies its two bodies,
+
+    forward(q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale) -> out
+    backward(grad_out, q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale,
+             out_scale) -> (dq, dk, dv)
+
+(window 0: none), and `JaggedGDPAOps(name, forward, backward)` makes them the torch.library
+custom ops gemref::<name>_fwd and gemref::<name>_bwd: fake (meta) implementations, autograd
+(only q, k, v and the offsets are saved; the backward recomputes the rest), and the CPU memory
+tracker let inside (gemref.mfu.memory.LiveTensorBytes: tensors the bodies allocate count
+towards the peak). Dispatch-level tools then see one op per direction: torch.compile traces
+around it, FlopCounterMode prices it by the formula the kernel registers on `.fwd` / `.bwd`,
+selective activation checkpointing saves its output. The instance is the kernel's `gdpa`
+entry point (gemref/attention/api.py KernelFn).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ..mfu.memory import LiveTensorBytes
+from .reference import default_qk_scale
+
+
+class JaggedGDPAOps:
+    """gemref::<name>_fwd / _bwd from two bodies; calling it runs the forward op (autograd on)."""
+
+    def __init__(self, name: str, forward: Callable[..., Tensor], backward: Callable[..., tuple]):
+        self.name = name
+        self.fwd = torch.library.custom_op(f"gemref::{name}_fwd", forward, mutates_args=())
+        self.bwd = torch.library.custom_op(f"gemref::{name}_bwd", backward, mutates_args=())
+        self.fwd.register_fake(lambda q, *rest: torch.empty_like(q))
+        self.bwd.register_fake(lambda grad_out, q, k, v, *rest: (torch.empty_like(q), torch.empty_like(k),
+                                                                 torch.empty_like(v)))
+        self.fwd.register_autograd(self._backward, setup_context=self._setup_context)
+        bodies = {f"gemref::{name}_fwd": forward, f"gemref::{name}_bwd": backward}
+
+        def traced(mode, func, types, args, kwargs):
+            with mode:
+                return bodies[func._schema.name](*args, **(kwargs or {}))
+
+        for op in (self.fwd, self.bwd):
+            torch.library.register_torch_dispatch(op, LiveTensorBytes, traced)
+
+    @staticmethod
+    def _setup_context(ctx, inputs, output):
+        q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale = inputs
+        ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
+        ctx.args = (activation, causal, window, qk_scale, out_scale)
+
+    def _backward(self, ctx, grad_out):
+        q, k, v, q_offsets, kv_offsets = ctx.saved_tensors
+        dq, dk, dv = self.bwd(grad_out.contiguous(), q, k, v, q_offsets, kv_offsets, *ctx.args)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *,
+                 activation: str, causal: bool = False, window: int | None = None,
+                 qk_scale: float | None = None, out_scale: float = 1.0,
+                 max_q: int | None = None, max_kv: int | None = None) -> Tensor:
+        """Jagged GDPA, q (Tq, H, D), k/v (Tk, H, D) -> (Tq, H, D)."""
+        if qk_scale is None:
+            qk_scale = default_qk_scale(q.shape[-1])
+        return self.fwd(q, k, v, q_offsets, kv_offsets, activation, causal, window or 0, float(qk_scale),
+                        float(out_scale))
