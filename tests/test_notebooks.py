@@ -13,6 +13,7 @@ import nbformat
 import pytest
 
 from book_ci import executed, prebuilt, summary
+from gemref.errors import UsageError
 from gemref.notebook_params import declared_parameters
 from gemref.notebooks import (NOTEBOOK_DIR, NotebookFailure, OverBudget, load_profile, profile_params, read_metrics,
                               run_notebooks, timed_execute)
@@ -200,7 +201,8 @@ def test_batch_times_each_notebook_and_fails_over_budget(tmp_path, capfd):
 
 
 def test_mxfp8_chapter_refuses_one_seed(tmp_path):
-    """A seed band needs two seeds: chapter 09 says so before it trains anything."""
-    with pytest.raises(NotebookFailure, match=r"09_mxfp8 failed: .* raised UsageError: SEEDS=1: a seed band needs at "
-                                              r"least 2 seeds per precision"):
+    """A seed band needs two seeds: chapter 09 says so before it trains anything, and the
+    runner reports it as the user's mistake (UsageError: exit 2), naming the notebook."""
+    with pytest.raises(UsageError, match=r"notebook 09_mxfp8: .* refused a parameter: SEEDS=1: a seed band needs "
+                                         r"at least 2 seeds per precision"):
         run_notebooks("ci", tmp_path / "out", names=["09_mxfp8"], params={"SEEDS": 1}, log=lambda s: None)
