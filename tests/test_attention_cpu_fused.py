@@ -2,6 +2,7 @@
 numbers against the reference): what it computes and counts, its threads, its build."""
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, strategies as st
 from torch.utils.flop_counter import FlopCounterMode
@@ -156,3 +157,12 @@ def test_no_query_rows_still_writes_zero_key_gradients():
                kernel="cpu_fused")
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.empty(0, 1, 32, dtype=torch.float64))
     assert dq.shape == (0, 1, 32) and torch.equal(dk, torch.zeros_like(k)) and torch.equal(dv, torch.zeros_like(v))
+
+
+def test_the_raw_op_refuses_int32_offsets():
+    """gdpa() rejects int32 offsets for every kernel; the op called directly must too (its
+    C++ loops read int64), not read past them."""
+    q = torch.randn(5, 1, 16)
+    with pytest.raises(ValueError, match="cpu_fused needs int64 CPU offsets, got q_offsets torch.int32"):
+        torch.ops.gemref.cpu_fused_fwd(q, q, q, torch.tensor([0, 5], dtype=torch.int32),
+                                       torch.tensor([0, 5]), "silu", True, 0, 0.25, 1.0)

@@ -120,6 +120,9 @@ def _launch(activation: str, grads: tuple | None, q: Tensor, k: Tensor, v: Tenso
     assert not isinstance(lib, str), lib  # _unavailable refused it before dispatch
     fn = lib.gemref_gdpa_f64 if q.dtype == torch.float64 else lib.gemref_gdpa_f32
     go, dq, dk, dv = grads if grads is not None else (None, None, None, None)
+    for name, t in (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
+        if t.dtype != torch.int64 or t.device.type != "cpu":   # the C++ loops read int64_t on the host
+            raise ValueError(f"cpu_fused needs int64 CPU offsets, got {name} {t.dtype} on {t.device.type}")
     q_offsets, kv_offsets = q_offsets.contiguous(), kv_offsets.contiguous()
     H, D = q.shape[1], q.shape[2]
     ptr = [t.data_ptr() if t is not None else None for t in (go, q, k, v, out, dq, dk, dv, q_offsets, kv_offsets)]
