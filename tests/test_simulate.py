@@ -6,6 +6,7 @@ over symbols: each is worked out by hand on concrete numbers in the comment besi
 """
 import json
 import math
+import statistics
 import warnings
 
 import numpy as np
@@ -356,15 +357,19 @@ def test_prediction_of_measured_gloo_runs_within_20_percent(data_root):
     """tiny preset, jagged + fast kernel + kk balance + FSDP 1xR with row-sharded tables, 2 and 4 ranks.
 
     Marked solo: `make test` runs it alone. A rank count that misses anyway (a noisy
-    neighbour on a shared machine) is measured once more, prediction and measurement anew,
-    and the test says so."""
+    neighbour on a shared VM: one window's step time varies by ~10% there) is measured twice
+    more, prediction and measurement anew, and judged by the median error of its three
+    attempts; the test says so."""
     from gemref.simulate.validate import validate
 
     rows = validate("tiny", (2, 4), log=lambda s: None)
     missed = [r["ranks"] for r in rows if abs(r["error"]) > 0.20]
+    errors = {r["ranks"]: [r["error"]] for r in rows}
+    for _ in range(2 if missed else 0):
+        for r in validate("tiny", missed, log=lambda s: None):
+            errors[r["ranks"]].append(r["error"])
     if missed:
-        warnings.warn(f"simulator validation re-measured {missed} ranks after errors "
-                      f"{[round(r['error'], 3) for r in rows if r['ranks'] in missed]}")
-        rows = [r for r in rows if r["ranks"] not in missed] + validate("tiny", missed, log=lambda s: None)
-    for r in rows:
-        assert abs(r["error"]) <= 0.20, r
+        warnings.warn(f"simulator validation re-measured {missed} ranks: errors "
+                      f"{ {n: [round(e, 3) for e in errors[n]] for n in missed} }")
+    for ranks, errs in errors.items():
+        assert abs(statistics.median(errs)) <= 0.20, (ranks, errs)
