@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,13 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} CPUs"
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from gemref.mfu.cpu_probe import cpu_info
+
+    cpu = cpu_info()
+    return f"{cpu.model_name} (family {cpu.family} model {cpu.model}), {cpu.cores} cores"
 
 
 def run(tree: Path, data: Path, args: list[str], out: Path) -> dict:

@@ -43,6 +43,7 @@ from ..data.jagged import lengths_to_offsets, offsets_to_lengths
 from .api import register_kernel
 from .jagged_op import JaggedGDPAOps
 from .cpu_fused_build import library
+from .cpu_jagged_tiles import compute_dtype
 from .reference import POINTWISE
 
 ACT_IDS = {"silu": 1, "gelu": 2, "gelu_tanh": 3, "relu": 4, "relu2": 5, "leaky_relu": 6, "identity": 7}
@@ -97,10 +98,10 @@ def computed_entries(q_lengths: Tensor, kv_lengths: Tensor, causal: bool, window
 def _split(q_offsets: Tensor, kv_offsets: Tensor, heads: int, parts: int) -> list[Tensor]:
     """The (sequence, head) pair ids b * heads + h in `parts` lists of about equal work
     (longest first, each to the least loaded list)."""
+    if parts == 1:
+        return [torch.arange((q_offsets.numel() - 1) * heads)]
     work = (offsets_to_lengths(q_offsets) + 1) * (offsets_to_lengths(kv_offsets) + 1)
     cost = work.repeat_interleave(heads)
-    if parts == 1:
-        return [torch.arange(cost.numel())]
     bins: list[list[int]] = [[] for _ in range(parts)]
     heap = [(0, b) for b in range(parts)]
     for pair in torch.argsort(cost, descending=True).tolist():
@@ -142,15 +143,11 @@ def _launch(activation: str, grads: tuple | None, q: Tensor, k: Tensor, v: Tenso
     return sum(_pool.map(call, parts))
 
 
-def _compute_dtype(q: Tensor) -> torch.dtype:
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
-
-
 # ------------------------------------------------------------------ custom ops and autograd
 def _fwd_body(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, activation: str,
               causal: bool, window: int, qk_scale: float, out_scale: float) -> Tensor:
     """out (Tq, H, D) in q's dtype. window 0: none."""
-    dtype = _compute_dtype(q)
+    dtype = compute_dtype(q)
     q_, k_, v_ = (x.to(dtype).contiguous() for x in (q, k, v))
     out = torch.empty_like(q_)
     _launch(activation, None, q_, k_, v_, out, q_offsets, kv_offsets, causal, window, qk_scale, out_scale)
@@ -161,7 +158,7 @@ def _bwd_body(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tens
               activation: str, causal: bool, window: int, qk_scale: float,
               out_scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) in the inputs' dtypes."""
-    dtype = _compute_dtype(q)
+    dtype = compute_dtype(q)
     go, q_, k_, v_ = (x.to(dtype).contiguous() for x in (grad_out, q, k, v))
     dq, dk, dv = torch.empty_like(q_), torch.empty_like(k_), torch.empty_like(v_)
     _launch(activation, (go, dq, dk, dv), q_, k_, v_, None, q_offsets, kv_offsets, causal, window, qk_scale,

@@ -20,11 +20,12 @@ import fcntl
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import threading
 from pathlib import Path
+
+from ..mfu.cpu_probe import cpu_info
 
 log = logging.getLogger(__name__)
 
@@ -50,20 +51,12 @@ def compiler() -> str | None:
     return None
 
 
-def _cpu_identity() -> str:
-    """The CPU's model name and feature flags (Linux); the machine type elsewhere."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.machine()
-    keep = [line for line in lines if line.startswith(("model name", "flags", "Features"))]
-    return "\n".join(sorted(set(keep)))
-
-
 def _key(cxx: str) -> str:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), _cpu_identity().encode()):
+    cpu = cpu_info()   # -march=native: the library belongs to this CPU model and its features
+    identity = f"{cpu.vendor} {cpu.family}/{cpu.model} {cpu.model_name} {' '.join(cpu.flags)}"
+    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), identity.encode()):
         h.update(part)
         h.update(b"\0")
     return h.hexdigest()[:20]
