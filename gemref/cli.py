@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Callable
 
-from .commands.args import data_dir
+from .options import data_dir
 from .errors import UsageError
 
 COMMANDS = (

@@ -60,9 +60,9 @@ def shard(all_items: list[dict], index: int, count: int) -> list[dict]:
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     import torch
-    from attention_cases import make_inputs, reference_results, run
+    from gemref.attention.testing import make_inputs, reference_results, run
 
-    from gemref.attention.triton_gdpa_variant import use_variant
+    from gemref.attention.triton.variant import use_variant
 
     dev = device(args.dry_run)
     head_dim = 16 if args.dry_run else 128

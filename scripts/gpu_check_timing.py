@@ -86,7 +86,7 @@ def main() -> None:
     import torch
 
     from gemref.attention import KERNELS, attention_model_flops
-    from gemref.attention.triton_gdpa import triton_executed_flops
+    from gemref.attention.triton.op import triton_executed_flops
     from gemref.bench.attention import make_lengths
 
     dev = device(args.dry_run)

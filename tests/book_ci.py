@@ -9,8 +9,8 @@ import csv
 import os
 from pathlib import Path
 
-from gemref.book import build_book
-from gemref.notebooks import NOTEBOOK_DIR
+from gemref.walkthrough.book import build_book
+from gemref.walkthrough.params import NOTEBOOK_DIR
 
 ENV = "GEMREF_BOOK"
 

@@ -2,7 +2,7 @@
 
 Hypothesis profiles, chosen by the environment variable HYPOTHESIS_PROFILE:
   ci        (default) hypothesis' own 100 examples per property, unless a test asks for
-            fewer; the CPU attention kernels take 1000 (attention_cases.CPU_KERNEL_EXAMPLES).
+            fewer; the CPU attention kernels take 1000 (gemref.attention.testing.CPU_KERNEL_EXAMPLES).
             Derandomized: the same draws on every run, so CI passes or fails on the code, not
             on the luck of the draw;
   thorough  at least 1000 examples for every property that does not fix its own count
@@ -19,7 +19,7 @@ import pytest
 import torch
 from hypothesis import settings
 
-from attention_cases import EXAMPLES
+from gemref.attention.testing import EXAMPLES
 
 settings.register_profile("ci", deadline=None, print_blob=True, derandomize=True)
 settings.register_profile("thorough", deadline=None, print_blob=True, max_examples=1000)

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from attention_cases import kernel_settings, make_inputs
+from gemref.attention.testing import kernel_settings, make_inputs
 from gemref.attention import KERNELS, attention_model_flops, gdpa, resolve_kernel
-from gemref.attention import cpu_fused, cpu_fused_build
+from gemref.attention.cpu_fused import build as cpu_fused_build, op as cpu_fused
 from gemref.data.jagged import lengths_to_offsets
 
 

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given
 from torch.utils.flop_counter import FlopCounterMode
 
-from attention_cases import (CPU_KERNEL_EXAMPLES, HEAD_DIMS, LOGIT_SCALES, TILE_LIMITS, assert_matches,
+from gemref.attention.testing import (CPU_KERNEL_EXAMPLES, HEAD_DIMS, LOGIT_SCALES, TILE_LIMITS, assert_matches,
                              attention_case, counted, kernel_settings, make_inputs, reference_results, run,
                              tile_limits)
 from gemref.attention import ACTIVATIONS, KERNELS, gdpa, resolve_kernel
@@ -163,7 +163,8 @@ def test_cross_attention_few_queries_over_long_history(kernel, window):
 
 def test_many_buckets_and_chunks(monkeypatch):
     """Force one bucket per sequence, 1-row leaves and chunks: the plans' edges are exercised."""
-    from gemref.attention import bucketing, cpu_jagged, cpu_jagged_plan, sdpa
+    from gemref.attention import bucketing, sdpa
+    from gemref.attention.cpu_jagged import op as cpu_jagged, plan as cpu_jagged_plan
 
     monkeypatch.setattr(bucketing, "MAX_WASTE", 0.0)
     monkeypatch.setattr(bucketing, "MIN_SLACK_ENTRIES", 0)
@@ -267,7 +268,7 @@ def test_cpu_jagged_flop_formula_is_what_its_matmuls_run(q_lens, kv_lens, causal
     """FlopCounterMode prices the opaque cpu_jagged ops by the plan's formula; here torch's
     own bmm formulas count the matmuls the bodies really run (called directly, outside the
     op), forward and backward apart, for the tree (silu causal) and row (softmax) plans."""
-    from gemref.attention import cpu_jagged
+    from gemref.attention.cpu_jagged import op as cpu_jagged
     H, D = 2, 8
     kv_lens = kv_lens or q_lens
     case = {"q_lens": q_lens, "kv_lens": kv_lens, "cross": True, "seed": 0, "heads": H}
@@ -353,7 +354,7 @@ def test_one_4096_sequence_uses_10x_less_memory_than_reference(kernel, activatio
     assert peaks["reference"] > 4096 ** 2 * 4  # it does materialise the scores
     assert peaks[kernel] * 10 <= peaks["reference"], peaks
     if kernel == "cpu_jagged":  # the tracker sees inside the opaque op: its 4 MiB score tile counts
-        from gemref.attention.cpu_jagged import CHUNK_ENTRIES
+        from gemref.attention.cpu_jagged.op import CHUNK_ENTRIES
         assert peaks[kernel] >= 4 * CHUNK_ENTRIES, peaks
 
 
@@ -386,7 +387,7 @@ def test_kernel_that_cannot_run_here_is_a_value_error_with_the_reason(kernel, ac
 
 
 def test_triton_head_dim_and_dtype_reasons(monkeypatch):
-    from gemref.attention import triton_gdpa
+    from gemref.attention.triton import op as triton_gdpa
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(triton_gdpa, "_kernels", {})  # as if not compiled yet in this process

@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention_cases import CPU_KERNEL_EXAMPLES, counted, kernel_settings
+from gemref.attention.testing import CPU_KERNEL_EXAMPLES, counted, kernel_settings
 
 from gemref.attention import attention_model_flops
 from gemref.attention.bucketing import (MAX_WASTE, MIN_SLACK_ENTRIES, chunk_mask, make_buckets,
@@ -87,7 +87,7 @@ def test_cpu_jagged_plan_covers_every_allowed_pair_once(q_lens, data, mask, soft
     rows writes rows no earlier piece wrote, and Plan.q_written / k_written say whether
     writing pieces cover every row; softmax pieces hold whole rows and carry the
     padding bias whenever an unmasked key of a real row is padding; waves fit the budget."""
-    from gemref.attention import cpu_jagged_plan as plan_module
+    from gemref.attention.cpu_jagged import plan as plan_module
     causal, window = mask
     kv_lens = q_lens if causal else data.draw(st.lists(st.integers(0, 60), min_size=len(q_lens),
                                                        max_size=len(q_lens)))
@@ -168,7 +168,7 @@ def test_bucket_slack_bounds_the_padding_of_every_bucket(q_lens, kv_lens, slack)
 def test_cpu_jagged_cross_attention_pads_few_key_rows():
     """Few queries over skewed histories: cpu_jagged's own, smaller slack keeps the padded key
     rows (gathered in and out each pass) near the real ones, where sdpa's would not."""
-    from gemref.attention import cpu_jagged_plan as plan_module
+    from gemref.attention.cpu_jagged import plan as plan_module
     gen = torch.Generator().manual_seed(0)
     kv_lens = (torch.randn(64, generator=gen) * 1.1 + 3.7).exp().clamp(1, 512).long().tolist()
     q_off, kv_off = list(range(0, 65 * 10, 10)), [0] + torch.cumsum(torch.tensor(kv_lens), 0).tolist()

@@ -21,13 +21,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from attention_cases import (LOGIT_SCALES, assert_matches, attention_case, counted, kernel_settings, make_inputs,
+from gemref.attention.testing import (LOGIT_SCALES, assert_matches, attention_case, counted, kernel_settings, make_inputs,
                              reference_results, run)
 from gemref.attention import ACTIVATIONS, KERNELS
 from gemref.attention import gdpa
-from gemref.attention.triton_gdpa import HEAD_DIMS, triton_executed_flops
-from gemref.attention.triton_gdpa_schedule import stats
-from gemref.attention.triton_gdpa_variant import Variant, use_variant
+from gemref.attention.triton.op import HEAD_DIMS, triton_executed_flops
+from gemref.attention.triton.schedule import stats
+from gemref.attention.triton.variant import Variant, use_variant
 from gemref.data.jagged import lengths_to_offsets
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -177,7 +177,7 @@ if DEVICES:   # decorate only where kernels run: importing the kernels fixes int
     import triton
     import triton.language as tl
 
-    from gemref.attention.triton_gdpa_fwd import _offsets, _sequence
+    from gemref.attention.triton.fwd import _offsets, _sequence
 
     @triton.jit
     def _index_probe(QOff, KOff, Sched, Out, stride_t, stride_h, BLOCK: tl.constexpr, D: tl.constexpr):

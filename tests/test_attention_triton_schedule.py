@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gemref.attention import triton_gdpa_launch as launch
+from gemref.attention.triton import launch
 from gemref.attention.reference import allowed_mask
-from gemref.attention.triton_gdpa import gdpa_triton
-from gemref.attention.triton_gdpa_schedule import build_schedule, cached_schedule, tile_range, visited_tiles
-from gemref.attention.triton_gdpa_variant import ENV_VAR, Tiles, Variant, current_variant, use_variant
+from gemref.attention.triton.op import gdpa_triton
+from gemref.attention.triton.schedule import build_schedule, cached_schedule, tile_range, visited_tiles
+from gemref.attention.triton.variant import ENV_VAR, Tiles, Variant, current_variant, use_variant
 
 
 @pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 5), (False, 7)])

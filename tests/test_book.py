@@ -15,9 +15,9 @@ import nbformat
 import pytest
 
 from book_ci import ci_book, summary
-from gemref.book import build_book, first_figure, index_html
+from gemref.walkthrough.book import build_book, first_figure, index_html
 from gemref.cli import main
-from gemref.notebooks import OverBudget
+from gemref.walkthrough.batch import OverBudget
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
@@ -97,7 +97,7 @@ def test_over_budget_still_writes_the_pages_then_fails(tmp_path):
     params = nbformat.v4.new_code_cell("X = 1")
     params.metadata["tags"] = ["parameters"]
     nb.cells = [nbformat.v4.new_markdown_cell("# 00 · Toy"), params,
-                nbformat.v4.new_code_cell("from gemref.notebooks import record_metrics\nrecord_metrics({'x': X})")]
+                nbformat.v4.new_code_cell("from gemref.walkthrough import record_metrics\nrecord_metrics({'x': X})")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, folder / "00_toy.ipynb")
     (folder / "params" / "ci.yaml").write_text("budget_s: 0.01\n")      # a kernel's start-up alone costs more

@@ -1,10 +1,10 @@
-"""Chapter 10's op-class section (gemref/chapter.py): which rung it profiles, the bars of its
+"""Chapter 10's op-class section (gemref/walkthrough/best_rung.py): which rung it profiles, the bars of its
 figure worked out by hand, and one real rung profiled end to end."""
 from __future__ import annotations
 
 import pytest
 
-from gemref.chapter import best_rung, limit_stacks, profile_rung
+from gemref.walkthrough.best_rung import best_rung, limit_stacks, profile_rung
 from gemref.report.figures import step_limits_figure
 
 

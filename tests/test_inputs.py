@@ -16,13 +16,14 @@ import nbformat
 import pytest
 
 from gemref.cli import main
-from gemref.commands.args import (MAX_RANKS_ENV, RANKS_PER_CPU, check_local_ranks, check_output_dir,
+from gemref.options import (MAX_RANKS_ENV, RANKS_PER_CPU, check_local_ranks, check_output_dir,
                                   check_output_file, max_local_ranks)
 from gemref.config import DataConfig, ModelConfig, TrainConfig, get_preset, override
 from gemref.errors import UsageError, user_input
-from gemref.fields import has_type, parse_field
-from gemref.notebook_params import check_params, declared_parameters, parse_param
-from gemref.notebooks import NOTEBOOK_DIR, expand_grid, load_grid, load_profile, run_notebooks
+from gemref.config.fields import has_type, parse_field
+from gemref.walkthrough.params import check_params, declared_parameters, parse_param
+from gemref.walkthrough.batch import run_notebooks
+from gemref.walkthrough.params import NOTEBOOK_DIR, expand_grid, load_grid, load_profile
 
 TINY = get_preset("tiny")
 
@@ -335,7 +336,7 @@ def test_json_record_of_a_command_is_written_only_when_the_path_is_good(tmp_path
 
 @pytest.mark.parametrize("profile", ["ci", "cpu", "gpu"])
 def test_every_profile_fits_the_notebooks_declared_types(profile):
-    from gemref.notebooks import profile_params, select_notebooks
+    from gemref.walkthrough.params import profile_params, select_notebooks
 
     for nb in select_notebooks(None):
         check_params(nb.stem, profile_params(profile, nb.stem), declared_parameters(nb))

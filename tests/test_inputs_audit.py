@@ -17,7 +17,7 @@ import torch
 
 from gemref.attention.api import gdpa
 from gemref.cli import main
-from gemref.commands.args import RANKS_PER_CPU, check_output_file, check_workers
+from gemref.options import RANKS_PER_CPU, check_output_file, check_workers
 from gemref.config import MAX_SEED, get_preset, override
 from gemref.data.shards import default_data_root, generate_dataset, min_dataset_bytes
 from gemref.errors import UsageError

@@ -14,9 +14,9 @@ import pytest
 
 from book_ci import executed, prebuilt, summary
 from gemref.errors import UsageError
-from gemref.notebook_params import declared_parameters
-from gemref.notebooks import (NOTEBOOK_DIR, NotebookFailure, OverBudget, load_profile, profile_params, read_metrics,
-                              run_notebooks, timed_execute)
+from gemref.walkthrough.batch import NotebookFailure, OverBudget, run_notebooks, timed_execute
+from gemref.walkthrough.metrics import read_metrics
+from gemref.walkthrough.params import NOTEBOOK_DIR, declared_parameters, load_profile, profile_params
 
 OUT = Path(__file__).resolve().parent.parent / "artifacts" / "notebooks" / "ci"
 NOTEBOOKS = sorted(p.stem for p in NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
@@ -100,7 +100,7 @@ def _toy_notebooks(folder: Path, body: str) -> Path:
     params = nbformat.v4.new_code_cell("X = 1  # any int")
     params.metadata["tags"] = ["parameters"]
     nb.cells = [params, nbformat.v4.new_code_cell(body),
-                nbformat.v4.new_code_cell("from gemref.notebooks import record_metrics\nrecord_metrics({'x': X})")]
+                nbformat.v4.new_code_cell("from gemref.walkthrough import record_metrics\nrecord_metrics({'x': X})")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     (folder / "params").mkdir(parents=True)
     (folder / "params" / "ci.yaml").write_text("global:\n  X: 2\n")

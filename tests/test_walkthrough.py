@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from book_ci import ci_book
-from gemref.notebooks import NOTEBOOK_DIR
+from gemref.walkthrough.params import NOTEBOOK_DIR
 from gemref.report.figures import find_chromium
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"

@@ -10,7 +10,7 @@ flash_attn (if installed), else sdpa (fp16/bf16), else triton; pointwise goes to
 CPU softmax goes to sdpa and pointwise to cpu_fused, else cpu_jagged (both run on CPU only, so
 the Triton interpreter is never an automatic choice).
 """
-from . import cpu_fused, cpu_jagged, flash_attn, sdpa, triton_gdpa  # noqa: F401  (each registers its kernel)
+from . import cpu_fused, cpu_jagged, flash_attn, sdpa, triton  # noqa: F401  (each registers its kernel)
 from .api import AUTO_ORDER, KERNELS, gdpa, kernel_names, register_kernel, resolve_kernel
 from .flops import attention_model_flops
 from .reference import ACTIVATIONS, POINTWISE, gdpa_padded, gdpa_reference

@@ -14,7 +14,7 @@ chunk (n, H, rows, keys) stays under a memory budget; each chunk only visits the
 rows may attend (`key_span`: causal: keys < chunk end; window: keys within W of the chunk),
 and a mask is built only for chunks that cut through the causal diagonal, the window edge
 or the shorter sequences' ends. `cpu_jagged` covers a bucket with its own pieces
-(cpu_jagged_plan.py), from the same buckets and key spans.
+(cpu_jagged/plan.py), from the same buckets and key spans.
 
 Everything here is plain Python on host integers: the plan depends only on the lengths, so
 `executed_flops` can replay it exactly.

@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 
 from ..attention import ACTIVATIONS, KERNELS, attention_model_flops, gdpa
-from ..commands.args import add_device_arg, device_of, output_file
+from ..options import add_device_arg, device_of, output_file
 from ..data.jagged import lengths_to_offsets
 from ..errors import UsageError
 from ..mfu.memory import track_peak_memory

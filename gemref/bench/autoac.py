@@ -33,7 +33,7 @@ from ..autoac.profile import backward_flops, find_batch_size, forward_with_bytes
 from ..autoac.solver import Plan, ac_blocks, apply_plan, recompute_flops, solve
 from ..compile import compile_model
 from ..config import PRESETS, Preset, TrainConfig, get_preset, override
-from ..commands.args import add_device_arg, nonnegative_int, output_file, positive_int
+from ..options import add_device_arg, nonnegative_int, output_file, positive_int
 from ..data.loader import EventDataset, make_loader
 from ..data.shards import ensure_dataset, shard_paths
 from ..mfu.flops import executed_flops, model_flops

@@ -34,7 +34,7 @@ from ..autoac.profile import find_batch_size, forward_with_bytes
 from ..autoac.regions import pareto_front, profile_regions, uniform_front, uniform_plan, without_option
 from ..autoac.solver import ac_blocks, apply_plan, saved_compression, solve
 from ..errors import UsageError
-from ..commands.args import output_file
+from ..options import output_file
 from ..config import override
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches

@@ -40,7 +40,7 @@ from torch import nn
 
 from ..data.batches import batch_with_lengths
 from ..balance import POLICIES, SampleCost, calibrate, compare_policies, partition
-from ..commands.args import check_local_ranks, nonnegative_int, output_file, positive_float, positive_int
+from ..options import check_local_ranks, nonnegative_int, output_file, positive_float, positive_int
 from ..config import LENGTH_PROFILES, PRESETS, get_preset, override
 from ..data.synthetic import draw_lengths
 from ..mfu.flops import sample_cost_coefficients

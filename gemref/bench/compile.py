@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from ..commands.args import add_device_arg, int_at_least, output_file, positive_int
+from ..options import add_device_arg, int_at_least, output_file, positive_int
 from ..config import PRESETS
 from ..compile import REGION_KINDS, compile_stats, region_inputs, run_region
 from ..mfu.meter import percentile

@@ -34,7 +34,7 @@ from ..autoac.profile import activation_bytes
 from ..balance import SAMPLER_POLICIES, SampleCost, calibrate
 from ..balance.compare import compare_over_steps, exchange_bytes
 from ..errors import UsageError
-from ..commands.args import output_file
+from ..options import output_file
 from ..config import get_preset
 from ..data.batches import batch_with_lengths
 from ..data.sampler import BalancedDistributedBatchSampler

@@ -21,7 +21,7 @@ import time
 import torch
 from torch import nn
 
-from ..commands.args import add_device_arg, device_of, nonnegative_int, output_file, positive_int
+from ..options import add_device_arg, device_of, nonnegative_int, output_file, positive_int
 from ..config import PRESETS, get_preset, override
 from ..errors import UsageError
 from ..precision.sqnr import compare_linear

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..commands.args import output_file
+from ..options import output_file
 from ..config import PRESETS, get_preset
 from ..errors import UsageError
 from ..report import format_table, write_json

@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..commands.args import nonnegative_int, output_file, positive_int
+from ..options import nonnegative_int, output_file, positive_int
 from ..config import PRESETS, get_preset, override
 from ..mfu.flops import model_flops
 from ..mfu.op_classes import CLASSES, ancestors_of, op_class

@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 
 from ..attention import ACTIVATIONS, KERNELS, attention_model_flops, gdpa
-from ..commands.args import int_at_least, nonnegative_int, output_file, positive_int
+from ..options import int_at_least, nonnegative_int, output_file, positive_int
 from ..config import PRESETS, get_preset, override
 from ..data.jagged import lengths_to_offsets
 from ..env import versions

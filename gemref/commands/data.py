@@ -5,8 +5,8 @@ import argparse
 from dataclasses import replace
 
 from ..config import DataConfig, get_preset, override
-from ..fields import parse_field
-from .args import add_preset_arg, check_output_dir, output_dir, split_pairs
+from ..config.fields import parse_field
+from ..options import add_preset_arg, check_output_dir, output_dir, split_pairs
 
 NAME = "data"
 HELP = "synthetic ads-event data"

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import replace
 
 from ..config import get_preset
-from .args import add_device_arg, add_preset_arg, device_of, output_file
+from ..options import add_device_arg, add_preset_arg, device_of, output_file
 from .switches import add_train_switches, train_config_from_args
 
 NAME = "flops"

@@ -1,10 +1,10 @@
 """`gemref notebooks run|build`: execute the notebooks headless (papermill) with a parameter profile and
-grid; `build` also writes the static reading copy (gemref/book.py)."""
+grid; `build` also writes the static reading copy (gemref/walkthrough/book.py)."""
 from __future__ import annotations
 
 import argparse
 
-from .args import check_output_dir, output_dir, split_pairs
+from ..options import check_output_dir, output_dir, split_pairs
 
 NAME = "notebooks"
 HELP = "run the notebooks headless (papermill)"
@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from ..notebooks import NotebookFailure, load_grid, parse_params, run_notebooks, select_notebooks
+    from ..walkthrough.batch import NotebookFailure, run_notebooks
+    from ..walkthrough.params import load_grid, parse_params, select_notebooks
     from ..report import format_table
 
     params = parse_params(split_pairs(args.param, "--param"), select_notebooks(args.notebooks))
@@ -55,8 +56,8 @@ def build(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from ..book import build_book
-    from ..notebooks import NotebookFailure
+    from ..walkthrough.book import build_book
+    from ..walkthrough.batch import NotebookFailure
 
     out = Path(args.out or check_output_dir(f"artifacts/book/{args.profile}", "--out"))
     try:

@@ -18,7 +18,7 @@ from ..config import PRESETS
 from ..errors import UsageError
 from ..mfu.gpu_table import DTYPES   # a plain table: no torch at import
 from ..report import fmt, format_table, write_json
-from .args import add_device_arg, output_file
+from ..options import add_device_arg, output_file
 
 NAME = "peak"
 HELP = "the peak FLOP/s MFU divides by: its source, every CPU GEMM path's rate, the ISA ceiling"

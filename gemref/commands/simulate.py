@@ -6,7 +6,7 @@ import argparse
 
 from ..config import PRESETS, get_preset
 from ..errors import user_input
-from .args import (add_preset_arg, check_local_ranks, int_at_least, nonnegative_int, output_file, positive_float,
+from ..options import (add_preset_arg, check_local_ranks, int_at_least, nonnegative_int, output_file, positive_float,
                    positive_int, share)
 
 NAME = "simulate"

@@ -15,8 +15,8 @@ from ..config import (AC_COMPRESSIONS, AC_MODES, BACKENDS, BALANCE_POLICIES, PRE
                       SPARSE_SHARDINGS)
 from ..config import TrainConfig, override
 from ..errors import UsageError
-from ..fields import field_types, parse_as, parse_field
-from .args import output_dir, split_pairs
+from ..config.fields import field_types, parse_as, parse_field
+from ..options import output_dir, split_pairs
 
 
 def _kernels() -> tuple[str, ...]:

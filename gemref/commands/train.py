@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from ..config import ModelConfig, TrainConfig, get_preset, override, parse_mesh
 from ..errors import UsageError
-from ..fields import parse_field
-from .args import (add_device_arg, add_preset_arg, argtype, check_local_ranks, check_workers, device_of, output_dir,
+from ..config.fields import parse_field
+from ..options import (add_device_arg, add_preset_arg, argtype, check_local_ranks, check_workers, device_of, output_dir,
                    output_file, positive_int)
 from .switches import add_train_switches, train_changes, train_config_from_args
 

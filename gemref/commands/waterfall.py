@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import get_preset
-from .args import (add_device_arg, add_preset_arg, check_local_ranks, device_of, int_at_least, nonnegative_int,
+from ..options import (add_device_arg, add_preset_arg, check_local_ranks, device_of, int_at_least, nonnegative_int,
                    output_dir, positive_int)
 
 NAME = "waterfall"

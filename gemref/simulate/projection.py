@@ -57,7 +57,7 @@ import numpy as np
 from ..balance import SampleCost, imbalance, partition, rank_loads
 from ..config import MeshShape, Preset
 from ..data.synthetic import draw_lengths
-from ..ladder import KEYS, rung as ladder_rung
+from ..waterfall.ladder import KEYS, rung as ladder_rung
 from ..mfu.flops import executed_flops, model_flops, sample_cost_coefficients
 from ..mfu.peak import gpu_peak
 from ..parallel.memory import projected_rank_bytes

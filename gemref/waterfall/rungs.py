@@ -31,7 +31,7 @@ from ..autoac.solver import ac_blocks, apply_plan, remove_plan
 from ..config import Preset, TrainConfig, override
 from ..data.batches import representative_batch
 from ..errors import UsageError
-from ..ladder import RUNGS, RungSpec
+from .ladder import RUNGS, RungSpec
 from ..precision.apply import native_support
 from ..train import build_model
 

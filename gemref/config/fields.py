@@ -20,7 +20,7 @@ import typing
 from dataclasses import fields
 from typing import Any
 
-from .errors import UsageError
+from ..errors import UsageError
 
 BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 INT_TUPLE = tuple[int, ...]

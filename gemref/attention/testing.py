@@ -159,7 +159,8 @@ def tile_limits(limit: tuple | None):
     if limit is None:
         yield
         return
-    from gemref.attention import bucketing, cpu_jagged, cpu_jagged_plan, sdpa
+    from gemref.attention import bucketing, sdpa
+    from gemref.attention.cpu_jagged import op as cpu_jagged, plan as cpu_jagged_plan
     entries, leaf, slack = limit
     patches = [(cpu_jagged, "CHUNK_ENTRIES", entries), (sdpa, "WINDOW_CHUNK_ENTRIES", entries),
                (cpu_jagged_plan, "LEAF_MIN", leaf), (bucketing, "MAX_WASTE", 0.0),

@@ -1,4 +1,4 @@
-"""Triton GDPA forward kernel and the helpers its backward shares (see triton_gdpa.py).
+"""Triton GDPA forward kernel and the helpers its backward shares (see op.py).
 
 FlashAttention-style: one program owns BLOCK_M query rows of one sequence and one head,
 keeps them in registers, and streams the keys and values of that sequence in tiles of
@@ -8,19 +8,19 @@ end) are never visited; the visited tiles are split into three runs: masked tile
 *full* tiles that need no mask at all (the bulk of the work at long lengths), then masked
 tiles again; masks and bounds checks are compiled only into the masked runs.
 
-Each program reads its (sequence, tile, head) from the schedule (triton_gdpa_schedule.py).
-Variant constexprs (triton_gdpa_variant.py): FOLD_SCALE multiplies the score scale into the
+Each program reads its (sequence, tile, head) from the schedule (schedule.py).
+Variant constexprs (variant.py): FOLD_SCALE multiplies the score scale into the
 resident Q tile once instead of into every score tile; SILU_TANH picks SiLU's sigmoid
-(triton_gdpa_act.py).
+(act.py).
 
-Imported lazily (triton_gdpa_launch.py) so that TRITON_INTERPRET=1 can be set before the kernels
+Imported lazily (launch.py) so that TRITON_INTERPRET=1 can be set before the kernels
 are decorated. Integer divisions only ever see non-negative operands (Triton's integer `//`
 truncates toward zero on GPU, the interpreter floors).
 """
 import triton
 import triton.language as tl
 
-from .triton_gdpa_act import _act
+from .act import _act
 
 # Runtime ints that vary between calls but never change the code: not specialised, so one
 # compiled kernel serves every head count and window (and a warm cache serves them all).
@@ -73,7 +73,7 @@ def _split(lo, hi, full_lo, full_hi_start, BLOCK: tl.constexpr):
 @triton.jit
 def _key_tiles(m0, len_q, len_k, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    """Key tiles a query tile [m0, m0+BLOCK_M) visits (mirrored by triton_gdpa_schedule.tile_range)."""
+    """Key tiles a query tile [m0, m0+BLOCK_M) visits (mirrored by schedule.tile_range)."""
     lo = m0 * 0
     hi = len_k
     full_lo = m0 * 0
@@ -94,7 +94,7 @@ def _key_tiles(m0, len_q, len_k, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 @triton.jit
 def _query_tiles(n0, len_q, len_k, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    """Query tiles that see a key tile [n0, n0+BLOCK_N) (mirrored by triton_gdpa_schedule.tile_range)."""
+    """Query tiles that see a key tile [n0, n0+BLOCK_N) (mirrored by schedule.tile_range)."""
     lo = n0 * 0
     hi = len_q
     full_lo = n0 * 0

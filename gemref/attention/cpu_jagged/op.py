@@ -5,13 +5,13 @@ skewed batch that is mostly padding, and at L = 4096 it is gigabytes. This kerne
 
   1. groups sequences of similar length into buckets (gemref/attention/bucketing.py), so the
      padded work stays within ~25% of the real work, and lays all buckets out in one padded
-     buffer per tensor (one gather in, one gather out: cpu_jagged_plan.py);
+     buffer per tensor (one gather in, one gather out: plan.py);
   2. covers each bucket's allowed (query, key) pairs with a few batched matmuls whose
      operands are strided views of those buffers: causal attention with a pointwise
      activation as a binary tree of blocks (the diagonal leaves in one matmul, one mask-free
      matmul per level), so it computes ~L^2/2 scores, not L^2; everything else as chunks of
      query rows over the keys they may attend. Masks are triangles (`tril_`/`triu_`) or a
-     cached additive bias, never a per-tile boolean fill (cpu_jagged_tiles.py);
+     cached additive bias, never a per-tile boolean fill (tiles.py);
   3. runs the matmuls in waves of at most CHUNK_ENTRIES scores: the wave's tiles share one
      workspace and a pointwise activation runs once per wave, so the live score memory is
      bounded instead of O(L^2) and the op count stays in the tens per call;
@@ -47,13 +47,13 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ..data.jagged import lengths_to_offsets
-from .api import register_kernel
-from .jagged_op import JaggedGDPAOps
-from .cpu_jagged_plan import Piece, Plan, make_plan
-from .cpu_jagged_tiles import (activation_, activation_backward_, compute_dtype, key_padding_bias, keys, new_padded,
+from ...data.jagged import lengths_to_offsets
+from ..api import register_kernel
+from ..jagged_op import JaggedGDPAOps
+from .plan import Piece, Plan, make_plan
+from .tiles import (activation_, activation_backward_, compute_dtype, key_padding_bias, keys, new_padded,
                                pad, queries, softmax_, unpad, zero_masked_)
-from .reference import ACTIVATIONS
+from ..reference import ACTIVATIONS
 
 CHUNK_ENTRIES = 1 << 18  # score entries per wave (all its tiles): 1 MiB in float32, about an L2 cache
 
@@ -196,7 +196,7 @@ gdpa_cpu_jagged = OPS  # the gdpa entry point (KernelFn)
 def cpu_jagged_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: int, head_dim: int,
                               causal: bool, window: int | None) -> tuple[int, int]:
     """(forward, backward) matmul FLOPs of the plan these lengths produce. The pointwise and
-    the softmax plans execute the same score entries (cpu_jagged_plan.py), so the
+    the softmax plans execute the same score entries (plan.py), so the
     activation is not needed."""
     offsets = [lengths_to_offsets(x.reshape(-1).cpu()) for x in (q_lengths, kv_lengths)]
     one_pass = _executed(*offsets, "silu", causal, window or 0, heads, head_dim)

@@ -26,7 +26,7 @@ from collections import OrderedDict
 import torch
 from torch import Tensor
 
-from ..data.jagged import offsets_to_lengths
+from ...data.jagged import offsets_to_lengths
 
 CACHE_ENTRIES = 64
 _cache: "OrderedDict[tuple, tuple[tuple, tuple[int, int], Tensor]]" = OrderedDict()

@@ -20,8 +20,8 @@ strides (they need not share Q/K/V's layout).
 import triton
 import triton.language as tl
 
-from .triton_gdpa_act import _act_and_grad, _act_grad
-from .triton_gdpa_fwd import (NO_SPECIALIZE, _allowed, _dot, _dot_acc, _key_tiles, _offsets, _query_tiles,
+from .act import _act_and_grad, _act_grad
+from .fwd import (NO_SPECIALIZE, _allowed, _dot, _dot_acc, _key_tiles, _offsets, _query_tiles,
                               _sequence)
 
 

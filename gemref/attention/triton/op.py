@@ -9,10 +9,10 @@ fused projection); outputs and gradients are new contiguous tensors written with
 strides. Element offsets are int64 (int64 offsets, heads widened), so T * H * D >= 2^31 is
 fine; int32 offsets are a ValueError on every device.
 
-Modules: triton_gdpa_fwd.py (forward kernel), triton_gdpa_bwd.py (dK/dV and dQ kernels),
-triton_gdpa_act.py (activations), triton_gdpa_schedule.py (which program runs which
+Modules: fwd.py (forward kernel), bwd.py (dK/dV and dQ kernels),
+act.py (activations), schedule.py (which program runs which
 (sequence, tile, head): load balance on skewed lengths, cached per batch),
-triton_gdpa_launch.py (guards, tiles, autotuning, launches), triton_gdpa_variant.py (the
+launch.py (guards, tiles, autotuning, launches), variant.py (the
 kernel variants: fast-tanh SiLU, folded scale, grouped schedule, atomic-dQ backward, tiles,
 autotuning; chosen by `variant=`, `use_variant(...)` or GEMREF_GDPA).
 
@@ -43,12 +43,12 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ..data.jagged import lengths_to_offsets, offsets_to_lengths
-from .api import register_kernel
-from .reference import default_qk_scale
-from .triton_gdpa_launch import _interpret_env, _kernels, backward, forward, length_bucket, tiles_for_flops
-from .triton_gdpa_schedule import build_schedule, tile_pairs, tile_range, visited_tiles  # noqa: F401
-from .triton_gdpa_variant import Variant, resolve_variant, use_variant  # noqa: F401
+from ...data.jagged import lengths_to_offsets, offsets_to_lengths
+from ..api import register_kernel
+from ..reference import default_qk_scale
+from .launch import _interpret_env, _kernels, backward, forward, length_bucket, tiles_for_flops
+from .schedule import build_schedule, tile_pairs, tile_range, visited_tiles  # noqa: F401
+from .variant import Variant, resolve_variant, use_variant  # noqa: F401
 
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -156,7 +156,7 @@ def gdpa_triton(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: 
                 max_q: int | None = None, max_kv: int | None = None,
                 variant: Variant | str | None = None) -> Tensor:
     """Jagged GDPA with the Triton kernels: q (Tq, H, D), k/v (Tk, H, D) -> (Tq, H, D).
-    `variant`: a Variant or its text (triton_gdpa_variant.py); default: use_variant / GEMREF_GDPA."""
+    `variant`: a Variant or its text (variant.py); default: use_variant / GEMREF_GDPA."""
     if qk_scale is None:
         qk_scale = default_qk_scale(q.shape[-1])
     out, _ = torch.ops.gemref.gdpa_triton_fwd(

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from ..config import PRESETS
-from ..errors import UsageError, user_input
+from .config import PRESETS
+from .errors import UsageError, user_input
 
 DEVICES = ("auto", "cpu", "cuda")
 # Spawned CPU ranks are processes of one thread each; beyond a few per core they only
@@ -128,7 +128,7 @@ def device_of(name: str):
     """--device -> torch.device; 'cuda' where there is none is the user's mistake."""
     import torch
 
-    from ..env import resolve_device
+    from .env import resolve_device
 
     if name == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here (torch.cuda.is_available() is False)")

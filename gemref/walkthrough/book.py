@@ -10,7 +10,7 @@ browse without a kernel:
                         interactive figures; nothing is loaded from a CDN (the template's
                         require.js, MathJax and mermaid tags are left out); exercise answers
                         (cells with `jupyter.source_hidden`) stay collapsed. An executed chapter
-                        embeds plotly.js once (gemref.chapter.use_static_figures); its page
+                        embeds plotly.js once (gemref.walkthrough.static_figures); its page
                         loads the shared copy instead, so the site holds one plotly.js, not twelve.
   DIR/plotly.min.js     that copy (from plotly's package), for the index and every chapter.
 
@@ -26,8 +26,8 @@ import os
 import platform
 from pathlib import Path
 
-from .notebooks import OverBudget, run_notebooks
-from .report import atomic_write_text, fmt
+from .batch import OverBudget, run_notebooks
+from ..report import atomic_write_text, fmt
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WATERFALL_CHAPTER = "10_waterfall"
@@ -103,7 +103,7 @@ def index_html(rows: list[dict], titles: dict[str, str], profile: str, waterfall
     """The index page: summary table (time and metrics per chapter) and the waterfall figure."""
     import torch
 
-    from . import __version__
+    from .. import __version__
 
     body = "".join(
         f"<tr><td><a href='{r['notebook']}.html'>{html.escape(titles[r['notebook']])}</a></td>"
@@ -115,7 +115,7 @@ def index_html(rows: list[dict], titles: dict[str, str], profile: str, waterfall
                   "Plotly.newPlot('waterfall', fig.data, fig.layout, {responsive: true});</script>")
     else:
         figure = f"<p>Chapter {WATERFALL_CHAPTER} was not part of this build: no waterfall figure.</p>"
-    from .mfu.peak import device_name
+    from ..mfu.peak import device_name
 
     built = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     machine = f"{device_name('cpu')} ({os.cpu_count()} CPUs)"

@@ -1,6 +1,6 @@
 """Building cpu_fused's C++ kernel: compiled once per machine, cached, loaded with ctypes.
 
-The kernel is one C++ file (cpu_fused.cpp) with a C interface and no PyTorch headers, so it
+The kernel is one C++ file (kernel.cpp) with a C interface and no PyTorch headers, so it
 compiles in about half a minute with the system compiler (`$CXX`, else `c++`, else `g++`:
 the same compiler torch.compile's CPU backend needs) and loads with ctypes; the tensors are
 passed as raw pointers. It is compiled with -march=native, so the library is specific to the
@@ -25,11 +25,11 @@ import subprocess
 import threading
 from pathlib import Path
 
-from ..mfu.cpu_probe import cpu_info
+from ...mfu.cpu_probe import cpu_info
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_fused.cpp")
+SOURCE = Path(__file__).with_name("kernel.cpp")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 BUILD_TIMEOUT_S = 600
 

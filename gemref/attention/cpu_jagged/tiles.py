@@ -1,7 +1,7 @@
 """Tile operations of the `cpu_jagged` kernel (gemref/attention/cpu_jagged.py).
 
 Moving rows between the jagged (T, H, D) tensors and the padded buffers of a plan
-(gemref/attention/cpu_jagged_plan.py) is one `index_select` each way (a gather runs ~3x
+(gemref/attention/cpu_jagged/plan.py) is one `index_select` each way (a gather runs ~3x
 faster than advanced indexing or index_put on CPU). A piece's operands are strided views of
 those buffers; its score tile is a slice of a workspace shared by the wave.
 
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .cpu_jagged_plan import Piece, Side
+from .plan import Piece, Side
 
 _aten = torch.ops.aten
 

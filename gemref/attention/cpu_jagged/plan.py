@@ -41,8 +41,8 @@ from functools import cached_property, lru_cache
 import torch
 from torch import Tensor
 
-from . import bucketing
-from .bucketing import Bucket, key_span, make_buckets
+from .. import bucketing
+from ..bucketing import Bucket, key_span, make_buckets
 
 LEAF_MIN = 32   # leaf (tree) / chunk (causal rows) size floor: smaller matmuls run far below peak
 # Bucket slack (score entries per head; bucketing.MIN_SLACK_ENTRIES is sdpa's): a padded row

@@ -1,8 +1,4 @@
-"""Notebook tooling: metrics a notebook records, and the papermill batch that runs them all.
-
-Inside a notebook, `record_metrics({...})` displays the metrics as a table and attaches them
-to the cell output under the MIME type `METRICS_MIME`, so any executed copy of the notebook
-(papermill, nbmake, JupyterLab) carries its metrics without side files.
+"""The papermill batch that runs the notebooks (`gemref notebooks run`).
 
 `run_notebooks(...)` executes notebooks through papermill with a parameter profile
 (notebooks/params/<profile>.yaml) and optional grid, then gathers every notebook's recorded
@@ -20,130 +16,19 @@ from __future__ import annotations
 
 import csv
 import html
-import itertools
 import json
 import logging
 import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
-
-from .errors import UsageError
-from .notebook_params import check_params, declared_parameters, parse_param
-from .report import atomic_write_text, format_table
-
-METRICS_MIME = "application/vnd.gemref.metrics+json"
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
 
-def record_metrics(metrics: dict[str, Any]) -> None:
-    """Show metrics as a table and attach them to the output (called at a notebook's end)."""
-    from IPython.display import display
+from ..errors import UsageError
+from .metrics import read_metrics
+from .params import NOTEBOOK_DIR, check_params, declared_parameters, expand_grid, load_profile, profile_params, select_notebooks
+from ..report import atomic_write_text, format_table
 
-    clean = json.loads(json.dumps(metrics, default=float))
-    text = format_table([{"metric": k, "value": v} for k, v in clean.items()])
-    display({METRICS_MIME: clean, "text/plain": text}, raw=True)
-
-
-def read_metrics(executed_notebook: str | Path) -> dict[str, Any]:
-    """The metrics an executed notebook recorded (merged over its cells)."""
-    nb = json.loads(Path(executed_notebook).read_text())
-    found: dict[str, Any] = {}
-    for cell in nb["cells"]:
-        for output in cell.get("outputs", []):
-            found.update(output.get("data", {}).get(METRICS_MIME, {}))
-    return found
-
-
-def read_yaml(path: Path, what: str) -> Any:
-    """A YAML file the user named; UsageError naming the file (and the line of a parse error)."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise UsageError(f"{what} {path}: no such file") from None
-    except OSError as e:
-        raise UsageError(f"{what} {path}: cannot read it ({e.strerror})") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UsageError(f"{what} {path}:{where} invalid YAML: {problem}") from None
-
-
-def load_grid(path: str | Path) -> dict:
-    """The --grid file: a mapping parameter -> list of values."""
-    grid = read_yaml(Path(path), "--grid")
-    if not isinstance(grid, dict):
-        raise UsageError(f"--grid {path}: a grid is a mapping of parameter -> list of values")
-    return grid
-
-
-def load_profile(profile: str, params_dir: Path | None = None) -> dict:
-    """{"global": {...}, "notebooks": {name: {...}}} from notebooks/params/<profile>.yaml."""
-    params_dir = params_dir or NOTEBOOK_DIR / "params"
-    path = params_dir / f"{profile}.yaml"
-    if not path.exists():
-        valid = sorted(p.stem for p in params_dir.glob("*.yaml"))
-        raise UsageError(f"unknown profile {profile!r}; valid: {', '.join(valid)}")
-    data = read_yaml(path, "profile") or {}
-    unknown = set(data) - {"global", "notebooks", "budget_s", "budgets"} if isinstance(data, dict) \
-        else {"(not a mapping)"}
-    if unknown:
-        raise UsageError(f"{path}: unknown top-level keys {sorted(unknown)}; expected global, notebooks, "
-                         "budget_s, budgets")
-    budgets = data.get("budgets") or {}
-    for key, value in [("budget_s", data.get("budget_s")), *((f"budgets.{k}", v) for k, v in budgets.items())]:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-            raise UsageError(f"{path}: {key} must be a positive number of CPU seconds, got {value!r}")
-    return {"global": data.get("global") or {}, "notebooks": data.get("notebooks") or {},
-            "budget_s": data.get("budget_s"), "budgets": budgets}
-
-
-def profile_params(profile: str, name: str, notebook_dir: Path | None = None) -> dict:
-    """The parameters a profile gives one notebook: the globals it declares, then its own."""
-    notebook_dir = notebook_dir or NOTEBOOK_DIR
-    prof = load_profile(profile, notebook_dir / "params")
-    declared = declared_parameters(notebook_dir / f"{name}.ipynb")
-    return {**{k: v for k, v in prof["global"].items() if k in declared}, **prof["notebooks"].get(name, {})}
-
-
-def expand_grid(grid: dict[str, list]) -> list[dict]:
-    """{"A": [1, 2], "B": [3]} -> [{"A": 1, "B": 3}, {"A": 2, "B": 3}]."""
-    for key, values in grid.items():
-        if not isinstance(values, list) or not values:
-            raise UsageError(f"grid entry {key!r} must be a non-empty list, got {values!r}")
-    keys = list(grid)
-    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))] or [{}]
-
-
-def select_notebooks(names: list[str] | None, notebook_dir: Path | None = None) -> list[Path]:
-    """The numbered notebooks of the folder, or the named ones (UsageError for an unknown name)."""
-    available = sorted((notebook_dir or NOTEBOOK_DIR).glob("[0-9]*.ipynb"))
-    if not names:
-        return available
-    by_name = {p.stem: p for p in available}
-    missing = [n for n in names if n not in by_name]
-    if missing:
-        raise UsageError(f"unknown notebook(s) {missing}; valid: {', '.join(by_name)}")
-    return [by_name[n] for n in names]
-
-
-def parse_params(texts: dict[str, str], notebooks: list[Path]) -> dict[str, Any]:
-    """--param values (text) typed by the default of the first of `notebooks` declaring each."""
-    declared = [declared_parameters(nb) for nb in notebooks]
-    out = {}
-    for name, text in texts.items():
-        defaults = [d[name] for d in declared if name in d]
-        if not defaults:
-            known = sorted(set().union(*declared))
-            raise UsageError(f"unknown parameter {name!r}; the selected notebooks declare {', '.join(known)}")
-        out[name] = parse_param(name, text, defaults[0])
-    return out
 
 
 class _DropPapermillNoise(logging.Filter):

@@ -15,8 +15,8 @@ import os
 import torch
 from torch import Tensor
 
-from .triton_gdpa_schedule import cached_schedule
-from .triton_gdpa_variant import DEFAULT_TILES, INTERPRET_TILES, TILE_CANDIDATES, Tiles, Variant
+from .schedule import cached_schedule
+from .variant import DEFAULT_TILES, INTERPRET_TILES, TILE_CANDIDATES, Tiles, Variant
 
 LOG2E = 1.4426950408889634
 _kernels: dict[str, object] = {}
@@ -31,8 +31,8 @@ def _interpret_env() -> bool:
 def _load_kernels() -> dict[str, object]:
     """Import (and so decorate) the kernels on first use, after TRITON_INTERPRET is read."""
     if not _kernels:
-        fwd = importlib.import_module(".triton_gdpa_fwd", __package__)
-        bwd = importlib.import_module(".triton_gdpa_bwd", __package__)
+        fwd = importlib.import_module(".fwd", __package__)
+        bwd = importlib.import_module(".bwd", __package__)
         _kernels.update(interpreted=_interpret_env(), fwd=fwd.gdpa_fwd_kernel,
                         dkdv=bwd.gdpa_bwd_dkdv_kernel, dq=bwd.gdpa_bwd_dq_kernel)
     return _kernels
@@ -114,7 +114,7 @@ def check_offsets(q: Tensor, q_offsets: Tensor, kv_offsets: Tensor) -> None:
 
 def _precision(dtype: torch.dtype) -> str:
     """tl.dot precision: fp32 inputs use TF32 only if torch allows it; "upcast" is for the
-    interpreter, whose bf16 dot is broken (see triton_gdpa_fwd._dot)."""
+    interpreter, whose bf16 dot is broken (see fwd._dot)."""
     if dtype == torch.bfloat16 and interpreted():
         return "upcast"
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .errors import UsageError
+from ..errors import UsageError
 from .fields import check_field_types
 
 ATTENTION_ACTIVATIONS = (

@@ -1,6 +1,6 @@
 """`cpu_fused`: jagged GDPA with a pointwise activation as one fused C++ loop per (sequence, head).
 
-cpu_jagged (cpu_jagged.py) already avoids the padded reference's waste, but it still writes
+cpu_jagged (attention/cpu_jagged/) already avoids the padded reference's waste, but it still writes
 every score to a workspace and reads it back several times (activation, masks, one matmul per
 product), and at the small head dims of a ranking model (16-64) a batched matmul runs far
 below the CPU's peak. This kernel keeps each score block in registers from Q.K^T through the
@@ -12,7 +12,7 @@ activation to its last use, so a score costs arithmetic only:
     dO' = out_scale dO folded in once per pair.
 
 The loops and their geometry (query groups of QF or QB, key blocks of LANES, head dim padded
-to LANES * {1, 2, 4, 8}) are described in cpu_fused.cpp; `computed_entries` replays that
+to LANES * {1, 2, 4, 8}) are described in kernel.cpp; `computed_entries` replays that
 geometry, and the kernel returns what it computed, so the FLOP formula is checked against
 the kernel itself. Executed matmul FLOPs per computed entry: forward 2 products, backward 5,
 each 2 * padded head dim.
@@ -21,10 +21,10 @@ Scope: CPU, pointwise activations (softmax needs each row's statistics over all 
 cpu_jagged or sdpa run it), head dim <= 128, float32 and float64 (bf16/fp16 are computed in
 float32). Threads: the (sequence, head) pairs are split across torch.get_num_threads()
 Python threads by longest-processing-time (ctypes releases the GIL), no OpenMP runtime of its
-own. The kernel is built on first use (cpu_fused_build.py); if it cannot be, the kernel is
+own. The kernel is built on first use (build.py); if it cannot be, the kernel is
 unavailable with the reason and kernel="auto" takes cpu_jagged.
 
-Like cpu_jagged, forward and backward are torch.library custom ops (jagged_op.py:
+Like cpu_jagged, forward and backward are torch.library custom ops (attention/jagged_op.py:
 gemref::cpu_fused_fwd, gemref::cpu_fused_bwd) with fake implementations and FLOP formulas:
 torch.compile traces around one op, FlopCounterMode counts it, selective AC saves its output.
 The memory tracker sees the torch tensors the op allocates; the C++ workspace (per thread, 2
@@ -39,15 +39,15 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ..data.jagged import lengths_to_offsets, offsets_to_lengths
-from .api import register_kernel
-from .jagged_op import JaggedGDPAOps
-from .cpu_fused_build import library
-from .cpu_jagged_tiles import compute_dtype
-from .reference import POINTWISE
+from ...data.jagged import lengths_to_offsets, offsets_to_lengths
+from ..api import register_kernel
+from ..jagged_op import JaggedGDPAOps
+from .build import library
+from ..cpu_jagged.tiles import compute_dtype
+from ..reference import POINTWISE
 
 ACT_IDS = {"silu": 1, "gelu": 2, "gelu_tanh": 3, "relu": 4, "relu2": 5, "leaky_relu": 6, "identity": 7}
-QB, QF, LANES, MAX_HEAD_DIM = 4, 8, 16, 128  # cpu_fused.cpp's QB, QF, L and 8 * L
+QB, QF, LANES, MAX_HEAD_DIM = 4, 8, 16, 128  # kernel.cpp's QB, QF, L and 8 * L
 assert set(ACT_IDS) == set(POINTWISE)
 
 _pool: ThreadPoolExecutor | None = None
