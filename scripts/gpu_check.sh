@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: ONE command, at most ~8 minutes on a bare H100/H200, writing one summary JSON
 # and one log to $OUT (default artifacts/gpu_check): ceilings, GDPA correctness, GDPA timing
-# of every kernel variant, then the base preset's MFU rungs 0-2 (scripts/gpu_check.py says how).
+# of every kernel variant, then the base preset's MFU rungs 0-2 (scripts/gpu_check/ says how:
+# `python -m scripts.gpu_check`, run from the repository root with it on PYTHONPATH).
 #
 #     bash scripts/gpu_check.sh                    # on the GPU host, from the repository root
 #     bash scripts/gpu_check.sh --sections timing  # one section again
@@ -47,4 +48,4 @@ fi
 export GPU_CHECK_WHEELS GPU_CHECK_SITE="$SITE"
 echo "wheels: $GPU_CHECK_WHEELS" | tee -a "$LOG"
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-"$PYTHON" scripts/gpu_check.py --out "$OUT" "$@"
+"$PYTHON" -m scripts.gpu_check --out "$OUT" "$@"

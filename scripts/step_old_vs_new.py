@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cpu_name() -> str:
-    from gemref.mfu.cpu_probe import cpu_info
+    from gemref.env import cpu_info
 
     cpu = cpu_info()
     return f"{cpu.model_name} (family {cpu.family} model {cpu.model}), {cpu.cores} cores"

@@ -1,16 +1,22 @@
-"""The package's shape: no import circles (imports inside functions count), and the layers of
-docs/design.md hold: model/ sees only model, attention, data and config; nothing below the
-entry points imports them; nothing but the entry points imports a bench module."""
+"""The package's shape (docs/design.md, Layers): no import circles between modules (imports inside
+functions count) nor between packages (every module folded into its first-level package), the
+layers hold (model/ sees only model, attention, data and config; nothing below the entry points
+imports them; nothing but the entry points imports a bench module), and the top level stays
+small: at most MAX_TOP_LEVEL modules beside the packages."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gemref"
-ENTRY_POINTS = ("gemref.cli", "gemref.commands", "gemref.__main__", "gemref.waterfall", "gemref.notebooks", "gemref.bench",
-                "gemref.book", "gemref.chapter")   # book: `gemref notebooks build`; chapter: what notebooks call
-# Modules that run a training step to check something, and so sit above gemref.train.
-ABOVE_TRAIN = ("gemref.mfu.verify", "gemref.simulate.validate", "gemref.run_ranks")
+# The upper layers, top first (docs/design.md, Layers); everything else is below gemref.train.
+# A module may import its own layer and the layers below it, never one above.
+LAYERS = (
+    ("entry points", ("gemref.cli", "gemref.commands", "gemref.__main__")),
+    ("walkthrough", ("gemref.walkthrough",)),
+    ("experiments", ("gemref.waterfall", "gemref.bench", "gemref.simulate")),
+    ("composition", ("gemref.train",)),
+)
 
 
 def module_files() -> dict[str, Path]:
@@ -97,6 +103,35 @@ def test_no_import_circles():
     assert circles(graph()) == []
 
 
+def packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded into first-level packages (gemref.attention.cpu_fused.op ->
+    gemref.attention); top-level modules stay themselves."""
+    fold = lambda m: ".".join(m.split(".")[:2])  # noqa: E731
+    out: dict[str, set[str]] = {}
+    for module, targets in edges.items():
+        out.setdefault(fold(module), set()).update(fold(t) for t in targets if fold(t) != fold(module))
+    return out
+
+
+def test_no_circles_between_packages():
+    assert circles(packages(graph())) == []
+
+
+def test_package_folding_finds_a_circle_the_modules_do_not_have():
+    # a.x -> b.y and b.z -> a.w: no module circle, but packages a and b depend on each other
+    edges = {"gemref.a.x": {"gemref.b.y"}, "gemref.b.y": set(), "gemref.b.z": {"gemref.a.w"}, "gemref.a.w": set()}
+    assert circles(edges) == []
+    assert circles(packages(edges)) == [["gemref.a", "gemref.b"]]
+
+
+MAX_TOP_LEVEL = 10
+
+
+def test_top_level_is_small():
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(top) <= MAX_TOP_LEVEL, top
+
+
 def test_circle_finder_finds_a_planted_circle():
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(edges) == [["a", "b", "c"]]
@@ -109,19 +144,23 @@ def test_model_imports_only_what_is_below_it():
     assert bad == []
 
 
-def test_lower_layers_never_import_train_or_the_entry_points():
-    edges = graph()
-    upper = ENTRY_POINTS + ("gemref.train",) + ABOVE_TRAIN
-    bad = []
-    for module, targets in edges.items():
-        if module.startswith(upper) or module == "gemref":
-            continue
-        bad += [(module, t) for t in targets if t.startswith(upper) and not
-                (t.startswith("gemref.train") and module.startswith(ABOVE_TRAIN))]
-    # Only entry points (and the bench package itself) import bench modules.
-    bad += [(m, t) for m, targets in edges.items() for t in targets
-            if t.startswith("gemref.bench") and not m.startswith(ENTRY_POINTS)]
+def layer(module: str) -> int:
+    """0 for the entry points, ... len(LAYERS) for everything below train."""
+    for i, (_, prefixes) in enumerate(LAYERS):
+        if module == "gemref" or any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i if module != "gemref" else len(LAYERS)
+    return len(LAYERS)
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    bad = [(m, t) for m, targets in graph().items() for t in targets if layer(t) < layer(m)]
     assert bad == []
+
+
+def test_layer_rule_catches_a_planted_upward_import():
+    assert layer("gemref.attention.api") > layer("gemref.train") > layer("gemref.bench.window") \
+        > layer("gemref.walkthrough.book") > layer("gemref.commands.train")
+    assert layer("gemref") == layer("gemref.config")
 
 
 def test_modules_stay_readable():

@@ -15,10 +15,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from gemref.autoac.profile import (SavedTensors, activation_bytes, existing_storages, find_batch_size,
                                    profile_blocks)
 from gemref.data.batches import batch_with_lengths
-from gemref.autoac.solver import (BLOCK_KINDS, OPTIONS, ActivationProfile, BlockProfile, ac_blocks, applied_plan,
-                                  apply_plan, plan_of, recompute_flops, remove_plan, solve)
+from gemref.autoac.solver import (OPTIONS, ActivationProfile, BlockProfile, ac_blocks, applied_plan, apply_plan,
+                                  plan_of, remove_plan, solve)
 from gemref.config import get_preset, override
-from gemref.mfu.flops import executed_flops
+from gemref.mfu.flops import BLOCK_KINDS, executed_flops, recompute_flops
 from gemref.model import GEMRef
 from gemref.train import forward_loss
 
@@ -271,7 +271,7 @@ def test_training_with_autoac_is_training_without_it(data_root):
     assert auto["loss_curve"] == plain["loss_curve"]
     plan = auto["ac_plan"]
     assert plan["predicted_bytes"] <= plan["budget_bytes"] and plan["counts"]
-    assert auto["switches"]["ac"] == "auto" and plain["ac_plan"] is None
+    assert auto["config"]["train"]["ac"] == "auto" and plain["ac_plan"] is None
     recompute = auto["executed_flops_per_step"] - plain["executed_flops_per_step"]
     assert (recompute > 0) == ("full" in plan["counts"])
 

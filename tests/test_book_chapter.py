@@ -2,6 +2,9 @@
 figure worked out by hand, and one real rung profiled end to end."""
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+
 import pytest
 
 from gemref.walkthrough.best_rung import best_rung, limit_stacks, profile_rung
@@ -41,12 +44,12 @@ def test_limit_stacks_by_hand():
 
 
 def test_profile_rung_runs_one_ranks_step_of_the_rung(data_root):
-    from gemref.config import get_preset
+    from gemref.config import get_preset, override
 
     preset = get_preset("tiny")
+    train = override(preset.train, jagged=True, kernel="auto", mesh="1x2", balance="kk")
     row = {"key": "fused_attention", "rung": "2 + flash/GDPA", "batch_size": 32,
-           "switches": {"jagged": True, "kernel": "auto", "compile": False, "ac": "none", "ac_budget": 1.0,
-                        "precision": "auto"}}
+           "config": json.loads(json.dumps({"model": asdict(preset.model), "train": asdict(train)}))}
     prof = profile_rung(preset, row, ranks=2, warmup=1, timed_steps=1, profile_steps=1, probe_reps=1)
     assert prof["batch_size"] == 16 and prof["rung"] == "fused_attention"
     shares = {r["class"]: r["share"] for r in prof["classes"]}

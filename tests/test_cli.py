@@ -251,4 +251,4 @@ def test_train_typed_switches_reach_the_record_through_the_real_cli(data_root, t
     r = gemref("train", "--preset", "tiny", "--steps", "2", "--device", "cpu", "--quiet", "--json",
                str(tmp_path / "run.json"), "--set", "jagged=yes", "--eval-batches", "1", "--warmup-steps", "1")
     assert r.returncode == 0, r.stderr
-    assert json.loads((tmp_path / "run.json").read_text())["switches"]["jagged"] is True
+    assert json.loads((tmp_path / "run.json").read_text())["config"]["train"]["jagged"] is True

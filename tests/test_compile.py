@@ -95,7 +95,7 @@ def test_compiled_autoac_run_records_compile_stats_and_plan(data_root):
     train = override(TINY.train, steps=5, warmup_steps=1, eval_batches=1, jagged=True, batch_size=16,
                      compile=True, ac="auto", ac_budget=0.5)
     record = run(TINY, train, device="cpu", progress=False, measure_memory=False)
-    assert record["switches"]["compile"] is True and record["switches"]["ac"] == "auto"
+    assert record["config"]["train"]["compile"] is True and record["config"]["train"]["ac"] == "auto"
     assert record["compile"]["recompiles"] == 0 and record["compile"]["regions"] == 5 * CFG.n_layers + 1
     assert record["compile"]["compile_s"] >= 0 and compile_stats(model_pair()[0]) is None
     plan = record["ac_plan"]

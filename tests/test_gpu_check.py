@@ -1,6 +1,9 @@
-"""The GPU check (scripts/gpu_check.sh) on CPU: the whole --dry-run end to end, the wheel
-step, and the process-group handling (timeouts kill grandchildren, killed sections keep
-their finished items). The GPU run itself cannot happen here; this keeps it from rotting."""
+"""The GPU check (scripts/gpu_check.sh, the package scripts/gpu_check/) on CPU: the whole
+--dry-run end to end, the wheel step, and the process-group handling (timeouts kill
+grandchildren, killed sections keep their finished items). The GPU run itself cannot happen
+here; this keeps it from rotting. The check's variants, correctness items and winner rule are
+gemref's; its driver code (scripts/gpu_check/children.py) is run the way the driver runs its
+sections: in a Python started at the repository root."""
 from __future__ import annotations
 
 import json
@@ -13,14 +16,22 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from gemref.attention.testing import DRY_VARIANTS, VARIANTS, correctness_items, shard_items
+from gemref.attention.triton.variant import choose_winner
 
-import gpu_check  # noqa: E402
-from gpu_check_common import VARIANTS  # noqa: E402
-from gpu_check_correctness import items, shard  # noqa: E402
-from gpu_check_timing import DRY_VARIANTS  # noqa: E402
-from gpu_check_winner import choose  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _children(expression: str):
+    """The JSON value of `expression`, evaluated with scripts/gpu_check/children.py imported as
+    `children` (and os, Path) in a Python started at the repository root."""
+    code = f"import json, os\nfrom pathlib import Path\nfrom scripts.gpu_check import children\n" \
+           f"print(json.dumps({expression}))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
 
 
 def _run_check(out: Path, wheel_dir: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -48,7 +59,7 @@ def test_dry_run_end_to_end(tmp_path):
 
     correctness = sections["correctness"]["result"]
     records = correctness["cases"] + correctness["determinism"]
-    assert correctness["failed"] == 0 and correctness["passed"] == len(records) == len(items(dry_run=True))
+    assert correctness["failed"] == 0 and correctness["passed"] == len(records) == len(correctness_items(dry_run=True))
     assert {r["variant"] for r in records} == set(VARIANTS)          # every variant ran somewhere
     assert all(max(r["errors"].values()) <= r["tolerance"] for r in records)
     split = next(r for r in correctness["determinism"] if r["variant"] == "base")
@@ -118,7 +129,8 @@ def test_children_are_killed_as_a_group(tmp_path, leader_waits):
     pid_file = tmp_path / "pid"
     script = f"sleep 300 & echo $! > {pid_file}" + ("; sleep 300" if leader_waits else "")
     start = time.monotonic()
-    (result,) = gpu_check.run_children([["bash", "-c", script]], [tmp_path / "log"], 2.0, dict(os.environ))
+    (result,) = _children(f"children.run_children([['bash', '-c', {script!r}]], [Path({str(tmp_path / 'log')!r})], "
+                          "2.0, dict(os.environ))")
     assert time.monotonic() - start < 30
     assert result["status"].startswith("timeout") if leader_waits else result["status"] == "ok"
     grandchild = int(pid_file.read_text())
@@ -129,26 +141,27 @@ def test_children_are_killed_as_a_group(tmp_path, leader_waits):
 
 
 def test_killed_section_keeps_its_finished_items(tmp_path):
-    script = tmp_path / "slow_section.py"
+    script = tmp_path / "slow_section.py"      # run as `python -m slow_section`, from PYTHONPATH
     script.write_text("import json, sys, time\n"
                       "path = sys.argv[sys.argv.index('--result') + 1]\n"
                       "open(path, 'w').write(json.dumps({'rows': [{'done': 1}]}))\n"
                       "print('first item done', flush=True)\n"
                       "time.sleep(300)\n")
-    section = gpu_check.Section("slow", str(script), budget_s=3, dry_budget_s=3)
     log = tmp_path / "log"
-    record = gpu_check.run_section(section, 100.0, True, tmp_path, log, dict(os.environ))
+    record = _children(f"children.run_section(children.Section('slow', 'slow_section', budget_s=3, dry_budget_s=3), "
+                       f"100.0, True, Path({str(tmp_path)!r}), Path({str(log)!r}), "
+                       f"{{**os.environ, 'PYTHONPATH': {str(tmp_path)!r}}})")
     assert record["status"].startswith("timeout after 3 s") and record["result"] == {"rows": [{"done": 1}]}
     assert "first item done" in log.read_text()
 
 
 def test_shards_split_the_items_and_results_merge():
-    all_items = items(dry_run=False)
+    all_items = correctness_items(dry_run=False)
     for n in (1, 3, 8):
-        parts = [shard(all_items, i, n) for i in range(n)]
+        parts = [shard_items(all_items, i, n) for i in range(n)]
         assert sorted(it["name"] for p in parts for it in p) == sorted(it["name"] for it in all_items)
-    merged = gpu_check.merge_shards([{"cases": [1], "passed": 2, "failed": 0, "note": "a"},
-                                     {"cases": [2, 3], "passed": 1, "failed": 1, "note": "b"}])
+    merged = _children('children.merge_shards([{"cases": [1], "passed": 2, "failed": 0, "note": "a"}, '
+                       '{"cases": [2, 3], "passed": 1, "failed": 1, "note": "b"}])')
     assert merged == {"cases": [1, 2, 3], "passed": 3, "failed": 1, "note": "a"}
 
 
@@ -168,8 +181,8 @@ def test_the_winner_rule_picks_the_fastest_correct_timed_variant():
             ("wrong", "fixed", "silu", 0.1, 0.1), ("wrong", "fixed", "softmax", 0.1, 0.1),
             ("broken", "fixed", "silu", 0.5, 0.5), ("broken", "fixed", "softmax", "OutOfResources"),
             ("sdpa", "fixed", "softmax", 0.01, 0.01)]                              # a ceiling, not a variant
-    pick = choose(_summary([("base", True), ("fast", True), ("wrong", False), ("broken", True)], rows),
-                  {k: v for k, v in variants.items() if k != "sdpa"})
+    pick = choose_winner(_summary([("base", True), ("fast", True), ("wrong", False), ("broken", True)], rows),
+                         {k: v for k, v in variants.items() if k != "sdpa"})
     assert (pick["winner"], pick["spec"]) == ("fast", "autotune=0,silu_tanh")
     assert pick["scores"]["fast"]["step_ratio"] == pytest.approx(0.5)          # (1 + 3) / (2 + 6)
     assert pick["scores"]["base"]["step_ratio"] == pytest.approx(1.0)
@@ -178,9 +191,9 @@ def test_the_winner_rule_picks_the_fastest_correct_timed_variant():
     assert pick["fwd_winner"] == pick["bwd_winner"] == "fast"
     # geometric mean over rows: 0.5 on silu, 2.0 on softmax -> 1.0, ties base; the first listed wins
     rows2 = rows[:2] + [("fast", "fixed", "silu", 1.0, 3.0), ("fast", "fixed", "softmax", 8.0, 8.0)]
-    assert choose(_summary([("base", True), ("fast", True)], rows2), variants)["scores"]["fast"]["step_ratio"] \
+    assert choose_winner(_summary([("base", True), ("fast", True)], rows2), variants)["scores"]["fast"]["step_ratio"] \
         == pytest.approx(1.0)
     # base failing a case disqualifies every variant (they are flags on the same kernel)
-    none = choose(_summary([("base", False), ("fast", True)], rows), variants)
+    none = choose_winner(_summary([("base", False), ("fast", True)], rows), variants)
     assert none["winner"] is None and "base failed" in none["reason"]
-    assert choose({"sections": {}}, variants)["winner"] is None
+    assert choose_winner({"sections": {}}, variants)["winner"] is None

@@ -20,7 +20,7 @@ from gemref.options import (MAX_RANKS_ENV, RANKS_PER_CPU, check_local_ranks, che
                                   check_output_file, max_local_ranks)
 from gemref.config import DataConfig, ModelConfig, TrainConfig, get_preset, override
 from gemref.errors import UsageError, user_input
-from gemref.config.fields import has_type, parse_field
+from gemref.config.values import has_type, parse_field
 from gemref.walkthrough.params import check_params, declared_parameters, parse_param
 from gemref.walkthrough.batch import run_notebooks
 from gemref.walkthrough.params import NOTEBOOK_DIR, expand_grid, load_grid, load_profile
@@ -274,7 +274,7 @@ def test_ranks_are_checked_against_the_machine_in_the_user_s_terms():
     assert f"--ranks 100000: at most {RANKS_PER_CPU * os.cpu_count()} local cpu ranks here" in line
     assert f"set {MAX_RANKS_ENV}=N" in line
     assert "argument --ranks: expected an integer >= 1, got '0'" in error_line(gemref("train", "--ranks", "0"))
-    assert "--mesh 1x3 needs 3 ranks, but --ranks 2" in error_line(gemref("train", "--ranks", "2", "--mesh", "1x3"))
+    assert "mesh=1x3 needs R*S = 3 ranks, but the world size is 2" in error_line(gemref("train", "--ranks", "2", "--mesh", "1x3"))
     assert "--batch-size 1 is the global batch: --ranks 2 needs at least one sample per rank" in error_line(
         gemref("train", "--ranks", "2", "--batch-size", "1"))
     assert "--ranks 100000: at most 3" in error_line(gemref("waterfall", "--ranks", "100000",
@@ -319,12 +319,12 @@ def test_config_errors_are_usage_errors_and_still_value_errors():
 
 
 def test_a_bad_launch_is_a_usage_error_before_any_rank_starts(data_root):
-    from gemref.run_ranks import launch_train
+    from gemref.train import launch_runs
 
     with pytest.raises(UsageError, match=r"mesh=2x2 needs R\*S = 4 ranks, but the world size is 3"):
-        launch_train(TINY, override(TINY.train, mesh="2x2"), ranks=3, device="cpu")
+        launch_runs(TINY, [override(TINY.train, mesh="2x2")], ranks=3, device="cpu")
     with pytest.raises(UsageError, match="backend 'nccl' needs --device cuda"):
-        launch_train(TINY, override(TINY.train, mesh="1x2", backend="nccl"), ranks=2, device="cpu")
+        launch_runs(TINY, [override(TINY.train, mesh="1x2", backend="nccl")], ranks=2, device="cpu")
 
 
 def test_json_record_of_a_command_is_written_only_when_the_path_is_good(tmp_path):

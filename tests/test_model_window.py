@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from gemref.config import get_preset, override
 from gemref.data.batches import batch_with_lengths
 from gemref.errors import UsageError
-from gemref.config.fields import parse_field
+from gemref.config.values import parse_field
 from gemref.config import ModelConfig
 from gemref.model import GEMRef
 from gemref.model.blocks import CrossBlock, SequenceBlock

@@ -10,7 +10,7 @@ import torch
 from gemref.config import get_preset, override
 from gemref.parallel.checkpoint import latest_checkpoint
 from gemref.parallel.launch import spawn
-from gemref.report import to_jsonable
+from gemref.files import to_jsonable
 
 pytestmark = pytest.mark.multiproc
 TINY = get_preset("tiny")

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from gemref.mfu import cpu_probe, gemm_paths, peak
-from gemref.mfu.cpu_probe import CpuInfo, ProbeResult
+from gemref.env import CpuInfo
+from gemref.mfu.cpu_probe import ProbeResult
 
 ZEN4 = CpuInfo("AuthenticAMD", 25, 17, 1, "AMD EPYC", ("fma", "avx2", "avx512f"), cores=2)
 

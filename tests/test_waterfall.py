@@ -5,16 +5,18 @@ injected measurements with the arithmetic written out; the end-to-end runs check
 and the identities the record must satisfy, whatever the machine's load.
 """
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import torch
 
-from gemref import ladder
+from gemref.waterfall import ladder
 from gemref.cli import main
 from gemref.config import get_preset
 from gemref.errors import UsageError
 from gemref.mfu.op_classes import CLASSES, classify_cpu, op_class
+from gemref.mfu.timing import StepRecord
 from gemref.waterfall import LADDER, WITH_OPTIONS, Context, Rung, check_options, run_waterfall
 from gemref.waterfall.rungs import preset_with
 from gemref.waterfall.rows import build_rows, notes
@@ -27,9 +29,12 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 def window(rung=0, k=0, attempt=0, *, wall=1.0, compute=1.0, thread=None, delay=0.0, process=None, data=0.0,
            steps=1, tokens=100, flops=1e9, samples=10, device="cpu"):
+    """A window of `steps` equal steps whose totals are the arguments (compute: the rank's compute seconds)."""
     thread = compute if thread is None else thread
-    return Window(rung, k, attempt, steps, wall, compute, data, compute, thread if process is None else process,
-                  thread, delay, samples, tokens, int(flops), int(flops), device)
+    process = thread if process is None else process
+    records = [StepRecord(wall / steps, data / steps, thread / steps, process / steps, samples // steps,
+                          tokens // steps, int(flops) // steps, int(flops) // steps, 0) for _ in range(steps)]
+    return Window(rung, k, attempt, records, delay, device, 1, 2, compute_s=compute)
 
 
 # ----------------------------------------------------------------------------- one ladder
@@ -92,8 +97,10 @@ class FakeRung:
 
     def __init__(self, preset, train, device):
         self.i = train.seed                   # the test gives rung i the seed i
-        self.s = type("S", (), {"kernel": "fake", "precision": None, "model": None})()
         self.log.append(("build", self.i))
+
+    def info(self):
+        return {"resolved": {"kernel": "fake", "precision": "fp32"}, "dtype": "fp32", "ac_plan": None}
 
     def step(self):
         self.log.append(("warmup", self.i))
@@ -121,8 +128,6 @@ def test_the_rank_program_interleaves_each_group_of_live_rungs(monkeypatch, free
     monkeypatch.setattr(runner, "Rung", FakeRung)
     monkeypatch.setattr(runner, "free_bytes", lambda device: free)
     monkeypatch.setattr(runner, "peak_flops", lambda device, dtype: Peak(1e9, "fake", dtype))
-    monkeypatch.setattr(runner, "precision_label", lambda report: "fp32")
-    monkeypatch.setattr(runner, "plan_record", lambda model: None)
     FakeRung.log = []
     trains = [override(TINY.train, seed=i) for i in range(3)]
     out = runner.measure(TINY, trains, "cpu", runner.Settings(windows=2, warmup=1, max_retries=0))
@@ -218,10 +223,10 @@ def _result(groups_, tokens):
     for g, members in enumerate(groups_):
         for k in range(len(tokens[0])):
             rounds.append({"group": g, "index": k, "attempt": 0, "kept": True,
-                           "windows": [[vars(window(i, k, tokens=tokens[i][k])) for i in members]]})
+                           "windows": [[asdict(window(i, k, tokens=tokens[i][k])) for i in members]]})
     n = len(tokens)
     return {"groups": groups_, "rounds": rounds, "profiles": [None] * n, "memory": [None] * n,
-            "info": [{"kernel_resolved": "x", "dtype": "fp32"}] * n}
+            "info": [{"resolved": {"kernel": "x", "precision": "fp32"}, "dtype": "fp32"}] * n}
 
 
 def test_rows_under_sliding_pairs_chain_vs_baseline():
@@ -317,8 +322,9 @@ def test_every_recorded_window_satisfies_the_decomposition(record):
         assert len(rung["rounds"]) == 3                              # max_retries=0: one attempt per round
         for rd in rung["rounds"]:
             (w,) = rd["windows"]
-            f = window_figures([Window(**w)], rung["peak"]["flops"])
-            assert f["mfu"] == pytest.approx(w["model_flops"] / (w["wall_s"] * rung["peak"]["flops"]))
+            f = window_figures([Window.from_dict(w)], rung["peak"]["flops"])
+            flops, wall = sum(s["model_flops"] for s in w["steps"]), sum(s["wall_s"] for s in w["steps"])
+            assert f["mfu"] == pytest.approx(flops / (wall * rung["peak"]["flops"]))
             assert f["local_mfu"] * f["scaling_ratio"] == pytest.approx(f["mfu"], rel=1e-9)
             assert 0 < f["scaling_ratio"] <= 1                          # CPU of the steps <= the window's wall
         assert r["windows_kept"] + r["contended_windows"] == 3
@@ -330,7 +336,7 @@ def test_every_recorded_window_satisfies_the_decomposition(record):
 def test_na_rung_is_kept_with_its_reason_and_skipped(record):
     rows = record[0]["rungs"]
     assert rows[2]["status"] == "n/a here: never applies"
-    assert rows[3]["switches"]["jagged"] is True          # the next rung builds on rung 1
+    assert rows[3]["config"]["train"]["jagged"] is True          # the next rung builds on rung 1
     assert (record[1] / "waterfall.json").exists()
 
 
@@ -367,7 +373,7 @@ def test_two_ranks_interleave_in_one_launch(data_root):
                         ladder=[by_key["baseline"], by_key["load_balance"], by_key["fsdp_2d"]])
     rows = rec["rungs"]
     assert [r["status"] for r in rows] == ["ran"] * 3 and rec["groups"] == [[0, 1, 2]]
-    assert rows[2]["switches"]["mesh"] == "1x2" and rows[1]["switches"]["balance"] == "kk"
+    assert rows[2]["config"]["train"]["mesh"] == "1x2" and rows[1]["config"]["train"]["balance"] == "kk"
     for r in rows:
         if r["windows_kept"]:
             assert r["local_mfu"] * r["scaling_ratio"] == pytest.approx(r["mfu"], rel=1e-9)
@@ -410,9 +416,10 @@ def test_with_compressed_ac_rung_4_trains_with_compressed_saved_activations(data
                         out_dir=tmp_path, log=lambda s: None)
     jagged, autoac = rec["rungs"]
     assert rec["with"] == {"compressed_ac": WITH_OPTIONS["compressed_ac"]}
-    assert autoac["switches"]["ac"] == "auto" and autoac["switches"]["ac_compress"] == "mxfp8"
-    assert autoac["batch_size"] > jagged["batch_size"] and jagged["switches"]["ac_compress"] == "none"
+    assert autoac["config"]["train"]["ac"] == "auto" and autoac["config"]["train"]["ac_compress"] == "mxfp8"
+    assert autoac["batch_size"] > jagged["batch_size"] and jagged["config"]["train"]["ac_compress"] == "none"
     plan = autoac["ac_plan"]
-    assert plan["counts"].get("compressed", 0) > 0 and plan["recompute_flops"] == 0 and jagged["ac_plan"] is None
+    assert plan["counts"].get("compressed", 0) > 0 and plan["counts"].get("full", 0) == 0 and jagged["ac_plan"] is None
+    assert "C" in autoac["config"]["train"]["ac_plan"]      # the plan the parent solved, handed to the rank as is
     assert notes(rec)[0] == f"with compressed_ac: {WITH_OPTIONS['compressed_ac']}"
-    assert json.loads((tmp_path / "rung1_autoac.json").read_text())["config"]["ac_compress"] == "mxfp8"
+    assert json.loads((tmp_path / "rung1_autoac.json").read_text())["row"]["config"]["train"]["ac_compress"] == "mxfp8"

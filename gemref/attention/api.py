@@ -93,6 +93,25 @@ def resolve_kernel(kernel: str, q: Tensor, activation: str, causal: bool, window
     return kernel
 
 
+def resolve_model_kernel(kernel: str, device: torch.device | str, dtype: torch.dtype, heads: int, head_dim: int,
+                         activation: str, window: int | None) -> str:
+    """The one kernel a model runs for both of its attention calls (causal self-attention with
+    `window`, and cross attention): `kernel` if it runs both, for "auto" the first of
+    AUTO_ORDER that runs both. Resolved once, when the model is built (gemref/train.py); the
+    model then passes the concrete name to every gdpa call."""
+    probe = torch.empty(0, heads, head_dim, device=device, dtype=dtype)
+    cases = ((True, window), (False, None))
+    if kernel != "auto":
+        for causal, w in cases:
+            resolve_kernel(kernel, probe, activation, causal, w)   # UsageError with the reason
+        return kernel
+    for name in AUTO_ORDER:
+        if all(KERNELS[name].unavailable(probe, activation, causal, w) is None for causal, w in cases):
+            log.info("kernel=auto chose %r for %s/%s activation=%s", name, probe.device.type, dtype, activation)
+            return name
+    raise AssertionError("the reference kernel always runs")
+
+
 def _finite_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 

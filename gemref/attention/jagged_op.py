@@ -8,9 +8,10 @@ A kernel supplies its two bodies,
 
 (window 0: none), and `JaggedGDPAOps(name, forward, backward)` makes them the torch.library
 custom ops gemref::<name>_fwd and gemref::<name>_bwd: fake (meta) implementations, autograd
-(only q, k, v and the offsets are saved; the backward recomputes the rest), and the CPU memory
-tracker let inside (gemref.mfu.memory.LiveTensorBytes: tensors the bodies allocate count
-towards the peak). Dispatch-level tools then see one op per direction: torch.compile traces
+(only q, k, v and the offsets are saved; the backward recomputes the rest), and each op's body
+listed in OPAQUE_BODIES, so that a tool tracing tensors by dispatch can run the body inside
+its mode (the CPU memory tracker, gemref/mfu/memory.py, does: the tensors the bodies
+allocate count towards the peak). Dispatch-level tools then see one op per direction: torch.compile traces
 around it, FlopCounterMode prices it by the formula the kernel registers on `.fwd` / `.bwd`,
 selective activation checkpointing saves its output. The instance is the kernel's `gdpa`
 entry point (gemref/attention/api.py KernelFn).
@@ -22,8 +23,11 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..mfu.memory import LiveTensorBytes
 from .reference import default_qk_scale
+
+
+# {custom op: its Python body}, for every op JaggedGDPAOps made (read by gemref/mfu/memory.py).
+OPAQUE_BODIES: dict = {}
 
 
 class JaggedGDPAOps:
@@ -37,14 +41,7 @@ class JaggedGDPAOps:
         self.bwd.register_fake(lambda grad_out, q, k, v, *rest: (torch.empty_like(q), torch.empty_like(k),
                                                                  torch.empty_like(v)))
         self.fwd.register_autograd(self._backward, setup_context=self._setup_context)
-        bodies = {f"gemref::{name}_fwd": forward, f"gemref::{name}_bwd": backward}
-
-        def traced(mode, func, types, args, kwargs):
-            with mode:
-                return bodies[func._schema.name](*args, **(kwargs or {}))
-
-        for op in (self.fwd, self.bwd):
-            torch.library.register_torch_dispatch(op, LiveTensorBytes, traced)
+        OPAQUE_BODIES.update({self.fwd: forward, self.bwd: backward})
 
     @staticmethod
     def _setup_context(ctx, inputs, output):

@@ -6,6 +6,10 @@ logits left to the caller); the CPU kernel properties widen it with `long_len`,
 `head_dims`, `logit_scales` and `tile_limits`. The oracle is the reference kernel in
 float64, run one sequence at a time (no padding: shares no bucketing, chunking or padding
 code with the kernels, and costs sum L^2 instead of B * max L^2).
+
+The GPU check (scripts/gpu_check/) shares its part of these cases through the same module:
+VARIANTS (the Triton kernel variants every section runs), DRY_VARIANTS (the few its --dry-run
+times), its correctness items and how they are split over shards.
 """
 from __future__ import annotations
 
@@ -199,3 +203,69 @@ def kernel_settings(at_least: int = 0, ci: int | None = None) -> settings:
     if ci is not None and os.environ.get("HYPOTHESIS_PROFILE", "ci") != "thorough":
         examples = ci
     return settings(current, max_examples=examples)
+
+
+# ----------------------------------------------------------- the GPU check's cases
+# Texts for gemref.attention.triton.variant.Variant, all at fixed tiles (autotune=0) except
+# "autotune" (the library's default). The GPU check's correctness section runs each one first,
+# which also fills Triton's compile cache for its timing section.
+VARIANTS = {
+    "base": "autotune=0",                                          # DEFAULT_TILES, every flag off
+    "silu_tanh": "autotune=0,silu_tanh",
+    "fold_scale": "autotune=0,fold_scale",
+    "grouped": "autotune=0,schedule=grouped",
+    "atomic_bwd": "autotune=0,bwd=atomic",
+    "no_sched_cache": "autotune=0,cache_schedule=0",
+    "tiles_big": "autotune=0,fwd=128x128x8x2,dkdv=64x128x8x2,dq=128x64x8x2",
+    "all_flags": "autotune=0,silu_tanh,fold_scale,schedule=grouped,bwd=atomic",
+    "autotune": "autotune=1",                                      # the library default
+}
+# The dry run tests the plumbing: it times only these, and checks softmax only with them
+# (its correctness section still runs every variant on silu).
+DRY_VARIANTS = ("base", "all_flags")
+
+
+def correctness_items(dry_run: bool) -> list[dict]:
+    """The GPU check's correctness items: {name, variant, dtype, repeat, weight, case}.
+
+    A skewed jagged batch (lengths 300, 1, 0, 77, 129, 17; --dry-run 20, 1, 0, 9, 17, 5) at
+    the base variant: bf16 and fp16, silu and softmax, causal and not, a sliding window, cross
+    attention (4 queries per sample); then every variant on causal bf16 silu and softmax
+    (silu_tanh on silu only; the dry run: softmax only with DRY_VARIANTS); then two repeat-run
+    determinism items. `weight` is the item's relative cost (autotuning is the dearest)."""
+    lens = [20, 1, 0, 9, 17, 5] if dry_run else [300, 1, 0, 77, 129, 17]
+    case = {"q_lens": lens, "kv_lens": lens, "cross": False, "causal": True, "window": None,
+            "activation": "silu", "heads": 1 if dry_run else 2, "qk_scale": None, "out_scale": 1.0, "seed": 0}
+    out = []
+
+    def add(name, variant="base", dtype="bfloat16", repeat=False, weight=3, **changes):
+        out.append({"name": name, "variant": variant, "dtype": dtype, "repeat": repeat, "weight": weight,
+                    "case": {**case, **changes}})
+
+    for act in ("silu", "softmax"):
+        for dtype in ("bfloat16", "float16"):
+            add(f"{act} causal {dtype}", dtype=dtype, activation=act)
+        add(f"{act} full", activation=act, causal=False)
+        add(f"{act} causal window", activation=act, window=9 if dry_run else 100)
+        add(f"{act} cross", activation=act, causal=False, cross=True, q_lens=[4] * len(lens))
+        for variant in VARIANTS:
+            if variant == "base" or (act == "softmax" and (variant == "silu_tanh" or
+                                                           (dry_run and variant not in DRY_VARIANTS))):
+                continue
+            add(f"{act} causal [{variant}]", variant, activation=act, weight=10 if variant == "autotune" else 3)
+    add("silu full [autotune]", "autotune", causal=False, weight=10)   # the model's cross attention
+    add("determinism silu [base]", repeat=True)
+    add("determinism softmax [atomic_bwd]", "atomic_bwd", repeat=True, activation="softmax")
+    return out
+
+
+def shard_items(items: list[dict], index: int, count: int) -> list[dict]:
+    """Shard `index` of `count`: heaviest item first, each to the least loaded shard (every
+    shard computes the same split, so together they run each item once)."""
+    loads, mine = [0] * count, []
+    for item in sorted(items, key=lambda it: -it["weight"]):
+        target = loads.index(min(loads))
+        loads[target] += item["weight"]
+        if target == index:
+            mine.append(item)
+    return mine

@@ -40,11 +40,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from .solver import (ActivationProfile, BlockProfile, Plan, ac_blocks, applied_plan, apply_plan,
-                     recompute_flops, remove_plan, solve)
+from .solver import ActivationProfile, BlockProfile, Plan, ac_blocks, applied_plan, apply_plan, remove_plan, solve
 from ..compile import compile_stats
 from ..data.jagged import JaggedBatch
-from ..mfu.flops import model_flops
+from ..mfu.flops import model_flops, recompute_flops
 from ..mfu.memory import track_peak_memory
 from ..step import forward_loss
 

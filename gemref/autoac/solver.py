@@ -45,32 +45,22 @@ from torch.utils.flop_counter import flop_registry
 
 from ..compile import CompiledRegion
 from .compress import CompressionSpec, SavedCompression, wrap_compressed
-from ..config import ModelConfig
-from ..mfu.flops import executed_flops
+from ..mfu.flops import BLOCK_KINDS, block_kind
 
 _PLANS: "weakref.WeakKeyDictionary[nn.Module, Plan]" = weakref.WeakKeyDictionary()
 _COMPRESSION: "weakref.WeakKeyDictionary[nn.Module, SavedCompression]" = weakref.WeakKeyDictionary()
-BLOCK_KINDS = ("sequence", "interaction", "cross")
 OPTIONS = ("none", "selective", "full")     # exact: gradients unchanged bit for bit
 APPROXIMATE_OPTIONS = ("compressed",)       # gradients within the compression format's error
 LETTERS = {"none": "-", "selective": "S", "full": "F", "compressed": "C"}
 # What "compressed" wraps in each block: its dense sub-regions (gemref/autoac/compress.py: the
 # attention kernel's saved tensors stay exact), the units torch.compile compiles.
 COMPRESSED_METHODS = {"sequence": ("project", "mix"), "interaction": ("forward",), "cross": ("project", "mix")}
-# Components of gemref.mfu.flops a block's forward runs (for the analytic recompute FLOPs).
-BLOCK_COMPONENTS = {"sequence": ("sequence_projections", "sequence_attention", "sequence_ffn"),
-                    "interaction": ("interaction",),
-                    "cross": ("cross_projections", "cross_attention")}
 
 
 def ac_blocks(model: nn.Module) -> dict[str, nn.Module]:
     """{"layers.{i}.{kind}": block} for every block of a GEMRef, in forward order."""
     return {f"layers.{i}.{kind}": getattr(layer, kind)
             for i, layer in enumerate(model.layers) for kind in BLOCK_KINDS}
-
-
-def block_kind(name: str) -> str:
-    return name.rsplit(".", 1)[-1]
 
 
 # ----------------------------------------------------------------------------- apply
@@ -248,6 +238,23 @@ class Plan:
                 "recompute_flops": self.recompute_flops}
 
 
+def parse_plan(text: str, n_layers: int) -> dict[str, str]:
+    """Plan.summary() text ("sequence:SSF interaction:--C cross:F--") -> {block name: option}
+    of the blocks it checkpoints or compresses; ValueError naming what is wrong."""
+    letters = {v: k for k, v in LETTERS.items()}
+    parts = dict(part.split(":", 1) for part in text.split() if ":" in part)
+    if sorted(parts) != sorted(BLOCK_KINDS) or len(text.split()) != len(BLOCK_KINDS):
+        raise ValueError(f"ac_plan {text!r}: expected one 'kind:letters' per block kind "
+                         f"({', '.join(BLOCK_KINDS)}), e.g. 'sequence:SF interaction:-- cross:F-'")
+    choices = {}
+    for kind, row in parts.items():
+        if len(row) != n_layers or any(c not in letters for c in row):
+            raise ValueError(f"ac_plan {text!r}: {kind} needs {n_layers} letters of "
+                             f"{''.join(letters)} (one per layer), got {row!r}")
+        choices.update({f"layers.{i}.{kind}": letters[c] for i, c in enumerate(row) if letters[c] != "none"})
+    return choices
+
+
 def plan_of(profile: ActivationProfile, choices: Mapping[str, str], budget_bytes: int | None = None) -> Plan:
     """The Plan (predicted bytes, recompute FLOPs) of given choices, from the profile."""
     by_name = {b.name: b for b in profile.blocks}
@@ -303,31 +310,3 @@ def _pareto(states):
             kept.append(s)
             best = (s[1], s[2])
     return kept
-
-
-# ----------------------------------------------------------------------------- FLOPs
-
-
-def recompute_flops(cfg: ModelConfig, lengths, choices: Mapping[str, str], *, jagged: bool,
-                    kernel: str = "reference") -> int:
-    """Analytic FLOPs a plan recomputes in one training step (executed, not model, FLOPs).
-
-    "full" reruns the block's forward (its components' executed forward FLOPs in
-    gemref.mfu.flops, per layer) up to the last op whose saved tensors backward reads: a
-    non-reentrant checkpoint stops recomputing there (early stop), so the FFN down
-    projection of a sequence block and the linear-compression einsum that ends an
-    interaction block are not rerun; a cross block ends in a gather that saves its index,
-    so all of it is. "selective" saves every FLOP-costing op and recomputes none.
-    HFU counts these FLOPs as executed; MFU never does.
-    """
-    ls = [int(x) for x in (lengths.tolist() if hasattr(lengths, "tolist") else lengths)]
-    fwd = executed_flops(cfg, ls, jagged=jagged, kernel=kernel).forward
-    rows = sum(ls) if jagged else len(ls) * cfg.max_len
-    d, N = cfg.d_model, cfg.n_ns_tokens
-    not_rerun = {"sequence": 2 * rows * cfg.ffn_mult * d * d, "interaction": 2 * len(ls) * N * N * d, "cross": 0}
-    per_layer = {}
-    for kind, components in BLOCK_COMPONENTS.items():
-        total = sum(fwd[c] for c in components)
-        assert total % cfg.n_layers == 0
-        per_layer[kind] = total // cfg.n_layers - not_rerun[kind]
-    return sum(per_layer[block_kind(n)] for n, o in choices.items() if o == "full")

@@ -33,7 +33,8 @@ from ..options import add_device_arg, device_of, output_file
 from ..data.jagged import lengths_to_offsets
 from ..errors import UsageError
 from ..mfu.memory import track_peak_memory
-from ..report import format_table, write_json
+from ..report import format_table
+from ..files import write_json
 from ..mfu.timing import interleaved
 
 PROFILES = ("fixed", "uniform", "skewed")
@@ -105,7 +106,8 @@ def compare_kernels(lengths: list[int], kernels: list[str], activation: str, *, 
     fns = {(kernel, "fwd"): forward(kernel) for kernel in runnable}
     fns.update({(kernel, "fwdbwd"): forward_backward(kernel) for kernel in runnable})
     seconds = {name: statistics.median(t) for name, t in
-               interleaved(fns, warmup, reps, lambda fn: _seconds(fn, device)).items()}
+               interleaved({name: (lambda k, fn=fn: _seconds(fn, device)) for name, fn in fns.items()}, reps,
+                           warmup=warmup).items()}
     model = attention_model_flops(lengths, lengths, heads, head_dim, causal, window)
     lengths_t = torch.tensor(lengths, device=device)
     rows = []

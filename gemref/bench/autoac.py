@@ -30,20 +30,18 @@ import numpy as np
 import torch
 
 from ..autoac.profile import backward_flops, find_batch_size, forward_with_bytes, profile_blocks, step_bytes
-from ..autoac.solver import Plan, ac_blocks, apply_plan, recompute_flops, solve
-from ..compile import compile_model
+from ..autoac.solver import Plan, applied_plan, solve
 from ..config import PRESETS, Preset, TrainConfig, get_preset, override
-from ..options import add_device_arg, nonnegative_int, output_file, positive_int
 from ..data.loader import EventDataset, make_loader
-from ..data.shards import ensure_dataset, shard_paths
-from ..mfu.flops import executed_flops, model_flops
-from ..mfu.meter import stopwatch
-from ..mfu.peak import peak_flops
-from ..report import format_table, write_json
-from ..data.shards import dataset_dir
-from ..env import resolve_device, versions
+from ..env import versions
 from ..errors import UsageError
-from ..train import build_model, forward_loss, make_optimizer, train_step
+from ..files import write_json
+from ..mfu.flops import executed_flops, model_flops, step_flops
+from ..mfu.meter import mfu, run_peak
+from ..mfu.timing import StepRecord, interleaved, timed_step
+from ..options import add_device_arg, nonnegative_int, output_file, positive_int
+from ..report import format_table
+from ..train import Setup, build_model, forward_loss, make_optimizer, setup, train_step
 
 DEFAULT_BUDGETS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 SWEEP_COLUMNS = ("budget", "strategy", "act_mb", "act_pct", "fits", "recompute_pct", "step_s", "vs_none",
@@ -54,16 +52,32 @@ GAIN_COLUMNS = ("strategy", "batch_size", "memory_mb", "recompute_pct", "step_s"
 
 @dataclass
 class Bench:
-    """What every strategy shares: preset, switches, device, data, the timed batches, peak FLOP/s."""
+    """What every strategy shares: the eager no-AC run's Setup (gemref.train.setup: preset,
+    data, device, precision, the resolved kernel), the bench's switches (`train`: jagged,
+    kernel auto, --compile), the timed batches, the untimed warm-up steps and one device's
+    peak FLOP/s."""
 
-    preset: Preset
+    s: Setup
     train: TrainConfig
-    device: torch.device
-    autocast: torch.dtype | None
-    dataset: EventDataset
     batches: list
     warmup: int
     peak: float | None
+
+    @property
+    def preset(self) -> Preset:
+        return self.s.preset
+
+    @property
+    def device(self) -> torch.device:
+        return self.s.device
+
+    @property
+    def autocast(self) -> torch.dtype | None:
+        return self.s.precision.autocast_dtype
+
+    @property
+    def dataset(self) -> EventDataset:
+        return self.s.train_set
 
 
 def make_bench(preset: str | Preset, *, batch_size: int | None = None, steps: int = 3, warmup: int = 1,
@@ -71,17 +85,11 @@ def make_bench(preset: str | Preset, *, batch_size: int | None = None, steps: in
     preset = get_preset(preset) if isinstance(preset, str) else preset
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
-    dev = resolve_device(device)
     train = override(preset.train, jagged=True, kernel="auto", batch_size=batch_size or preset.train.batch_size,
-                     seed=seed, compile=compile)
-    folder = dataset_dir(preset, data_root)
-    ensure_dataset(preset.model, preset.data, folder)
-    dataset = EventDataset(shard_paths(folder, "train"), preset.model)
-    _, kernel, precision = build_model(preset, override(train, compile=False), dev)
-    autocast = precision.autocast_dtype
-    peak = peak_flops(dev, "bf16" if autocast else "fp32").flops
-    b = Bench(preset, override(train, kernel=kernel), dev, autocast, dataset, [], warmup, peak)
-    b.batches = timed_batches(b, b.train.batch_size, warmup + steps)
+                     seed=seed, compile=compile, eval_every=0)
+    s = setup(preset, override(train, compile=False), device=device, data_root=data_root)
+    b = Bench(s, train, [], warmup, run_peak(s.device, s.precision.precision).flops)
+    b.batches = timed_batches(b, train.batch_size, warmup + steps)
     return b
 
 
@@ -90,59 +98,57 @@ def timed_batches(b: Bench, batch_size: int, count: int) -> list:
     return [next(loader).to(b.device) for _ in range(count)]
 
 
-def strategy_model(b: Bench, strategy: str, plan: Plan | dict | None = None, *, budget: float = 1.0,
-                   compiled: bool | None = None) -> torch.nn.Module:
-    """A fresh model (same seed) with a strategy applied: AC before compile, as in training."""
+def strategy_config(b: Bench, strategy: str, plan: Plan | None = None, *, budget: float = 1.0,
+                    compiled: bool | None = None, compress: str = "none") -> TrainConfig:
+    """The TrainConfig of a strategy (training's switches, so train.build_model applies it: AC
+    before compile, as in training). `plan`: AutoAC's solved plan for "auto"."""
+    compiled = b.train.compile if compiled is None else compiled
     if strategy == "pt2":
-        return build_model(b.preset, override(b.train, compile=True, ac="pt2", ac_budget=budget), b.device)[0]
-    model = build_model(b.preset, override(b.train, compile=False), b.device)[0]
-    if strategy == "full":
-        apply_plan(model, {name: "full" for name in ac_blocks(model)})
-    elif strategy == "auto" and plan is not None:
-        apply_plan(model, plan)
-    if b.train.compile if compiled is None else compiled:
-        compile_model(model)
-    return model
+        return override(b.train, compile=True, ac="pt2", ac_budget=budget, ac_compress="none")
+    if strategy == "auto":
+        return override(b.train, compile=compiled, ac="auto", ac_plan=plan.summary(), ac_compress=compress)
+    return override(b.train, compile=compiled, ac=strategy, ac_budget=1.0, ac_plan="", ac_compress=compress)
+
+
+def strategy_model(b: Bench, strategy: str, plan: Plan | None = None, *, budget: float = 1.0,
+                   compiled: bool | None = None, compress: str = "none") -> torch.nn.Module:
+    """A fresh model (same seed) with a strategy applied, built as training builds it."""
+    return build_model(b.preset, strategy_config(b, strategy, plan, budget=budget, compiled=compiled,
+                                                 compress=compress), b.device)[0]
 
 
 class Trainer:
     """A model and training's optimizer (`train.make_optimizer`); `step(batch)` runs training's
-    step (`train.train_step`) and returns its seconds."""
+    step (`train.train_step`) under the one step timer and returns its StepRecord."""
 
     def __init__(self, b: Bench, model):
         self.b, self.model = b, model
         self.optimizer = make_optimizer(model, b.train)
 
-    def step(self, batch) -> float:
-        with stopwatch(self.b.device) as elapsed:
-            train_step(self.model, self.optimizer, batch, autocast_dtype=self.b.autocast)
-        return elapsed[0]
+    def step(self, batch) -> StepRecord:
+        cfg, kernel = self.b.preset.model, self.b.s.kernel
+        count = lambda lengths: step_flops(cfg, lengths, jagged=True, kernel=kernel,  # noqa: E731
+                                           ac_choices=applied_plan(self.model), device=self.b.device)
+        run = lambda x: train_step(self.model, self.optimizer, x, autocast_dtype=self.b.autocast)  # noqa: E731
+        return timed_step(lambda: batch, run, self.b.device, count)[0]
 
 
 def paired_steps(b: Bench, trainer: Trainer, batches: list, reference: Trainer,
-                 reference_batches: list | None = None) -> tuple[list[float], list[float]]:
-    """Seconds of `trainer`'s steps after the warm-up, each paired with a step of `reference`
-    (on the same batch unless `reference_batches` are given) run right before or after it,
-    alternately, so that a shared machine's changing load hits both alike. Returns the
-    trainer's seconds and the reference's."""
+                 reference_batches: list | None = None) -> tuple[list[StepRecord], list[StepRecord]]:
+    """`trainer`'s steps after the warm-up, each paired with a step of `reference` (on the same
+    batch unless `reference_batches` are given), interleaved in alternating order
+    (gemref/mfu/timing.py), so that a shared machine's changing load hits both alike.
+    Returns the trainer's records and the reference's."""
     reference_batches = reference_batches or batches
-    seconds, ref_seconds = [], []
-    for i, (batch, ref_batch) in enumerate(zip(batches, reference_batches)):
-        if i % 2:
-            t, ref = trainer.step(batch), reference.step(ref_batch)
-        else:
-            ref, t = reference.step(ref_batch), trainer.step(batch)
-        if i >= b.warmup:
-            seconds.append(t)
-            ref_seconds.append(ref)
-    return seconds, ref_seconds
+    out = interleaved({"trainer": lambda k: trainer.step(batches[k]),
+                       "reference": lambda k: reference.step(reference_batches[k])},
+                      len(batches) - b.warmup, warmup=b.warmup, alternate=True)
+    return out["trainer"], out["reference"]
 
 
-def _mfu(b: Bench, batches: list, seconds: list[float]) -> float | None:
-    if not b.peak:
-        return None
-    cfg = b.preset.model
-    return statistics.median(model_flops(cfg, x.lengths).total / s for x, s in zip(batches, seconds)) / b.peak
+def run_mfu(b: Bench, records: list[StepRecord]) -> float | None:
+    """MFU of a strategy's timed steps on one device (gemref/mfu/meter.py: the one definition)."""
+    return mfu(sum(r.model_flops for r in records), sum(r.step_s for r in records), b.peak)
 
 
 def measure(b: Bench, model, reference: Trainer, *, bytes_model=None, base_backward: int = 0) -> dict:
@@ -152,15 +158,16 @@ def measure(b: Bench, model, reference: Trainer, *, bytes_model=None, base_backw
     loss, nbytes = forward_with_bytes(bytes_model or model, batch, b.autocast)
     del loss
     bwd = backward_flops(forward_loss(model, batch, b.autocast), model)
-    seconds, ref_seconds = paired_steps(b, Trainer(b, model), b.batches, reference)
+    timed, ref_timed = paired_steps(b, Trainer(b, model), b.batches, reference)
+    seconds, ref_seconds = [r.step_s for r in timed], [r.step_s for r in ref_timed]
     cfg, model_f = b.preset.model, model_flops(b.preset.model, batch.lengths).total
     recompute = bwd - base_backward if base_backward else 0
-    mfu = _mfu(b, b.batches[b.warmup:], seconds)
-    executed = executed_flops(cfg, batch.lengths, jagged=True, kernel=b.train.kernel).total + recompute
+    step_mfu = run_mfu(b, timed)
+    executed = executed_flops(cfg, batch.lengths, jagged=True, kernel=b.s.kernel).total + recompute
     return {"act_bytes": nbytes, "backward_flops": bwd, "recompute_flops": recompute,
             "recompute_pct": 100 * recompute / model_f, "step_s": statistics.median(seconds), "steps_s": seconds,
             "vs_reference": statistics.median(t / r for t, r in zip(seconds, ref_seconds)),
-            "mfu": mfu, "hfu": mfu * executed / model_f if mfu is not None else None}
+            "mfu": step_mfu, "hfu": step_mfu * executed / model_f if step_mfu is not None else None}
 
 
 def budget_sweep(b: Bench, budgets=DEFAULT_BUDGETS, *, pt2: bool = True, log=print) -> dict:
@@ -245,21 +252,19 @@ def batch_gain(b: Bench, memory_budget: int | None = None, max_batch: int | None
     log(f"timing batch {found.no_ac_batch} without AC against batch {found.autoac_batch} with AutoAC ...")
     cfg, count = b.preset.model, len(b.batches)
     batches = {"none": timed_batches(b, found.no_ac_batch, count), "auto": timed_batches(b, found.autoac_batch, count)}
-    auto_s, none_s = paired_steps(b, Trainer(b, strategy_model(b, "auto", found.plan)), batches["auto"],
+    auto_r, none_r = paired_steps(b, Trainer(b, strategy_model(b, "auto", found.plan)), batches["auto"],
                                   Trainer(b, strategy_model(b, "none")), batches["none"])
+    auto_s, none_s = [r.step_s for r in auto_r], [r.step_s for r in none_r]
     rows = []
-    for strategy, plan, used, seconds in (("none", None, found.no_ac_bytes, none_s),
-                                          ("auto", found.plan, found.autoac_bytes, auto_s)):
+    for strategy, plan, used, timed in (("none", None, found.no_ac_bytes, none_r),
+                                        ("auto", found.plan, found.autoac_bytes, auto_r)):
         first, n = batches[strategy][0], batches[strategy][0].batch_size
-        mfu = _mfu(b, batches[strategy][b.warmup:], seconds)
-        recompute = recompute_flops(cfg, first.lengths, plan.choices if plan else {}, jagged=True,
-                                    kernel=b.train.kernel)
-        model_f = model_flops(cfg, first.lengths).total
-        executed = executed_flops(cfg, first.lengths, jagged=True, kernel=b.train.kernel).total + recompute
+        seconds = [r.step_s for r in timed]
+        flops = step_flops(cfg, first.lengths, jagged=True, kernel=b.s.kernel, ac_choices=plan.choices if plan else {})
         rows.append({"strategy": strategy, "batch_size": n, "memory_mb": used / 2**20,
-                     "recompute_pct": 100 * recompute / model_f, "step_s": statistics.median(seconds),
-                     "samples_per_s": statistics.median(n / s for s in seconds), "mfu": mfu,
-                     "hfu": mfu * executed / model_f if mfu is not None else None,
+                     "recompute_pct": 100 * flops.recompute / flops.model, "step_s": statistics.median(seconds),
+                     "samples_per_s": statistics.median(n / s for s in seconds), "mfu": run_mfu(b, timed),
+                     "hfu": mfu(sum(r.executed_flops for r in timed), sum(seconds), b.peak),
                      "plan": plan.summary() if plan else ""})
     none, auto = rows
     return {"memory_budget_bytes": memory_budget, "measure": found.measure, "rows": rows,
@@ -306,7 +311,7 @@ def run(args) -> int:
                    device=args.device, compile=args.compile)
     log = lambda s: print(s, flush=True)   # noqa: E731
     sweep = budget_sweep(b, budgets, pt2=not args.no_pt2, log=log)
-    title = (f"AutoAC bench: {b.preset.name}, batch {b.train.batch_size}, kernel {b.train.kernel}, "
+    title = (f"AutoAC bench: {b.preset.name}, batch {b.train.batch_size}, kernel {b.s.kernel}, "
              f"compile={b.train.compile}, {b.device.type} ({torch.get_num_threads()} threads), "
              f"no-AC activations {sweep['profile']['base_bytes'] / 2**20:.1f} MiB ({sweep['profile']['method']})")
     print(format_table(sweep["rows"], SWEEP_COLUMNS, title=title))
@@ -316,7 +321,7 @@ def run(args) -> int:
               f"{d['full_recompute_pct']:.2f}% (ratio {d['auto_over_full']:.3f}; target <= 0.5: "
               f"{'met' if d['met'] else 'NOT met'})")
     record = {"kind": "bench_autoac", "preset": b.preset.name, "batch_size": b.train.batch_size,
-              "kernel": b.train.kernel, "compile": b.train.compile, "steps": args.steps_per_strategy, "warmup": args.warmup,
+              "kernel": b.s.kernel, "compile": b.train.compile, "steps": args.steps_per_strategy, "warmup": args.warmup,
               "device": {"type": b.device.type, "threads": torch.get_num_threads(), "machine": platform.machine()},
               "versions": versions(),
               "peak_flops": b.peak, **sweep}

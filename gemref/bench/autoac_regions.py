@@ -39,7 +39,8 @@ from ..config import override
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches
 from ..env import versions
-from ..report import format_table, write_json
+from ..report import format_table
+from ..files import write_json
 from ..train import evaluate, setup
 from .autoac import Trainer, make_bench, paired_steps, strategy_model
 

@@ -45,8 +45,9 @@ from ..config import LENGTH_PROFILES, PRESETS, get_preset, override
 from ..data.synthetic import draw_lengths
 from ..mfu.flops import sample_cost_coefficients
 from ..errors import UsageError
-from ..parallel.launch import spawn
-from ..report import format_table, write_json
+from ..parallel.launch import cpu_ranks, launch, to_rank0
+from ..report import format_table
+from ..files import write_json
 from ..env import versions
 
 
@@ -101,7 +102,7 @@ def _measure_rank(rank, world, preset, max_len, lengths_per_step, cost_coeffs, p
             t1, c1, t2 = marks
             if step >= warmup:
                 out[policy].append([t1 - t0, c1 - c0, t2 - t1, mine.batch_size])
-    return {p: torch.tensor(v, dtype=torch.float64) for p, v in out.items()}
+    return to_rank0({p: torch.tensor(v, dtype=torch.float64) for p, v in out.items()})
 
 
 def calibrate_gem(preset: str, max_len: int, pool: np.ndarray, n_batches: int = 16, reps: int = 2, seed: int = 0):
@@ -185,9 +186,9 @@ def _measure(args, cost: SampleCost) -> tuple[dict | None, list[dict], list[dict
     steps = [draw_lengths(args.profile, args.batch, args.max_len, args.median, args.sigma, args.seed + s)
              for s in range(warmup + args.steps_per_policy)]
     policies = ["round_robin", "kk"]
-    results = spawn(_measure_rank, args.ranks,
-                    (args.preset, args.max_len, steps, (cost.per_sample, cost.per_token, cost.per_token_sq),
-                     policies, warmup), backend="gloo", timeout_s=540)
+    results = launch(_measure_rank, (args.preset, args.max_len, steps,
+                                     (cost.per_sample, cost.per_token, cost.per_token_sq), policies, warmup),
+                     cpu_ranks(args.ranks), timeout_s=540)
     per_rank, summary = [], []
     for policy in policies:
         per_step = torch.stack([res[policy] for res in results])    # (R, steps, 4)

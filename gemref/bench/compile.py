@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import time
 
 import torch
 
@@ -25,33 +24,38 @@ from ..options import add_device_arg, int_at_least, output_file, positive_int
 from ..config import PRESETS
 from ..compile import REGION_KINDS, compile_stats, region_inputs, run_region
 from ..mfu.meter import percentile
-from ..report import format_table, write_json
+from ..mfu.timing import interleaved, stopwatch
+from ..report import format_table
+from ..files import write_json
 from ..env import versions
 from ..train import forward_loss
-from .autoac import Bench, Trainer, _mfu, make_bench, strategy_model
+from .autoac import Bench, Trainer, make_bench, run_mfu, strategy_model
 
 STEP_COLUMNS = ("variant", "median_step_s", "p10_step_s", "p90_step_s", "vs_eager", "mfu", "compile_s", "graphs",
                 "recompiles_after_warmup")
 
 
 def compare_steps(b: Bench) -> dict:
-    """Interleaved training steps of an eager and a compiled model on the same batches."""
+    """Interleaved training steps of an eager and a compiled model on the same batches
+    (gemref/mfu/timing.py interleaved, alternating who goes first)."""
     models = {"eager": strategy_model(b, "none", compiled=False), "compiled": strategy_model(b, "none", compiled=True)}
     trainers = {name: Trainer(b, model) for name, model in models.items()}
     stats = compile_stats(models["compiled"])
-    seconds: dict[str, list[float]] = {"eager": [], "compiled": []}
-    after_warmup = None
-    for i, batch in enumerate(b.batches):
-        if i == b.warmup:
-            after_warmup = (stats.graphs, stats.recompiles)
-        for name in (("eager", "compiled") if i % 2 == 0 else ("compiled", "eager")):
-            elapsed = trainers[name].step(batch)
-            if i >= b.warmup:
-                seconds[name].append(elapsed)
+    after_warmup = []
+
+    def step(name: str, k: int):
+        if k == b.warmup and not after_warmup:          # the first timed round: compilation is behind us
+            after_warmup.append((stats.graphs, stats.recompiles))
+        return trainers[name].step(b.batches[k])
+
+    records = interleaved({name: (lambda k, name=name: step(name, k)) for name in trainers},
+                          len(b.batches) - b.warmup, warmup=b.warmup, alternate=True)
+    seconds = {name: [r.step_s for r in rs] for name, rs in records.items()}
+    after_warmup = after_warmup[0]
     rows = []
     for name, s in seconds.items():
         rows.append({"variant": name, "median_step_s": statistics.median(s), "p10_step_s": percentile(s, 0.1),
-                     "p90_step_s": percentile(s, 0.9), "mfu": _mfu(b, b.batches[b.warmup:], s), "steps_s": s})
+                     "p90_step_s": percentile(s, 0.9), "mfu": run_mfu(b, records[name]), "steps_s": s})
     paired = statistics.median(c / e for c, e in zip(seconds["compiled"], seconds["eager"]))
     rows[0]["vs_eager"], rows[1]["vs_eager"] = 1.0, paired
     rows[1].update(compile_s=stats.compile_seconds, graphs=stats.graphs,
@@ -62,24 +66,19 @@ def compare_steps(b: Bench) -> dict:
 
 
 def compare_regions(b: Bench, models: dict, reps: int = 5) -> list[dict]:
-    """Forward+backward seconds of each region kind (layer 0), eager vs compiled."""
-    eager, compiled = models["eager"], models["compiled"]
+    """Forward+backward seconds of each region kind (layer 0), eager vs compiled, interleaved."""
+    eager = models["eager"]
     inputs = region_inputs(eager, lambda: forward_loss(eager, b.batches[0], b.autocast))
-    sync = (lambda: torch.cuda.synchronize(b.device)) if b.device.type == "cuda" else (lambda: None)
     rows = []
     for name, (block_name, method) in REGION_KINDS.items():
-        timing = {}
-        for variant, model in (("eager", eager), ("compiled", compiled)):
-            fn = getattr(getattr(model.layers[0], block_name), method)
-            run_region(fn, inputs[name])        # warm-up (and, for an eval-free region, no compile)
-            samples = []
-            for _ in range(reps):
-                sync()
-                start = time.perf_counter()
+        def timed(variant: str, name=name, block_name=block_name, method=method) -> float:
+            fn = getattr(getattr(models[variant].layers[0], block_name), method)
+            with stopwatch(b.device) as elapsed:
                 run_region(fn, inputs[name])
-                sync()
-                samples.append(time.perf_counter() - start)
-            timing[variant] = statistics.median(samples)
+            return elapsed[0]
+
+        samples = interleaved({v: (lambda k, v=v: timed(v)) for v in ("eager", "compiled")}, reps, warmup=1)
+        timing = {v: statistics.median(t) for v, t in samples.items()}
         rows.append({"region": name, "eager_ms": 1e3 * timing["eager"], "compiled_ms": 1e3 * timing["compiled"],
                      "speedup": timing["eager"] / timing["compiled"]})
     return rows
@@ -105,7 +104,7 @@ def run(args) -> int:
                    device=args.device)
     steps = compare_steps(b)
     regions = compare_regions(b, steps.pop("models"), args.region_reps)
-    where = f"{b.preset.name}, jagged, kernel {b.train.kernel}, batch {b.train.batch_size}, {b.device.type} " \
+    where = f"{b.preset.name}, jagged, kernel {b.s.kernel}, batch {b.train.batch_size}, {b.device.type} " \
             f"({torch.get_num_threads()} threads)"
     print(format_table(steps["rows"], STEP_COLUMNS, title=f"eager vs compiled training steps: {where}"))
     print(format_table(regions, title="dense regions alone (forward + backward, layer 0)"))
@@ -113,7 +112,7 @@ def run(args) -> int:
           f"recompiles after warm-up: {steps['rows'][1]['recompiles_after_warmup']}")
     if args.json:
         write_json(args.json, {"kind": "bench_compile", "preset": b.preset.name, "batch_size": b.train.batch_size,
-                               "kernel": b.train.kernel, "steps": args.steps_per_variant, "warmup": args.warmup,
+                               "kernel": b.s.kernel, "steps": args.steps_per_variant, "warmup": args.warmup,
                                "device": {"type": b.device.type, "threads": torch.get_num_threads(),
                                           "machine": platform.machine()},
                                "versions": versions(),

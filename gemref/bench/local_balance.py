@@ -41,8 +41,9 @@ from ..data.sampler import BalancedDistributedBatchSampler
 from ..data.synthetic import draw_lengths
 from ..env import versions
 from ..mfu.flops import sample_cost_coefficients
-from ..parallel.launch import spawn
-from ..report import format_table, write_json
+from ..parallel.launch import cpu_ranks, launch, to_rank0
+from ..report import format_table
+from ..files import write_json
 from .balance import gem_model
 
 SIM_COLUMNS = ("ranks", "policy", "imbalance", "imbalance_worst", "of_optimum", "of_kk", "gap_closed",
@@ -114,8 +115,8 @@ def _measure_rank(rank, world, preset_name, lengths, global_batch, policies, poo
             nbytes = activation_bytes(model, batch)            # untimed, separate forward
             if step >= warmup:
                 out[policy].append([t1 - t0, c1 - c0, t2 - t1, len(ids), nbytes])
-    return {"times": {p: torch.tensor(v, dtype=torch.float64) for p, v in out.items()},
-            "ids": {p: torch.tensor([i for b in plans[p] for i in b], dtype=torch.int64) for p in policies}}
+    return to_rank0({"times": {p: torch.tensor(v, dtype=torch.float64) for p, v in out.items()},
+                     "ids": {p: torch.tensor([i for b in plans[p] for i in b], dtype=torch.int64) for p in policies}})
 
 
 def measure(args, ranks: int) -> list[dict]:
@@ -124,8 +125,8 @@ def measure(args, ranks: int) -> list[dict]:
     n = global_batch * (args.measure_warmup + args.measure_steps)
     lengths = _lengths(preset, n, np.random.default_rng([args.seed, 5]))
     policies = [p for p in args.policies if p in SAMPLER_POLICIES]
-    results = spawn(_measure_rank, ranks, (args.measure_preset, lengths, global_batch, policies, args.pool_steps,
-                                           args.measure_warmup, args.seed), timeout_s=540)
+    results = launch(_measure_rank, (args.measure_preset, lengths, global_batch, policies, args.pool_steps,
+                                     args.measure_warmup, args.seed), cpu_ranks(ranks), timeout_s=540)
     rows = []
     for policy in policies:
         t = torch.stack([res["times"][policy] for res in results])         # (R, steps, 5)

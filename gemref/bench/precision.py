@@ -27,7 +27,8 @@ from ..errors import UsageError
 from ..precision.sqnr import compare_linear
 from ..config import PRECISION_KERNELS as KERNELS, PRECISIONS
 from ..precision.apply import apply_precision
-from ..report import format_table, write_json
+from ..report import format_table
+from ..files import write_json
 from ..train import run as train_run
 
 DEFAULT_DIMS = {

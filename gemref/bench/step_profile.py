@@ -34,7 +34,8 @@ from ..mfu.flops import model_flops
 from ..mfu.op_classes import CLASSES, ancestors_of, op_class
 from ..mfu.peak import device_name, peak_flops
 from ..mfu.profile import quiet_profile
-from ..report import format_table, write_json
+from ..report import format_table
+from ..files import write_json
 from ..env import versions
 from ..train import sample_batch, setup
 
@@ -138,12 +139,8 @@ def profile_step(s, batch, *, warmup: int = 3, timed_steps: int = 10, profile_st
     "peak_flops", "peak_source"}."""
     for _ in range(warmup):
         s.step(batch)
-    wall, cpu = [], []
-    for _ in range(timed_steps):
-        w0, c0 = time.perf_counter(), time.process_time()
-        s.step(batch)
-        wall.append(time.perf_counter() - w0)
-        cpu.append(time.process_time() - c0)
+    timed = [s.timed_step(lambda: batch)[0] for _ in range(timed_steps)]   # the one step timer
+    wall, cpu = [r.step_s for r in timed], [r.process_cpu_s for r in timed]
     step_s = statistics.median(wall)
     prof = quiet_profile("cpu")
     prof.record_shapes = True   # read when the trace starts

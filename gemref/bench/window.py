@@ -39,7 +39,8 @@ from ..data.jagged import lengths_to_offsets
 from ..env import versions
 from ..errors import UsageError
 from ..mfu.memory import track_peak_memory
-from ..report import format_table, write_json
+from ..report import format_table
+from ..files import write_json
 from ..mfu.timing import interleaved
 
 VARIANTS = ("full", "window")
@@ -78,7 +79,8 @@ def window_sweep(lengths: list[int], window: int, *, batch: int = 2, heads: int 
             return lambda: torch.autograd.grad(gdpa(q, k, v, offsets, activation=activation, causal=True, window=w,
                                                     kernel=kernel, max_len=L), (q, k, v), grad)
 
-        samples = interleaved({name: step(w) for name, w in windows.items()}, warmup, reps, _wall_and_cpu)
+        samples = interleaved({name: (lambda k, fn=step(w): _wall_and_cpu(fn)) for name, w in windows.items()}, reps,
+                              warmup=warmup)
         times = {name: {"wall": [w for w, _ in t], "cpu": [c for _, c in t]} for name, t in samples.items()}
         full_model = 3 * attention_model_flops(seq, seq, heads, head_dim, True, None)
         lengths_t = torch.tensor(seq)

@@ -5,7 +5,7 @@ import argparse
 from dataclasses import replace
 
 from ..config import DataConfig, get_preset, override
-from ..config.fields import parse_field
+from ..config.values import parse_field
 from ..options import add_preset_arg, check_output_dir, output_dir, split_pairs
 
 NAME = "data"

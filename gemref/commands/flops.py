@@ -25,13 +25,16 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..mfu.verify import flops_report
-    from ..report import format_table, write_json
+    from ..train import sample_batch, setup
+    from ..report import format_table
+    from ..files import write_json
 
     preset = get_preset(args.preset)
     train = train_config_from_args(args, preset.train)
     replace(preset, train=train)        # the preset's checks of the config against its data
     device_of(args.device)
-    report = flops_report(preset, train, device=args.device, verify=args.verify)
+    s = setup(preset, train, device=args.device)
+    report = flops_report(s, sample_batch(s), verify=args.verify)
     print(format_table(report["components"], title=f"FLOPs of one training step ({preset.name}, "
                        f"batch {train.batch_size}, jagged={train.jagged}, kernel={report['kernel']})"))
     for line in report["summary"]:

@@ -59,7 +59,8 @@ def _configure_validate(p: argparse.ArgumentParser) -> None:
 def run_project(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from ..report import format_table, write_json
+    from ..report import format_table
+    from ..files import write_json
     from ..simulate.projection import GPU_COUNTS, Options, check_gpus, project
     from ..simulate.summary import (at, findings, gem_band, load_waterfall, measured_mfu, mfu_pivot,
                                     parse_mfu_assumption, rung_deltas, table_rows)
@@ -88,7 +89,8 @@ def run_project(args: argparse.Namespace) -> int:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from ..report import format_table, write_json
+    from ..report import format_table
+    from ..files import write_json
     from ..simulate.validate import validate
 
     for ranks in args.ranks:

@@ -1,7 +1,7 @@
 """TrainConfig on the command line: one option per field, derived from the dataclass.
 
 Each field `foo_bar` becomes `--foo-bar VALUE`, parsed by the field's declared type
-(gemref/fields.py); a bool field becomes `--foo-bar/--no-foo-bar`. HELP and CHOICES below only
+(gemref/config/values.py); a bool field becomes `--foo-bar/--no-foo-bar`. HELP and CHOICES below only
 add words and valid values; every option defaults to the preset's value. `--set KEY=VALUE`
 sets any field too (the same typed parsing), so scripts written against either form work.
 """
@@ -15,7 +15,7 @@ from ..config import (AC_COMPRESSIONS, AC_MODES, BACKENDS, BALANCE_POLICIES, PRE
                       SPARSE_SHARDINGS)
 from ..config import TrainConfig, override
 from ..errors import UsageError
-from ..config.fields import field_types, parse_as, parse_field
+from ..config.values import field_types, parse_as, parse_field
 from ..options import output_dir, split_pairs
 
 
@@ -44,6 +44,8 @@ HELP = {
     "ac_budget": "auto/pt2: activation memory budget, a fraction in (0, 1] of the no-checkpoint bytes",
     "ac_compress": "rung 4: store saved activations as FP8/MX (with --ac none: every block; with --ac auto: "
                    "one more option per block)",
+    "ac_plan": "with --ac auto: apply this solved plan instead of solving at setup (the record's "
+               "ac_plan.summary, e.g. 'sequence:SF interaction:-- cross:F-')",
     "balance": "rung 5: split global batches across ranks by cost",
     "mesh": "rung 6: RxS mesh, R replica groups x S-way sharding (with --ranks N or torchrun: "
             "default 1xN, FSDP over all ranks)",

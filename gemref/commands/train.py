@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 from ..config import ModelConfig, TrainConfig, get_preset, override, parse_mesh
 from ..errors import UsageError
-from ..config.fields import parse_field
+from ..config.values import parse_field
 from ..options import (add_device_arg, add_preset_arg, argtype, check_local_ranks, check_workers, device_of, output_dir,
-                   output_file, positive_int)
+                       output_file, positive_int)
 from .switches import add_train_switches, train_changes, train_config_from_args
 
 if TYPE_CHECKING:                 # the record's types import torch: only for type checkers
@@ -37,8 +37,12 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def plan_ranks(train: TrainConfig, ranks: int | None, torchrun: int | None, device_type: str,
-               mesh_given: bool) -> tuple[TrainConfig, int | None]:
-    """(the config with its mesh, the world size or None for one process), checked in the user's terms."""
+               mesh_given: bool) -> TrainConfig:
+    """The config with its mesh (default with ranks: 1xN, FSDP over all of them), and the
+    switches that need ranks refused in one process. The launch's own checks (mesh against
+    ranks, backend, transport) are gemref/parallel/launch.py's preflight; the rank count
+    against the machine (the same check the preflight makes) comes first, so that a count this
+    machine cannot run is named before anything derived from it."""
     mesh = parse_mesh(train.mesh)
     world = ranks if ranks is not None else torchrun
     if world is None:
@@ -50,7 +54,7 @@ def plan_ranks(train: TrainConfig, ranks: int | None, torchrun: int | None, devi
                                                                                "across ranks")):
             if value != "none":      # one process: nothing to split, the switch would do nothing
                 raise UsageError(f"{flag} {value} {what}: add --ranks N (or launch with torchrun)")
-        return train, None
+        return train
     if ranks is not None:
         check_local_ranks(ranks, device_type)
     given = f"--ranks {ranks}" if ranks is not None else f"torchrun started {world} ranks"
@@ -58,10 +62,8 @@ def plan_ranks(train: TrainConfig, ranks: int | None, torchrun: int | None, devi
         raise UsageError(f"--batch-size {train.batch_size} is the global batch: {given} needs at least one "
                          "sample per rank and step")
     if not mesh_given and mesh.world == 1:          # default: FSDP over all ranks
-        return override(train, mesh=f"1x{world}"), world
-    if mesh.world != world:
-        raise UsageError(f"--mesh {train.mesh} needs {mesh.world} ranks, but {given}")
-    return train, world
+        return override(train, mesh=f"1x{world}")
+    return train
 
 
 def _print_parallel(record: RunRecord) -> None:
@@ -88,31 +90,28 @@ def run(args: argparse.Namespace) -> int:
     from ..report import fmt, format_table
     from ..report.figures import run_figure, save_figure
     from ..report.rows import run_row
-    from ..run_ranks import launch_train
     from ..step import NonFiniteError
-    from ..train import run as train_run
+    from ..train import launch_runs
 
     preset = get_preset(args.preset)
     if args.attention_window is not None:
         preset = replace(preset, model=override(preset.model, window=args.attention_window))
     device = device_of(args.device)
-    train, world = plan_ranks(train_config_from_args(args, preset.train), args.ranks, torchrun_world(),
-                              device.type, mesh_given="mesh" in train_changes(args))
+    train = plan_ranks(train_config_from_args(args, preset.train), args.ranks, torchrun_world(), device.type,
+                       mesh_given="mesh" in train_changes(args))
     check_workers(train.num_workers)
     replace(preset, train=train)        # the preset's checks of the config against its data
     out = Path(args.out) if args.out else None
     json_path = args.json or (out / "run.json" if out else None)
-    if world is None:
-        try:
-            record = train_run(preset, train, device=args.device, json_path=json_path, progress=not args.quiet)
-        except NonFiniteError as e:   # the run's outcome (lr, data), not a bug in gemref: one line, exit 1
-            print(f"gemref train: error: {e}", file=sys.stderr)
-            return 1
-    else:
-        record = launch_train(preset, train, ranks=args.ranks, device=args.device, json_path=json_path,
+    try:
+        records = launch_runs(preset, [train], ranks=args.ranks, device=args.device, json_path=json_path,
                               progress=not args.quiet)
-        if record is None:          # a torchrun rank other than 0: rank 0 reports
-            return 0
+    except NonFiniteError as e:       # the run's outcome (lr, data), not a bug in gemref: one line, exit 1
+        print(f"gemref train: error: {e}", file=sys.stderr)
+        return 1
+    if records is None:               # a torchrun rank other than 0: rank 0 reports
+        return 0
+    record = records[0]
     print(format_table([run_row(record)], title=f"gemref train ({record['device']['name']}, {record['dtype']})"))
     print(f"peak FLOP/s {fmt(record['peak_flops'])} ({record['mfu_basis']}): {record['peak_source']}")
     if "parallel" in record:

@@ -36,7 +36,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..report import atomic_write_text, format_table, markdown_table
+    from ..report import format_table, markdown_table
+    from ..files import atomic_write_text
     from ..report.figures import save_figure, waterfall_breakdown_figure, waterfall_figure
     from ..waterfall import (BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, check_options, notes, run_waterfall,
                              table_rows)

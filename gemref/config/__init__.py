@@ -2,7 +2,7 @@
 
 Everything a run depends on is a small frozen dataclass, so a run record can store it with
 `dataclasses.asdict` and a test can build a variant with `dataclasses.replace`. Every
-dataclass checks its fields' types (gemref/fields.py) and ranges when built: a bad value is a
+dataclass checks its fields' types (gemref/config/values.py) and ranges when built: a bad value is a
 UsageError (a ValueError) naming the field, never a silent clamp.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ..errors import UsageError
-from .fields import check_field_types
+from .values import check_field_types
 
 ATTENTION_ACTIVATIONS = (
     "softmax", "silu", "gelu", "gelu_tanh", "relu", "relu2", "leaky_relu", "identity",
@@ -27,6 +27,7 @@ AC_MODES = ("none", "full", "auto", "pt2")
 AC_COMPRESSIONS = ("none", "fp8_tensor", "fp8_block", "mxfp8")
 PRECISIONS = ("fp32", "bf16", "float8_rowwise", "float8_tensorwise", "mxfp8")   # gemref/precision/apply.py
 PRECISION_KERNELS = ("auto", "native", "emulated")                            # float8/MXFP8 GEMM paths
+AC_PLAN_PATTERN = r"sequence:[-SFC]+ interaction:[-SFC]+ cross:[-SFC]+"   # autoac.solver.Plan.summary()
 MAX_SEED = 2 ** 63 - 1      # seeds reach torch.manual_seed and int64 records: larger ones overflow there
 
 
@@ -173,6 +174,7 @@ class TrainConfig:
     ac: str = "none"            # rung 4: activation checkpointing: none, full, auto (AutoAC), pt2
     ac_budget: float = 1.0      # auto/pt2: activation memory budget, fraction of the no-AC bytes
     ac_compress: str = "none"   # saved activations as FP8/MX (AC_COMPRESSIONS): ac none = every block, auto = an option
+    ac_plan: str = ""           # ac auto: a solved plan to apply as is (Plan.summary text); "": solve at setup
     balance: str = "none"       # rung 5: split each global batch across ranks by cost (BALANCE_POLICIES)
     # rung 6 (gemref/parallel/): batch_size is the GLOBAL batch, split across the ranks
     mesh: str = "1x1"           # RxS: R replica groups x S-way sharding; R*S = number of ranks
@@ -222,6 +224,18 @@ class TrainConfig:
                              f"(compression one more option per block), not ac={self.ac!r}: "
                              + ("a fully checkpointed block keeps only its inputs, which the recompute needs exact"
                                 if self.ac == "full" else "PyTorch 2's budget decides inside compiled graphs"))
+        if self.kernel != "reference" and not self.jagged:
+            raise UsageError(f"kernel={self.kernel!r} runs on the jagged layout: add jagged (--jagged); the padded "
+                             "layout always runs materialised attention")
+        if self.ac_budget != 1.0 and self.ac not in ("auto", "pt2"):
+            raise UsageError(f"ac_budget={self.ac_budget} is read only by ac 'auto' and 'pt2', not ac={self.ac!r}")
+        if self.ac_plan and self.ac != "auto":
+            raise UsageError(f"ac_plan is AutoAC's solved plan: it needs ac 'auto', not ac={self.ac!r}")
+        if self.ac_plan and not re.fullmatch(AC_PLAN_PATTERN, self.ac_plan):
+            raise UsageError(f"ac_plan={self.ac_plan!r} must look like 'sequence:SF interaction:-- cross:F-' "
+                             "(per block kind, one letter per layer: - none, S selective, F full, C compressed)")
+        if "C" in self.ac_plan and self.ac_compress == "none":
+            raise UsageError("ac_plan compresses blocks (C): set ac_compress to the format (e.g. mxfp8)")
         if self.ac == "pt2" and not self.compile:
             raise UsageError("ac='pt2' (PyTorch 2's activation memory budget) acts inside compiled "
                              "regions: it needs compile=True")

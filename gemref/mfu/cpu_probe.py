@@ -21,17 +21,14 @@ and the ISA ceiling beside it.
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
 import mmap
-import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 
+from ..env import CpuInfo, proc_cpuinfo
 from .gemm_paths import PROBE_PATHS, check_fp32, prepare
 
 # (M, K, N): two squares, then Linear shapes of the presets: "base" (d_model 512) x -> qkv
@@ -40,55 +37,6 @@ PROBE_SHAPES = ((512, 512, 512), (1024, 1024, 1024), (1024, 512, 1536), (512, 20
                 (2048, 64, 192), (2048, 128, 64))
 ROUNDS = 3
 CONTENDED_BELOW = 0.9      # process CPU time / (wall x threads) of an honest probe
-
-
-@dataclass(frozen=True)
-class CpuInfo:
-    vendor: str
-    family: int
-    model: int
-    stepping: int
-    model_name: str
-    flags: tuple[str, ...]
-    cores: int             # physical cores this process may run on
-
-    @property
-    def flags_hash(self) -> str:
-        return hashlib.sha256(" ".join(sorted(self.flags)).encode()).hexdigest()[:12]
-
-
-def _cpuinfo_fields() -> dict[str, str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    out: dict[str, str] = {}
-    for line in text.split("\n\n")[0].splitlines():      # the first logical CPU
-        if ":" in line:
-            key, value = line.split(":", 1)
-            out[key.strip()] = value.strip()
-    return out
-
-
-def _int(text: str | None) -> int:
-    try:
-        return int(text or "")
-    except ValueError:
-        return -1              # absent or not a number (e.g. "stepping: unknown", ARM's fields)
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_info() -> CpuInfo:
-    """This CPU as /proc/cpuinfo's first logical CPU describes it (read once per process)."""
-    f = _cpuinfo_fields()
-    logical = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    siblings, per_socket = max(1, _int(f.get("siblings"))), max(1, _int(f.get("cpu cores")))
-    smt = max(1, siblings // per_socket)
-    return CpuInfo(vendor=f.get("vendor_id", platform.machine()), family=_int(f.get("cpu family")),
-                   model=_int(f.get("model")), stepping=_int(f.get("stepping")),
-                   model_name=f.get("model name", platform.processor() or platform.machine()),
-                   flags=tuple((f.get("flags") or f.get("Features") or "").split()),
-                   cores=max(1, logical // smt))
 
 
 # --- the clock ------------------------------------------------------------------------
@@ -128,7 +76,7 @@ def measure_clock_hz(iterations: int = 5_000_000, repeats: int = 5) -> tuple[flo
             best = max(best, _ADDS * iterations / dt) if dt > 0 else best
         if best > 0:
             return best, "measured: timed loop of dependent integer adds (1 cycle each)"
-    mhz = _cpuinfo_fields().get("cpu MHz")
+    mhz = proc_cpuinfo().get("cpu MHz")
     if mhz:
         return float(mhz) * 1e6, "/proc/cpuinfo cpu MHz (nominal under a hypervisor; not measured)"
     return None, "unknown (no x86-64 add loop, no /proc/cpuinfo MHz)"

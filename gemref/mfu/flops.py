@@ -20,15 +20,22 @@ All counts are exact Python ints, in FLOPs (one multiply-add = 2 FLOPs).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Mapping
 
 import torch
 
 from ..attention import KERNELS, attention_model_flops
 from ..attention.api import padded_executed_flops
 from ..config import ModelConfig
+from .timing import StepFlops
 
 COMPONENTS = ("sequence_projections", "sequence_attention", "sequence_ffn", "interaction",
               "cross_projections", "cross_attention", "dense_input", "heads", "embeddings")
+BLOCK_KINDS = ("sequence", "interaction", "cross")     # the blocks of a layer (gemref/model/blocks.py)
+# The components a block's forward runs (for the FLOPs a checkpointed block recomputes).
+BLOCK_COMPONENTS = {"sequence": ("sequence_projections", "sequence_attention", "sequence_ffn"),
+                    "interaction": ("interaction",),
+                    "cross": ("cross_projections", "cross_attention")}
 
 
 @dataclass
@@ -135,3 +142,43 @@ def count_with_flop_counter(fn) -> int:
     with FlopCounterMode(display=False) as counter:
         fn()
     return int(counter.get_total_flops())
+
+
+def block_kind(name: str) -> str:
+    """"layers.2.cross" -> "cross"."""
+    return name.rsplit(".", 1)[-1]
+
+
+def recompute_flops(cfg: ModelConfig, lengths, choices: Mapping[str, str], *, jagged: bool,
+                    kernel: str = "reference") -> int:
+    """Analytic FLOPs a checkpointing plan ({block name: option}, gemref/autoac/solver.py)
+    recomputes in one training step (executed, not model, FLOPs).
+
+    "full" reruns the block's forward (its components' executed forward FLOPs, per layer) up
+    to the last op whose saved tensors backward reads: a non-reentrant checkpoint stops
+    recomputing there (early stop), so the FFN down projection of a sequence block and the
+    linear-compression einsum that ends an interaction block are not rerun; a cross block
+    ends in a gather that saves its index, so all of it is. "selective" saves every
+    FLOP-costing op and recomputes none, "compressed" recomputes nothing either.
+    HFU counts these FLOPs as executed; MFU never does.
+    """
+    ls = _lengths(lengths)
+    fwd = executed_flops(cfg, ls, jagged=jagged, kernel=kernel).forward
+    rows = sum(ls) if jagged else len(ls) * cfg.max_len
+    d, N = cfg.d_model, cfg.n_ns_tokens
+    not_rerun = {"sequence": 2 * rows * cfg.ffn_mult * d * d, "interaction": 2 * len(ls) * N * N * d, "cross": 0}
+    per_layer = {}
+    for kind, components in BLOCK_COMPONENTS.items():
+        total = sum(fwd[c] for c in components)
+        assert total % cfg.n_layers == 0
+        per_layer[kind] = total // cfg.n_layers - not_rerun[kind]
+    return sum(per_layer[block_kind(n)] for n, o in choices.items() if o == "full")
+
+
+def step_flops(cfg: ModelConfig, lengths, *, jagged: bool, kernel: str, ac_choices: Mapping[str, str],
+               device: torch.device | str = "cpu") -> StepFlops:
+    """The FLOP accounting of one training step, written once: model FLOPs (the MFU numerator),
+    executed FLOPs (the path's kernels plus the plan's recompute) and the recompute alone."""
+    recompute = recompute_flops(cfg, lengths, ac_choices, jagged=jagged, kernel=kernel) if ac_choices else 0
+    executed = executed_flops(cfg, lengths, jagged=jagged, kernel=kernel, device=device).total + recompute
+    return StepFlops(model_flops(cfg, lengths).total, executed, recompute)

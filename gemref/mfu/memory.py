@@ -28,13 +28,30 @@ class PeakMemory:
     method: str = ""        # "cuda_allocator" or "cpu_tensor_tracking"
 
 
+_let_in: set = set()     # the opaque ops whose bodies the tracker already runs inside its mode
+
+
+def _let_opaque_ops_in() -> None:
+    """Run the body of every opaque CPU attention op inside the tracker's mode, so the tensors
+    the op allocates internally count too (gemref/attention/jagged_op.py OPAQUE_BODIES)."""
+    from ..attention import KERNELS  # noqa: F401  (importing the package registers every kernel's ops)
+    from ..attention.jagged_op import OPAQUE_BODIES
+
+    for op, body in OPAQUE_BODIES.items():
+        if op not in _let_in:
+            def traced(mode, func, types, args, kwargs, body=body):
+                with mode:
+                    return body(*args, **(kwargs or {}))
+            torch.library.register_torch_dispatch(op, LiveTensorBytes, traced)
+            _let_in.add(op)
+
+
 class LiveTensorBytes(TorchDispatchMode):
-    """The CPU tracker's dispatch mode. A custom op that allocates inside itself (e.g. the
-    cpu_jagged attention) registers `torch.library.register_torch_dispatch(op, LiveTensorBytes,
-    rule)` so the tracker sees its internal tensors too."""
+    """The CPU tracker's dispatch mode; the opaque attention ops run their bodies inside it."""
 
     def __init__(self) -> None:
         super().__init__()
+        _let_opaque_ops_in()
         self.live: dict[int, tuple[StorageWeakRef, int]] = {}
         self.current = 0
         self.peak = 0

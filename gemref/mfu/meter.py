@@ -1,65 +1,92 @@
-"""Step timing, throughput and MFU, measured honestly.
+"""MFU, defined once: model FLOPs over the device-seconds a job held, times one device's peak.
 
-* Warm-up steps are recorded but excluded from every statistic.
-* On CUDA the clock reads happen after `torch.cuda.synchronize`, so a step's time is the
-  device's time, not the launch time.
-* Per-step rates (FLOP/s, tokens/s, samples/s) are computed step by step and the MEDIAN is
-  reported (batches of variable-length histories do different work per step); the spread
-  (10th..90th percentile of step time) is reported next to it.
-* MFU = median model FLOP/s / peak FLOP/s (model FLOPs: gemref/mfu/flops.py, real lengths).
-  HFU uses the executed FLOPs (padding and recompute included) instead.
-* Data-loading share = time blocked waiting for the next batch / (that + step time).
+Over any set of timed steps (a run's, after its warm-up, or a waterfall window's), with W
+ranks, P one device's dense peak FLOP/s for the run's dtype (gemref/mfu/peak.py), F the
+model FLOPs of those steps summed over ranks (gemref/mfu/flops.py: the real lengths), T the
+job's wall clock (the slowest rank's sum of step walls, data waits included) and C_r rank r's
+compute seconds (gemref/mfu/timing.py `compute_seconds`):
+
+    E2E MFU        = F / (W x T x P)          what the job got out of its W devices
+    local MFU      = F / (sum_r C_r x P)      the ranks' compute-only rate
+    scaling ratio  = E2E / local = sum_r C_r / (W x T)
+                                              what survives waiting, communication, data
+
+so E2E = local x scaling exactly (GEM's own definition). HFU is the same with executed FLOPs
+(padding and recompute included). This is torchtitan's and GEM's end-to-end MFU: total model
+FLOPs over total time, never a median of per-step rates. `mfu()` is the formula; `figures()`
+applies it to per-rank step records; `summary()` is a run's (train.run's record) and
+gemref/waterfall/stats.py's window figures are `figures()` of a window's records.
 """
 from __future__ import annotations
 
 import statistics
-import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Iterator, TypedDict
+from typing import TypedDict
 
 import torch
 
 from .peak import Peak, peak_flops
+from .timing import StepRecord, compute_seconds
 
 
-@contextmanager
-def stopwatch(device: torch.device | str) -> Iterator[list[float]]:
-    """`with stopwatch(dev) as t: ...` then t[0] is the elapsed seconds (CUDA-synchronised)."""
-    cuda = torch.device(device).type == "cuda"
-    out: list[float] = []
-    if cuda:
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    try:
-        yield out
-    finally:
-        if cuda:
-            torch.cuda.synchronize(device)
-        out.append(time.perf_counter() - start)
+def mfu(flops: float, device_seconds: float, peak: float | None) -> float | None:
+    """THE definition: `flops` / (`device_seconds` x `peak`), None without a known peak (or time)."""
+    if not peak or device_seconds <= 0:
+        return None
+    return flops / (device_seconds * peak)
 
 
-@dataclass
-class StepRecord:
-    """One step as the meter sees it (the run record's `step_log` holds these as dicts)."""
-
-    seconds: float            # compute time of the step (forward, backward, optimizer)
-    data_seconds: float       # time blocked fetching the batch
-    samples: int
-    tokens: int               # real history events
-    model_flops: int
-    executed_flops: int
-
-
-def run_peak(device: torch.device, precision: str, rank: int = 0, world: int = 1) -> Peak:
-    """The peak FLOP/s a run's MFU divides by: the dense peak of its dtype (fp32 runs: fp32;
-    bf16, float8 and MXFP8 runs: bf16, i.e. "bf16-equivalent", docs/design.md) times the
-    ranks. Only rank 0 looks it up (on CPU that times a GEMM); the others get None."""
+def run_peak(device: torch.device, precision: str, rank: int = 0) -> Peak:
+    """One device's peak FLOP/s a run's MFU divides by: the dense peak of its dtype (fp32 runs:
+    fp32; bf16, float8 and MXFP8 runs: bf16, i.e. "bf16-equivalent", docs/design.md). Only
+    rank 0 looks it up (on CPU that times a GEMM); the others get None."""
     dtype = "fp32" if precision == "fp32" else "bf16"
-    peak = peak_flops(device, dtype) if rank == 0 else Peak(None, "reported by rank 0", dtype)
-    if world > 1:
-        peak = Peak(peak.flops * world if peak.flops else None, f"{peak.source}, x {world} ranks", peak.dtype)
-    return peak
+    return peak_flops(device, dtype) if rank == 0 else Peak(None, "reported by rank 0", dtype)
+
+
+class Figures(TypedDict):
+    """`figures()`: throughput and utilisation of a set of steps on every rank (base units)."""
+
+    wall_s: float                  # T: the slowest rank's sum of step walls
+    samples_per_s: float
+    tokens_per_s: float
+    model_tflops_per_s: float
+    executed_tflops_per_s: float
+    mfu: float | None              # E2E MFU
+    local_mfu: float | None
+    scaling_ratio: float | None
+    hfu: float | None
+    data_share: float              # time blocked on data / the ranks' summed wall time
+
+
+def figures(ranks: list[list[StepRecord]], peak: float | None, *, device_type: str = "cpu", threads: int = 1,
+            compute_s: list[float | None] | None = None) -> Figures:
+    """The module doc's figures of `ranks[r]` = rank r's steps. `compute_s[r]` overrides rank
+    r's compute seconds (GPU ranks: from a profiled step); otherwise `compute_seconds`."""
+    world = len(ranks)
+    if world == 0 or not all(ranks):
+        raise ValueError("figures need at least one step on every rank")
+    wall = max(sum(s.wall_s for s in steps) for steps in ranks)
+    if wall <= 0:
+        raise ValueError(f"the steps' wall time must be > 0, got {wall}")
+    flops = sum(s.model_flops for steps in ranks for s in steps)
+    executed = sum(s.executed_flops for steps in ranks for s in steps)
+    compute = list(compute_s) if compute_s is not None else [None] * world
+    for r, steps in enumerate(ranks):
+        if compute[r] is None:
+            parts = [compute_seconds(s, world, device_type, threads) for s in steps]
+            compute[r] = None if any(p is None for p in parts) else sum(parts)
+    have_compute = all(c is not None and c > 0 for c in compute)
+    e2e = mfu(flops, world * wall, peak)
+    local = mfu(flops, sum(compute), peak) if have_compute else None
+    data = sum(s.data_s for steps in ranks for s in steps)
+    return {"wall_s": wall,
+            "samples_per_s": sum(s.samples for steps in ranks for s in steps) / wall,
+            "tokens_per_s": sum(s.tokens for steps in ranks for s in steps) / wall,
+            "model_tflops_per_s": flops / wall / 1e12, "executed_tflops_per_s": executed / wall / 1e12,
+            "mfu": e2e, "local_mfu": local,
+            "scaling_ratio": sum(compute) / (world * wall) if have_compute else None,
+            "hfu": mfu(executed, world * wall, peak),
+            "data_share": data / sum(s.wall_s for steps in ranks for s in steps)}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -68,76 +95,34 @@ def percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
-class MeterSummary(TypedDict):
-    """`Meter.summary()`: medians over the timed steps, base units; part of the run record."""
+class MeterSummary(Figures):
+    """`summary()`: a run's timed steps (warm-up excluded); part of the run record."""
 
     steps_timed: int
     warmup_steps: int
-    median_step_s: float
+    ranks: int
+    median_step_s: float           # the job's step: the slowest rank's wall per step
     p10_step_s: float
     p90_step_s: float
-    samples_per_s: float
-    tokens_per_s: float
-    model_flops_per_step: float
+    model_flops_per_step: float    # summed over ranks, median over steps
     executed_flops_per_step: float
-    model_tflops_per_s: float
-    executed_tflops_per_s: float
-    mfu: float | None              # model FLOP/s / peak FLOP/s; None without a known peak
-    hfu: float | None              # executed FLOP/s / peak FLOP/s
-    peak_flops: float | None
+    peak_flops: float | None       # ONE device's peak; the MFUs divide by it x ranks
     peak_source: str
-    data_share: float              # time blocked on data / (that + step time)
 
 
-@dataclass
-class Meter:
-    peak: Peak
-    warmup_steps: int = 3
-    steps: list[StepRecord] = field(default_factory=list)
-
-    def record(self, step: StepRecord) -> None:
-        self.steps.append(step)
-
-    @property
-    def timed(self) -> list[StepRecord]:
-        return self.steps[self.warmup_steps:]
-
-    def segments(self, n: int) -> list["Meter"]:
-        """The timed steps cut into n consecutive windows of equal length (repeated
-        measurements of one run; any remainder steps go to the last window)."""
-        timed = self.timed
-        if n < 1 or len(timed) < n:
-            raise ValueError(f"cannot cut {len(timed)} timed steps into {n} windows")
-        size = len(timed) // n
-        cuts = [timed[i * size:(i + 1) * size if i < n - 1 else len(timed)] for i in range(n)]
-        return [Meter(self.peak, 0, list(c)) for c in cuts]
-
-    def summary(self) -> MeterSummary:
-        """Medians over the timed steps; every field in base units (seconds, FLOP/s, bytes)."""
-        timed = self.timed
-        if not timed:
-            raise ValueError(f"no timed steps: {len(self.steps)} step(s) ran, all warm-up "
-                             f"(warmup_steps={self.warmup_steps}); run more steps")
-        model_rate = statistics.median(s.model_flops / s.seconds for s in timed)
-        executed_rate = statistics.median(s.executed_flops / s.seconds for s in timed)
-        data, compute = sum(s.data_seconds for s in timed), sum(s.seconds for s in timed)
-        mfu = model_rate / self.peak.flops if self.peak.flops else None
-        hfu = executed_rate / self.peak.flops if self.peak.flops else None
-        return {
-            "steps_timed": len(timed),
-            "warmup_steps": self.warmup_steps,
-            "median_step_s": statistics.median(s.seconds for s in timed),
-            "p10_step_s": percentile([s.seconds for s in timed], 0.1),
-            "p90_step_s": percentile([s.seconds for s in timed], 0.9),
-            "samples_per_s": statistics.median(s.samples / s.seconds for s in timed),
-            "tokens_per_s": statistics.median(s.tokens / s.seconds for s in timed),
-            "model_flops_per_step": statistics.median(s.model_flops for s in timed),
-            "executed_flops_per_step": statistics.median(s.executed_flops for s in timed),
-            "model_tflops_per_s": model_rate / 1e12,
-            "executed_tflops_per_s": executed_rate / 1e12,
-            "mfu": mfu,
-            "hfu": hfu,
-            "peak_flops": self.peak.flops,
-            "peak_source": self.peak.source,
-            "data_share": data / (data + compute) if data + compute > 0 else 0.0,
-        }
+def summary(ranks: list[list[StepRecord]], peak: Peak, warmup_steps: int, *, device_type: str = "cpu",
+            threads: int = 1) -> MeterSummary:
+    """The run's figures over its timed steps `ranks[r][warmup_steps:]`, and its step-time spread."""
+    timed = [steps[warmup_steps:] for steps in ranks]
+    if not all(timed):
+        raise ValueError(f"no timed steps: {len(ranks[0]) if ranks else 0} step(s) ran, all warm-up "
+                         f"(warmup_steps={warmup_steps}); run more steps")
+    job_steps = [max(r[i].wall_s for r in timed) for i in range(len(timed[0]))]
+    per_step = list(zip(*timed))
+    return {**figures(timed, peak.flops, device_type=device_type, threads=threads),
+            "steps_timed": len(job_steps), "warmup_steps": warmup_steps, "ranks": len(ranks),
+            "median_step_s": statistics.median(job_steps), "p10_step_s": percentile(job_steps, 0.1),
+            "p90_step_s": percentile(job_steps, 0.9),
+            "model_flops_per_step": statistics.median(sum(s.model_flops for s in step) for step in per_step),
+            "executed_flops_per_step": statistics.median(sum(s.executed_flops for s in step) for step in per_step),
+            "peak_flops": peak.flops, "peak_source": peak.source}

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import torch
 
-from ..report import write_json
-from .cpu_probe import CONTENDED_BELOW, CpuInfo, cpu_info, isa_ceiling, measure_clock_hz, probe
+from ..files import write_json
+from ..env import CpuInfo, cpu_info
+from .cpu_probe import CONTENDED_BELOW, isa_ceiling, measure_clock_hz, probe
 from .gpu_table import gpu_peak_flops
 
 PROBE_VERSION = 2      # bump when the probe's paths or shapes change: old cache entries no longer apply

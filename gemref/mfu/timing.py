@@ -1,21 +1,143 @@
-"""Interleaved timing for the benchmark commands (gemref/bench/) that compare variants: warm
-each variant up, then run the repetitions round-robin (A B A B ...), so a burst of load on a
-shared machine hits every variant alike instead of one."""
+"""The one timed training step, and the one interleaving loop (docs/design.md, Measuring honestly).
+
+`timed_step(fetch, run, device, count)` is how gemref times a training step, everywhere
+(`gemref train`, the waterfall's windows, every bench that steps a model, the chapters):
+
+    fetch()   the next batch (timed apart: the data wait)
+    run(b)    the step (forward, backward, optimizer), under the stopwatch; on CUDA the
+              device is synchronised at both ends, so the time is the device's
+    count(l)  the step's FLOPs from the batch's lengths (gemref.mfu.flops.step_flops),
+              counted after the clock stopped
+
+and returns a `StepRecord` (this rank's view of the step, base units), the step's result
+(the detached loss) and the batch. With `op_classes=True` the step runs under the profiler
+and the record carries its seconds per op class (gemref/mfu/op_classes.py); a profiled
+step's time includes the profiler's overhead, so it is never a timed step of a window.
+
+`interleaved(fns, rounds)` runs variants round-robin (round k of every variant before any
+variant's round k+1; optionally alternating the order), so a slow phase of a shared machine
+hits every variant alike. The benches compare kernels and models with it; the waterfall
+runs its windows with it, re-running a round that a rank spent without its core.
+"""
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping, TypeVar
+
+import torch
 
 T = TypeVar("T")
 
 
-def interleaved(fns: dict[str, Callable[[], object]], warmup: int, reps: int,
-                measure: Callable[[Callable[[], object]], T]) -> dict[str, list[T]]:
-    """{variant: [measure(fn) per repetition]} after `warmup` untimed calls of each variant."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    samples: dict[str, list[T]] = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            samples[name].append(measure(fn))
-    return samples
+@contextmanager
+def stopwatch(device: torch.device | str) -> Iterator[list[float]]:
+    """`with stopwatch(dev) as t: ...` then t[0] is the elapsed seconds (CUDA-synchronised)."""
+    cuda = torch.device(device).type == "cuda"
+    out: list[float] = []
+    if cuda:
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    try:
+        yield out
+    finally:
+        if cuda:
+            torch.cuda.synchronize(device)
+        out.append(time.perf_counter() - start)
+
+
+@dataclass
+class StepFlops:
+    """FLOPs of one training step (gemref/mfu/flops.py `step_flops`)."""
+
+    model: int          # the MFU numerator: 3 x forward matmul FLOPs over the real lengths
+    executed: int       # what the kernels ran: padding, masked tiles and recompute included
+    recompute: int      # of `executed`, what activation checkpointing reran
+
+
+@dataclass
+class StepRecord:
+    """One rank's view of one training step (seconds, counts and FLOPs of this rank's part)."""
+
+    wall_s: float              # fetching the batch + the step: this rank's share of the job's clock
+    data_s: float              # of which blocked fetching the batch
+    cpu_s: float               # the main thread's CPU seconds inside the step
+    process_cpu_s: float       # every thread of the process, inside the step
+    samples: int
+    tokens: int                # real history events
+    model_flops: int
+    executed_flops: int
+    recompute_flops: int
+    op_seconds: dict[str, float] | None = None   # seconds by op class, when profiled
+
+    @property
+    def step_s(self) -> float:
+        """The step alone (forward, backward, optimizer)."""
+        return self.wall_s - self.data_s
+
+
+def compute_seconds(r: StepRecord, world: int, device_type: str, threads: int) -> float | None:
+    """This rank's compute in a step: on one rank the step's own time (nothing in it but
+    compute); on one-thread CPU ranks the main thread's CPU time (a rank waiting for a peer
+    sleeps); on GPU ranks the profiled compute kernels, so None here (gemref/mfu/meter.py)."""
+    if world == 1:
+        return r.step_s
+    return r.cpu_s if device_type == "cpu" and threads == 1 else None
+
+
+def timed_step(fetch: Callable[[], object], run: Callable[[object], T], device: torch.device | str,
+               count: Callable[[torch.Tensor], StepFlops], *, op_classes: bool = False) -> tuple[StepRecord, T, object]:
+    """Fetch a batch, run the step on it under the stopwatch, count its FLOPs (module doc).
+    Returns (record, run's result, batch)."""
+    device = torch.device(device)
+    t0 = time.perf_counter()
+    batch = fetch()
+    data_s = time.perf_counter() - t0
+    profiler = None
+    if op_classes:
+        from .profile import quiet_profile
+        profiler = quiet_profile(device.type)
+        profiler.__enter__()
+    try:
+        cpu0, proc0 = time.thread_time(), time.process_time()
+        with stopwatch(device) as elapsed:
+            out = run(batch)
+        cpu_s, proc_s = time.thread_time() - cpu0, time.process_time() - proc0
+    finally:
+        if profiler is not None:
+            profiler.__exit__(None, None, None)
+    seconds = None
+    if profiler is not None:
+        from .op_classes import classify_cpu, classify_cuda
+        seconds = (classify_cuda if device.type == "cuda" else classify_cpu)(profiler.events(), 1)
+    flops = count(batch.lengths)
+    record = StepRecord(data_s + elapsed[0], data_s, cpu_s, proc_s, batch.batch_size, batch.num_tokens,
+                        flops.model, flops.executed, flops.recompute, seconds)
+    return record, out, batch
+
+
+def interleaved(fns: Mapping[str, Callable[[int], T]], rounds: int, *, warmup: int = 0, alternate: bool = False,
+                redo: Callable[[int, int, dict[str, T]], bool] | None = None) -> dict[str, list[T]]:
+    """{variant: [fn(k) for each timed round k]}, the variants run round-robin.
+
+    The first `warmup` rounds run the same way and are dropped (so round k of every variant
+    always sees the same inputs). `alternate` reverses the order every other round (A B, B A:
+    neither variant always runs right after the other). After each round, `redo(k, attempt,
+    results)` may ask for it to run again (results of a redone round are dropped)."""
+    if rounds < 0 or warmup < 0:
+        raise ValueError(f"need rounds, warmup >= 0, got {rounds}, {warmup}")
+    names = list(fns)
+    out: dict[str, list[T]] = {name: [] for name in names}
+    for k in range(warmup + rounds):
+        attempt = 0
+        while True:
+            order = names[::-1] if alternate and k % 2 else names
+            results = {name: fns[name](k) for name in order}
+            if k < warmup or redo is None or not redo(k - warmup, attempt, results):
+                break
+            attempt += 1
+        if k >= warmup:
+            for name in names:
+                out[name].append(results[name])
+    return out

@@ -11,16 +11,15 @@ beside it ("model_train_palm"), so an MFU can be compared with theirs.
 """
 from __future__ import annotations
 
-from ..train import sample_batch, setup
 from .flops import COMPONENTS, count_with_flop_counter, executed_flops, model_flops
 
 TOLERANCE = 0.02
 
 
-def flops_report(preset, train, *, device: str = "auto", verify: bool = False) -> dict:
-    s = setup(preset, train, device=device)
-    batch = sample_batch(s)
-    cfg = s.preset.model
+def flops_report(s, batch, *, verify: bool = False) -> dict:
+    """The FLOP table of one training step of a built run `s` (gemref.train.setup) on `batch`;
+    with `verify`, that step counted by FlopCounterMode beside the analytic executed FLOPs."""
+    cfg, train = s.preset.model, s.train
     model = model_flops(cfg, batch.lengths)
     palm = model_flops(cfg, batch.lengths, convention="palm")
     executed = executed_flops(cfg, batch.lengths, jagged=train.jagged, kernel=s.kernel, device=s.device)

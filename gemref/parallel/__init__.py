@@ -12,7 +12,7 @@
     checkpoint_files.py  what is on disk in a checkpoint folder, checked without unpickling
     launch.py       local spawned ranks and torchrun's environment
 
-gemref/train.py composes them with the other switches; gemref/run_ranks.py starts ranks.
+gemref/train.py composes them with the other switches; launch.py starts ranks (the one launcher).
 This file imports nothing: `import gemref.parallel` stays cheap, and each submodule pulls in
 torch.distributed itself.
 """

@@ -22,7 +22,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..config import Preset, TrainConfig
 from ..data.manifest import sha256_file
-from ..report import atomic_write_text
+from ..files import atomic_write_text
 
 FORMAT = "gemref-checkpoint/1"
 OWNER, MANIFEST = "owner.json", "checkpoint.json"

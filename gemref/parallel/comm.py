@@ -57,6 +57,27 @@ def resolve_backend(name: str, device: torch.device | str) -> str:
     return name
 
 
+_ncclx: dict = {}   # {"mesh": DeviceMesh, "comms": [...]} of the NCCLX job this process joined
+
+
+def ncclx_mesh_built():
+    """The DeviceMesh `init_ncclx` built (None when this process runs no NCCLX job)."""
+    return _ncclx.get("mesh")
+
+
+def init_ncclx(replicate: int, shard: int, device: torch.device) -> None:
+    """Join the NCCLX job: build its mesh (ncclx_mesh) and keep it for build_mesh and shutdown."""
+    mesh, comms = ncclx_mesh(replicate, shard, device)
+    _ncclx.update(mesh=mesh, comms=comms)
+
+
+def finalize_ncclx() -> None:
+    """Release the NCCLX communicators (sub-communicators first)."""
+    for comm in _ncclx.pop("comms", []):
+        comm.finalize()
+    _ncclx.clear()
+
+
 def ncclx_mesh(replicate: int, shard: int, device: torch.device):
     """A ("replicate", "shard") DeviceMesh whose groups are NCCLX communicators (torchcomms).
 

@@ -1,4 +1,16 @@
-"""Starting ranks: local spawned ranks for a laptop, or the environment torchrun sets.
+"""Starting ranks, the one launcher: this process, local spawned ranks, or a torchrun job.
+
+Every multi-rank run (`gemref train --ranks`, the waterfall, the validation runs, the benches
+that measure on ranks) goes `preflight(...)` -> `launch(fn, args, plan)`:
+
+  * `preflight` is the one check of a launch, before any process or process group exists:
+    the device, one backend for every config (gemref/parallel/comm.py), the world size
+    against every config's mesh, the local device count (GPUs, or one-thread ranks per CPU
+    core: gemref/options.py), and the transport (NCCLX bootstraps from torchrun's
+    variables only). A problem is a UsageError in the user's terms.
+  * `launch` runs fn(rank, world, *args) in this process when the plan is one rank (no
+    process group), as this process's rank of a torchrun job, or on spawned local ranks,
+    and returns rank 0's result (None on the other torchrun ranks).
 
 Two ways in, one process group at the end:
   * `torchrun --nproc-per-node N -m gemref train --mesh RxS ...` sets RANK, WORLD_SIZE,
@@ -24,14 +36,20 @@ import socket
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..errors import UsageError
+from ..config import MeshShape
+from ..env import resolve_device
+from ..errors import UsageError, user_input
+from ..options import check_local_ranks
+from . import comm
+from .mesh import check_world, local_device
 
 DEFAULT_TIMEOUT_S = 300.0
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -58,35 +76,24 @@ def _timeout(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
-_ncclx: dict = {}   # {"mesh": DeviceMesh, "comms": [...]} after init_from_env("ncclx", ...)
-
-
 def init_from_env(backend: str, device: torch.device, mesh_shape, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Join torchrun's job (env://). `backend` is resolved and checked already (comm.resolve_backend).
 
     nccl / gloo: init_process_group. ncclx: torchcomms builds NCCLX communicators per mesh
-    dim and the DeviceMesh over them (comm.ncclx_mesh); `ncclx_mesh_built()` returns it.
+    dim and the DeviceMesh over them (comm.init_ncclx; mesh.build_mesh then returns it).
     """
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if backend == "ncclx":
-        from .comm import ncclx_mesh
-        mesh, comms = ncclx_mesh(mesh_shape.replicate, mesh_shape.shard, device)
-        _ncclx.update(mesh=mesh, comms=comms)
+        comm.init_ncclx(mesh_shape.replicate, mesh_shape.shard, device)
         return
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend, init_method="env://", timeout=_timeout(timeout_s), **kwargs)
 
 
-def ncclx_mesh_built():
-    return _ncclx.get("mesh")
-
-
 def shutdown() -> None:
     """Release communicators (NCCLX sub-communicators first) and the process group."""
-    for comm in _ncclx.pop("comms", []):
-        comm.finalize()
-    _ncclx.clear()
+    comm.finalize_ncclx()
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -163,3 +170,71 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
                     p.kill()
         return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(world)]
 
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What a launch starts (checked by `preflight`)."""
+
+    device: torch.device      # the device type every rank runs on (CUDA: each rank its LOCAL_RANK's GPU)
+    backend: str              # resolved: gloo, nccl or ncclx
+    world: int                # ranks
+    torchrun: bool            # this process is one rank of a torchrun job
+    mesh: MeshShape           # the first config's mesh (NCCLX builds its communicators from it)
+
+    @property
+    def in_process(self) -> bool:
+        """One rank outside torchrun: run in this process, no process group."""
+        return self.world == 1 and not self.torchrun
+
+
+def preflight(device: str, backends: Sequence[str], meshes: Sequence[MeshShape], ranks: int | None = None) -> LaunchPlan:
+    """The one check of every launch (module doc). `ranks`: local ranks to spawn (None: the
+    first mesh's R*S); under torchrun its WORLD_SIZE decides."""
+    if not meshes or len(backends) != len(meshes):
+        raise ValueError("preflight needs one backend and one mesh per config, at least one")
+    torchrun = torchrun_world()
+    with user_input():      # every check here is about what the user asked for
+        dev = resolve_device(device)
+        resolved = {comm.resolve_backend(b, dev) for b in backends}
+        if len(resolved) > 1:
+            raise ValueError(f"one launch runs one backend; these configs ask for {sorted(resolved)}")
+        backend = resolved.pop()
+        world = torchrun if torchrun is not None else meshes[0].world if ranks is None else ranks
+        for shape in meshes:
+            check_world(shape, world)
+        if torchrun is None and world > 1:
+            check_local_ranks(world, dev.type)
+        if torchrun is None and backend == "ncclx":
+            raise ValueError("backend 'ncclx' is launched with torchrun (torchcomms bootstraps from its variables)")
+    return LaunchPlan(dev, backend, world, torchrun is not None, meshes[0])
+
+
+def launch(fn: Callable[..., Any], args: tuple, plan: LaunchPlan, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
+    """fn(rank, world, *args) as the plan says (module doc); rank 0's result, None on other
+    torchrun ranks. `fn` must be importable (module level) when ranks are spawned."""
+    if plan.in_process:
+        return fn(0, 1, *args)
+    if plan.torchrun:
+        init_from_env(plan.backend, local_device(plan.device.type), plan.mesh, timeout_s)
+        rank = int(os.environ["RANK"])
+        try:
+            out = fn(rank, plan.world, *args)
+        finally:
+            shutdown()
+        return out if rank == 0 else None
+    return spawn(fn, plan.world, args, backend=plan.backend, timeout_s=timeout_s)[0]
+
+
+def cpu_ranks(ranks: int) -> LaunchPlan:
+    """The plan of a measurement on `ranks` local one-thread gloo CPU ranks (the benches and
+    validation runs that measure steps on ranks), through the same pre-flight check."""
+    return preflight("cpu", ["gloo"], [MeshShape(1, ranks)], ranks)
+
+
+def to_rank0(obj) -> list | None:
+    """Every rank's `obj` on rank 0 (a list, by rank), None on the others; [obj] without a group."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out if dist.get_rank() == 0 else None

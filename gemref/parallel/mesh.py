@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..config import MeshShape
+from .comm import ncclx_mesh_built
 
 MESH_DIMS = ("replicate", "shard")
 _meshes: dict[tuple, DeviceMesh] = {}
@@ -32,8 +33,6 @@ def check_world(shape: MeshShape, world_size: int) -> None:
 
 def build_mesh(shape: MeshShape, device_type: str) -> DeviceMesh:
     """The 2D DeviceMesh over the initialised process group (or the NCCLX one torchcomms built)."""
-    from .launch import ncclx_mesh_built
-
     built = ncclx_mesh_built()
     if built is not None:
         check_world(shape, built.size())

@@ -3,7 +3,7 @@
 `parallel_state` builds the 2D mesh over the running process group, `parallelize` shards
 the tables and applies FSDP2 (the last thing applied to the model, after precision, AC and
 compile: docs/design.md), `rank_times` and `measure_comm` measure what the ranks did.
-gemref/train.py calls these; gemref/run_ranks.py starts the ranks.
+gemref/train.py calls these; gemref/parallel/launch.py starts the ranks.
 
 Batches: `TrainConfig.batch_size` is the GLOBAL batch. Every rank draws the same global
 batches (seed, epoch) and takes its part (gemref/data/sampler.py). Gradients are summed over
@@ -25,7 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from ..config import MeshShape, Preset, TrainConfig, parse_mesh
 from ..errors import UsageError
 from ..mfu.profile import quiet_profile
-from . import comm, launch
+from . import comm
 from .fsdp import apply_fsdp, reshard_all
 from .mesh import build_mesh, group_dims, local_device
 from .sparse import shard_tables, sync_replica_grads
@@ -60,7 +60,7 @@ class ParallelState:
 
 def parallel_state(train: TrainConfig, device: torch.device) -> tuple[ParallelState | None, torch.device]:
     """The mesh over the running process group (and this rank's device); (None, device) in one plain process."""
-    if not dist.is_initialized() and launch.ncclx_mesh_built() is None:
+    if not dist.is_initialized() and comm.ncclx_mesh_built() is None:
         if train.mesh != "1x1" or train.sparse_sharding != "none":
             shape = parse_mesh(train.mesh)
             raise UsageError(f"mesh={train.mesh} / sparse_sharding={train.sparse_sharding} need a process group: "
@@ -68,7 +68,7 @@ def parallel_state(train: TrainConfig, device: torch.device) -> tuple[ParallelSt
         return None, device
     shape = parse_mesh(train.mesh)
     mesh = build_mesh(shape, device.type)
-    backend = "ncclx" if launch.ncclx_mesh_built() is not None else dist.get_backend()
+    backend = "ncclx" if comm.ncclx_mesh_built() is not None else dist.get_backend()
     state = ParallelState(mesh, shape, dist.get_rank(), dist.get_world_size(), backend, train)
     return state, local_device(device.type)
 

@@ -3,7 +3,10 @@
 `gemref.train.run` writes a run record (returned, and saved as JSON); the CLI tables
 (gemref/report/rows.py `run_row`, `gemref train`'s per-rank tables), `report.figures.run_figure`
 and the notebooks read it. (The waterfall writes its own record, one per ladder, whose rows
-carry `switches()` from here.) Records stay plain JSON-able dicts, so readers
+carry the same "config" and "resolved" entries.) The config is the record of the switches:
+there is no second copy of them; what they resolved to (the kernel, the precision) and the
+environment knobs that change what runs (gemref/env.py KNOBS) are recorded beside it.
+Records stay plain JSON-able dicts, so readers
 keep `record["key"]`; the TypedDicts below name every key and its type, for the writer and
 the readers alike (docs/design.md describes the fields). Units are base units throughout:
 seconds, bytes, FLOPs, FLOP/s. (No `from __future__ import annotations` here: TypedDict
@@ -15,34 +18,18 @@ from typing import Any, Literal, NotRequired, TypedDict
 import torch
 
 from ..config import Preset, TrainConfig
-from ..env import versions
-from ..mfu.meter import MeterSummary, StepRecord
+from ..env import knobs, versions
+from ..mfu.meter import MeterSummary
+from ..mfu.timing import StepRecord
 from ..mfu.peak import device_name, peak_flops
 from ..precision.apply import PrecisionReport
 
 
-class Switches(TypedDict):
-    """The ladder's switches as configured (docs/design.md), and the attention kernel that ran."""
+class Resolved(TypedDict):
+    """What the config's choices resolved to where the run ran (the config itself is the switches)."""
 
-    jagged: bool
-    kernel: str
-    kernel_resolved: str          # the concrete kernel `kernel` ("auto") resolved to
-    compile: bool
-    ac: str
-    ac_budget: float
-    ac_compress: str              # saved activations stored as: none | fp8_tensor | fp8_block | mxfp8
-    balance: str
-    mesh: str
-    sparse_sharding: str
+    kernel: str                   # the concrete gdpa kernel ("auto" resolved once, at build)
     precision: str                # the precision that ran ("auto" resolved)
-
-
-def switches(train: TrainConfig, kernel_resolved: str, precision: str) -> Switches:
-    """The Switches of a run configured by `train` (kernel and precision as they ran)."""
-    return {"jagged": train.jagged, "kernel": train.kernel, "kernel_resolved": kernel_resolved,
-            "compile": train.compile, "ac": train.ac, "ac_budget": train.ac_budget,
-            "ac_compress": train.ac_compress, "balance": train.balance, "mesh": train.mesh,
-            "sparse_sharding": train.sparse_sharding, "precision": precision}
 
 
 class DeviceInfo(TypedDict):
@@ -65,14 +52,18 @@ class EvalResult(TypedDict):
 
 
 class StepLog(TypedDict):
-    """One step of `step_log` (= dataclasses.asdict of gemref.mfu.meter.StepRecord)."""
+    """One step of `step_log` (= dataclasses.asdict of gemref.mfu.timing.StepRecord), rank 0's."""
 
-    seconds: float
-    data_seconds: float
+    wall_s: float
+    data_s: float
+    cpu_s: float
+    process_cpu_s: float
     samples: int
     tokens: int
     model_flops: int
     executed_flops: int
+    recompute_flops: int
+    op_seconds: dict[str, float] | None
 
 
 class ParallelRecord(TypedDict):
@@ -94,8 +85,9 @@ class RunRecord(MeterSummary):
 
     kind: Literal["train"]
     preset: str
-    config: dict[str, dict[str, Any]]     # {"model", "data", "train"}: the dataclasses as dicts
-    switches: Switches
+    config: dict[str, dict[str, Any]]     # {"model", "data", "train"}: the dataclasses as dicts (the switches)
+    resolved: Resolved
+    environment: dict[str, str | None]    # the knobs that change what runs (gemref/env.py KNOBS)
     compile: dict[str, Any] | None        # gemref/compile.py CompileStats, None when not compiled
     ac_plan: dict[str, Any] | None        # the checkpointing plan applied, None when none
     hfu_counts_recompute: bool            # False for PT2's budget: its partitioner recompute is not counted
@@ -153,7 +145,8 @@ def run_record(preset: Preset, train: TrainConfig, *, kernel: str, precision: Pr
         "kind": "train",
         "preset": preset.name,
         "config": {"model": asdict(preset.model), "data": asdict(preset.data), "train": asdict(train)},
-        "switches": switches(train, kernel, precision.precision),
+        "resolved": {"kernel": kernel, "precision": precision.precision},
+        "environment": knobs(),
         "compile": compile,
         "ac_plan": ac_plan,
         "hfu_counts_recompute": train.ac != "pt2",

@@ -7,12 +7,13 @@ if TYPE_CHECKING:                 # records imports torch; the CLI's tables must
     from .records import RunRecord
 
 RUN_COLUMNS = ("preset", "jagged", "kernel", "precision", "median_step_s", "samples_per_s", "tokens_per_s",
-               "model_tflops_per_s", "mfu", "hfu", "peak_memory_mb", "data_share", "ne_click", "auc_click")
+               "model_tflops_per_s", "local_mfu", "scaling_ratio", "mfu", "hfu", "peak_memory_mb", "data_share",
+               "ne_click", "auc_click")
 
 
 def run_row(r: RunRecord) -> dict:
-    """One table row of a run record (peak memory in MiB)."""
-    return {"preset": r["preset"], "jagged": r["switches"]["jagged"], "kernel": r["switches"]["kernel_resolved"],
-            "precision": r["dtype"], **{k: r.get(k) for k in RUN_COLUMNS[4:10]},
+    """One table row of a run record (peak memory in MiB; mfu is E2E MFU = local_mfu x scaling_ratio)."""
+    return {"preset": r["preset"], "jagged": r["config"]["train"]["jagged"], "kernel": r["resolved"]["kernel"],
+            "precision": r["dtype"], **{k: r.get(k) for k in RUN_COLUMNS[4:12]},
             "peak_memory_mb": r["peak_memory_bytes"] / 2**20 if r.get("peak_memory_bytes") is not None else None,
             "data_share": r["data_share"], "ne_click": r["eval"]["ne_click"], "auc_click": r["eval"]["auc_click"]}

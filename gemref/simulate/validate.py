@@ -49,7 +49,7 @@ from ..balance import SampleCost, imbalance
 from ..config import Preset, TrainConfig, get_preset, override
 from ..mfu.flops import sample_cost_coefficients
 from .cost_model import LinkTier, collective_time
-from ..parallel.launch import spawn
+from ..parallel.launch import cpu_ranks, launch
 from ..config import parse_mesh
 from .step_model import comm_rows, exposed_only, predict_step, step_collectives
 
@@ -133,7 +133,7 @@ def calibrate_gloo(ranks: int = 2, sizes=SIZES, reps: int = 10) -> dict[str, Lin
     """{kind: LinkTier} fitted to collectives measured on `ranks` local gloo processes (one thread each)."""
     if ranks < 2:
         raise ValueError(f"calibration needs >= 2 ranks, got {ranks}")
-    timings = spawn(_calibration_rank, ranks, (tuple(sizes), reps), backend="gloo", timeout_s=120)[0]
+    timings = launch(_calibration_rank, (tuple(sizes), reps), cpu_ranks(ranks), timeout_s=120)
     return {kind: fit_tier(kind, timings[kind], ranks) for kind in KINDS}
 
 
@@ -186,22 +186,26 @@ def _probe(iters: int = 1200) -> tuple[float, float]:
 
 
 def _compute_rank(rank: int, world: int, preset: Preset, train: TrainConfig, parts: list[list[int]], reps: int):
-    """Thread CPU seconds of one training step on each index list in a 1-rank process group, in units
-    of the CPU seconds of a _probe run just before (median of `reps` passes over all lists)."""
+    """Thread CPU seconds of one training step (the one step timer) on each index list, on one
+    thread, in units of the CPU seconds of a _probe run just before (median of `reps` passes
+    over all lists). One rank: the launcher runs it in this process, one thread for its length."""
     from ..train import setup
 
-    s = setup(preset, train, device="cpu")
-    batches = [s.train_set.__getitems__(p) for p in parts]
-    for batch in batches[:3]:
-        s.step(batch)
-    units, probes = [[] for _ in batches], []
-    for _ in range(reps):                 # whole passes: a burst of load hits one pass, not every rep of a list
-        for i, batch in enumerate(batches):
-            if i % 8 == 0:
-                probes.append(_probe()[1])
-            t0 = time.thread_time()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        s = setup(preset, train, device="cpu")
+        batches = [s.train_set.__getitems__(p) for p in parts]
+        for batch in batches[:3]:
             s.step(batch)
-            units[i].append((time.thread_time() - t0) / probes[-1])
+        units, probes = [[] for _ in batches], []
+        for _ in range(reps):             # whole passes: a burst of load hits one pass, not every rep of a list
+            for i, batch in enumerate(batches):
+                if i % 8 == 0:
+                    probes.append(_probe()[1])
+                units[i].append(s.timed_step(lambda: batch)[0].cpu_s / probes[-1])
+    finally:
+        torch.set_num_threads(threads)
     return {"units": [statistics.median(u) for u in units], "probe_cpu_s": statistics.median(probes)}
 
 
@@ -228,12 +232,10 @@ def _measured_rank(rank: int, world: int, preset: Preset, train: TrainConfig, ki
     for _ in range(train.steps):
         batch = next(batches)
         before = _stretch()
-        w0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
-        s.step(batch)
-        wall, cpu, proc = time.perf_counter() - w0, time.thread_time() - c0, time.process_time() - p0
+        record = s.timed_step(lambda: batch)[0]          # the one step timer, as train.run times its steps
         after = _stretch()
-        steps.append({"step_s": wall, "cpu_s": cpu, "process_cpu_s": proc, "stretch": (before[0] + after[0]) / 2,
-                      "probe_cpu_s": (before[1] + after[1]) / 2})
+        steps.append({"step_s": record.step_s, "cpu_s": record.cpu_s, "process_cpu_s": record.process_cpu_s,
+                      "stretch": (before[0] + after[0]) / 2, "probe_cpu_s": (before[1] + after[1]) / 2})
         for (kind, nbytes), times in link.items():
             _busy(GAP_S)                       # gloo's threads fall asleep, as between a step's ops
             t0 = time.perf_counter()
@@ -272,8 +274,8 @@ def validate(preset: str | Preset = "tiny", ranks=(2, 4), *, steps: int = 10, wa
     late = range(2, warmup)           # warm-up steps that measure the host work
     parts = [p for R in ranks for step in plans[R][late.start:] for p in step]
     log(f"timing {len(parts)} per-rank batches in one process, one thread ...")
-    single = spawn(_compute_rank, 1, (preset, override(trains[ranks[0]], mesh="1x1"), parts, compute_reps),
-                   timeout_s=600)[0]
+    single = launch(_compute_rank, (preset, override(trains[ranks[0]], mesh="1x1"), parts, compute_reps),
+                    cpu_ranks(1), timeout_s=600)
     units = iter(single["units"])
     shared = calibrate_gloo(calibration_ranks, sizes) if calibration_ranks else None
     rows = []
@@ -281,7 +283,7 @@ def validate(preset: str | Preset = "tiny", ranks=(2, 4), *, steps: int = 10, wa
         per_part = [[next(units) for _ in step] for step in plans[R][late.start:]]   # late warm-up, then timed
         log(f"running {R} gloo ranks: {warmup} warm-up + {steps} timed steps ...")
         kinds = () if shared else _kinds(preset, trains[R])
-        out = spawn(_measured_rank, R, (preset, trains[R], kinds, tuple(sizes)), timeout_s=600)[0]
+        out = launch(_measured_rank, (preset, trains[R], kinds, tuple(sizes)), cpu_ranks(R), timeout_s=600)
         tiers = shared or {kind: fit_tier(kind, out["calibration"][kind], R) for kind in kinds}
         rows.append(_compare(preset, trains[R], plans[R], lengths, per_part, out, tiers, late, single, cores))
         rows[-1]["calibration_ranks"] = calibration_ranks or R

@@ -27,7 +27,8 @@ from pathlib import Path
 from ..errors import UsageError
 from .metrics import read_metrics
 from .params import NOTEBOOK_DIR, check_params, declared_parameters, expand_grid, load_profile, profile_params, select_notebooks
-from ..report import atomic_write_text, format_table
+from ..report import format_table
+from ..files import atomic_write_text
 
 
 

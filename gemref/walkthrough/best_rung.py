@@ -40,18 +40,21 @@ def profile_rung(preset, row: dict, *, ranks: int = 1, warmup: int = 2, timed_st
                  profile_steps: int = 2, probe_reps: int = 5) -> dict:
     """One rank's step of a waterfall rung (a row of its record) on the CPU, in this process, by
     op class, with its GEMMs probed alone (gemref.bench.step_profile.profile_step): the rung's
-    switches at its per-rank batch; load balancing and sharding are left out, as they split
-    the work and add communication but leave one rank's local step as it is. Returns
-    profile_step's record with "rung" (key), "title", "batch_size" and "stacks" (limit_stacks)."""
+    recorded config (its model, window included, and its switches, AutoAC's plan and saved-
+    activation compression included) at its per-rank batch; load balancing and sharding are
+    left out, as they split the work and add communication but leave one rank's local step as
+    it is. Returns profile_step's record with "rung" (key), "title", "batch_size" and "stacks"
+    (limit_stacks)."""
+    from dataclasses import replace
+
     from ..bench.step_profile import profile_step
-    from ..config import override
+    from ..config import ModelConfig, TrainConfig, override
     from ..train import sample_batch, setup
 
-    sw = row["switches"]
-    train = override(preset.train, eval_every=0, eval_batches=1, batch_size=max(1, row["batch_size"] // ranks),
-                     jagged=sw["jagged"], kernel=sw["kernel"], compile=sw["compile"], ac=sw["ac"],
-                     ac_budget=sw["ac_budget"], precision=sw["precision"])
-    s = setup(preset, train, device="cpu")
+    model = ModelConfig(**{**row["config"]["model"], "sparse_vocab": tuple(row["config"]["model"]["sparse_vocab"])})
+    train = override(TrainConfig(**row["config"]["train"]), eval_every=0, eval_batches=1, mesh="1x1",
+                     balance="none", sparse_sharding="none", batch_size=max(1, row["batch_size"] // ranks))
+    s = setup(replace(preset, model=model), train, device="cpu")
     record = profile_step(s, sample_batch(s), warmup=warmup, timed_steps=timed_steps, profile_steps=profile_steps,
                           probe_reps=probe_reps)
     return {**record, "rung": row["key"], "title": row["rung"], "batch_size": train.batch_size,

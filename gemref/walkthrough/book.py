@@ -27,7 +27,8 @@ import platform
 from pathlib import Path
 
 from .batch import OverBudget, run_notebooks
-from ..report import atomic_write_text, fmt
+from ..report import fmt
+from ..files import atomic_write_text
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WATERFALL_CHAPTER = "10_waterfall"

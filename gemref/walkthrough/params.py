@@ -6,7 +6,7 @@ as `RANKS = 1  # 1, or >= 2`, and warns). A value must have the type of the decl
 default: bool, int, float (an int is accepted), str, or a list whose items have the type of
 the default's items; a default of None, or one that is not a literal, accepts anything. None
 is accepted for any parameter (the notebooks use it for "the preset's value" and say so).
-Values from the command line (`--param NAME=TEXT`) are parsed by that type (gemref/fields.py
+Values from the command line (`--param NAME=TEXT`) are parsed by that type (gemref/config/values.py
 for scalars, a YAML flow list like [8, 64] for lists); None/null gives None unless the
 default is a string.
 """
@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from ..errors import UsageError
-from ..config.fields import has_type, parse_as
+from ..config.values import has_type, parse_as
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 ANY = object()   # the default of a parameter whose value is not a Python literal

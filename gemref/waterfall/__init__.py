@@ -26,10 +26,9 @@ from pathlib import Path
 import torch
 
 from ..config import Preset, override
-from ..env import versions
+from ..env import knobs, versions
 from ..mfu.peak import device_name
-from ..report import write_json
-from ..report.records import switches
+from ..files import write_json
 from .rows import BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, build_rows, notes, table_rows
 from .runner import Settings, dtype_name, launch_measure
 from .rungs import LADDER, WITH_OPTIONS, Context, Rung, check_options, plan, preset_with
@@ -89,18 +88,18 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, window
     ran = [r for r in rows if r["status"] == "ran"]
     for row, c, peak in zip(ran, configs, peaks):
         row.update(peak_flops=peak["flops"], peak_source=peak["source"],
-                   switches=switches(c, row.pop("kernel_resolved"), c.precision))
+                   config={"model": asdict(preset.model), "train": asdict(c)})
     schedule = ("every rung alive, interleaved" if len(result["groups"]) == 1 else
                 "sliding pairs (the rungs' training state exceeds the memory share for all at once)")
     record = {"preset": preset.name, "device": device, "ranks": ranks,
               "with": {name: WITH_OPTIONS[name] for name in options}, **asdict(settings), "schedule": schedule,
               "groups": result["groups"], "schedstat": result["schedstat"], "retries_used": result["retries_used"],
-              "measured_on": provenance(device, ranks), "rungs": rows}
+              "measured_on": provenance(device, ranks), "environment": knobs(), "rungs": rows}
     if out_dir:
         out = Path(out_dir)
         for j, (row, c) in enumerate(zip(ran, configs)):
             write_json(out / f"rung{rows.index(row)}_{row['key']}.json",
-                       {"row": row, "config": asdict(c), "peak": peaks[j], "profile": result["profiles"][j],
+                       {"row": row, "peak": peaks[j], "profile": result["profiles"][j],
                         "memory": result["memory"][j],
                         "rounds": [{k: r[k] for k in ("group", "index", "attempt", "kept")}
                                    | {"windows": [rank[result["groups"][r["group"]].index(j)] for rank in r["windows"]]}

@@ -33,11 +33,11 @@ def group_rounds(result: dict, g: int) -> list[Round]:
             continue
         ranks = []
         for rank, row in enumerate(r["windows"]):
-            windows = [Window(**w) for w in row]
+            windows = [Window.from_dict(w) for w in row]
             for pos, w in enumerate(windows):
                 profile = (result["profiles"][members[pos]] or [None] * len(r["windows"]))[rank]
-                if w.compute_s is None and profile:
-                    w.compute_s = profile["compute_per_step_s"] * w.steps
+                if w.compute() is None and profile:
+                    w.compute_s = profile["compute_per_step_s"] * len(w.steps)
             ranks.append(windows)
         out.append(Round(g, r["index"], r["attempt"], ranks, r["kept"]))
     return out

@@ -5,7 +5,8 @@ the next rung builds on the last rung that ran). Rungs change how the model runs
 what it computes, so model FLOPs per sample are the same on every rung; a rung that raises
 the batch size (AutoAC spends the memory it frees on a larger batch) changes FLOPs per
 *step* only. The AutoAC rung's memory budget is the activation memory (CPU; peak step
-memory on CUDA) the previous rung's step used at its batch size.
+memory on CUDA) the previous rung's step used at the batch each rank runs; the rung solves
+its plan there, once, and carries it to the ranks in `TrainConfig.ac_plan`.
 
 Options (`gemref waterfall --with ...`, WITH_OPTIONS) swap in GEM's later techniques without
 adding rungs: `local` balances rung 5 with policy "local" (each rank from its own pool, no
@@ -27,6 +28,7 @@ import torch
 
 from ..autoac.compress import CompressionSpec
 from ..autoac.profile import find_batch_size, step_bytes
+from ..autoac.regions import auto_checkpoint_regions
 from ..autoac.solver import ac_blocks, apply_plan, remove_plan
 from ..config import Preset, TrainConfig, override
 from ..data.batches import representative_batch
@@ -113,25 +115,31 @@ def _largest_compressed_batch(model, batch_of, budget: int, low: int, high: int)
 
 
 def _autoac(train: TrainConfig, ctx: Context) -> TrainConfig | str:
-    """Keep the activation memory the previous rung's step used, let AutoAC checkpoint just
-    enough that a larger batch fits in it (autoac.profile.find_batch_size), train that batch.
-    With `compressed_ac`: the largest batch that fits with every block compressed (module doc)."""
+    """Keep the activation memory the previous rung's step used at the batch each rank runs,
+    let AutoAC checkpoint just enough that a larger batch fits in it
+    (autoac.profile.find_batch_size), and hand the ranks the plan it solved there (ac_plan:
+    planned once, here, not again on every rank). With `compressed_ac`: the largest batch
+    that fits with every block compressed, then AutoAC with "compressed" one more option per
+    block, solved at that batch (module doc)."""
     device, per_rank = ctx.device, train.batch_size // ctx.ranks
     model = build_model(ctx.preset, override(train, compile=False, ac="none", ac_compress="none"), device)[0]  # eager twin
     batch_of = lambda n: representative_batch(ctx.preset, n, device, seed=train.seed)  # noqa: E731
     budget = step_bytes(model, batch_of(per_rank))
+    options = ("full",) if train.compile else ("selective", "full")
     if "compressed_ac" in ctx.options:
         compress = COMPRESSED_AC_FORMAT
         batch = _largest_compressed_batch(model, batch_of, budget, per_rank, 4 * per_rank)
     else:
-        options = ("full",) if train.compile else ("selective", "full")
-        batch = find_batch_size(model, batch_of, budget, max_batch=4 * per_rank, options=options).autoac_batch
-        compress = "none"
+        found = find_batch_size(model, batch_of, budget, max_batch=4 * per_rank, options=options)
+        batch, compress, plan = found.autoac_batch, "none", found.plan
     if batch <= per_rank:
         return ("n/a here: " + ("compressing" if compress != "none" else "checkpointing")
                 + " frees no room for a larger batch in this memory budget")
-    no_ac_bytes = step_bytes(model, batch_of(batch))
-    return override(train, ac="auto", ac_budget=min(1.0, budget / no_ac_bytes), ac_compress=compress,
+    fraction = min(1.0, budget / step_bytes(model, batch_of(batch)))
+    if compress != "none":
+        plan, _ = auto_checkpoint_regions(model, batch_of(batch), fraction, CompressionSpec(compress), options=options)
+        remove_plan(model)
+    return override(train, ac="auto", ac_budget=fraction, ac_compress=compress, ac_plan=plan.summary(),
                     batch_size=batch * ctx.ranks)
 
 

@@ -1,42 +1,43 @@
 """The waterfall's measurement on each rank: every rung alive, interleaved windows, a profiled step.
 
-Built from train.py's public pieces (setup, Setup.step, measure_step_memory) rather than
-train.run: a rung here is a live Setup with its own batch iterator, so the rungs can take
-turns window by window (gemref/waterfall/schedule.py). Per rank the program is
+Built from train.py's public pieces (setup, Setup.timed_step, measure_step_memory) rather
+than train.run: a rung here is a live Setup with its own batch iterator, so the rungs can
+take turns window by window (gemref/waterfall/schedule.py). A window is `steps_per_window`
+timed steps, each timed by the one step timer (gemref/mfu/timing.py, as `gemref train`
+times its steps). Per rank the program is
 
     peaks (rank 0)  ->  which rungs are alive together (schedule.groups, from the training
     state bytes and the free memory)  ->  per group: build + warm up its rungs, run the
     interleaved rounds, profile one step and measure the step memory of each new rung
 
 and rank 0 returns every rank's windows as plain data (gemref/waterfall/__init__.py turns
-them into rows). Model FLOPs are counted after each window from the lengths of its batches,
-so the window's wall clock holds only fetching batches and training steps. Before each
-window every rung takes `window_warmup` untimed steps (its caches were cold while the other
-rungs ran) and, on several ranks, the ranks meet at a barrier so their windows line up.
+them into rows). A window's clock is the sum of its steps' (batch fetch + step), so it holds
+only fetching batches and training steps (FLOPs are counted after each step's clock stops).
+Before each window every rung takes `window_warmup` untimed steps (its caches were cold while
+the other rungs ran) and, on several ranks, the ranks meet at a barrier so their windows
+line up. The ranks start through the one launcher (gemref/parallel/launch.py).
 """
 from __future__ import annotations
 
 import gc
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ..autoac.solver import applied_plan, plan_record, recompute_flops
+from ..autoac.solver import plan_record
 from ..config import Preset, TrainConfig, parse_mesh
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches
 from ..env import resolve_device
-from ..mfu.flops import executed_flops, model_flops
-from ..mfu.op_classes import COMPUTE, classify_cpu, classify_cuda
+from ..mfu.op_classes import COMPUTE
 from ..mfu.peak import peak_flops
-from ..mfu.profile import quiet_profile
-from ..parallel import comm, launch
+from ..mfu.timing import StepRecord
+from ..parallel import launch
 from ..parallel.memory import projected_rank_bytes
-from ..parallel.mesh import check_world, local_device
+from ..parallel.mesh import local_device
 from ..report.records import precision_label
 from ..train import Setup, measure_step_memory, resolve_precision, setup
 from . import schedule
@@ -87,63 +88,35 @@ class Rung:
         self.batches = iter(make_loader(self.s.train_set, batch_sampler=StepBatches(self.s.sampler, 0),
                                         num_workers=train.num_workers, device=self.s.device))
 
-    def step(self):
-        """One training step; (batch, data seconds, step seconds, main-thread CPU seconds of the step)."""
-        t0 = time.perf_counter()
-        batch = next(self.batches)
-        data = time.perf_counter() - t0
-        cuda = self.s.device.type == "cuda"
-        cpu0, t1 = time.thread_time(), time.perf_counter()
-        self.s.step(batch.to(self.s.device, non_blocking=True))
-        if cuda:
-            torch.cuda.synchronize(self.s.device)
-        return batch, data, time.perf_counter() - t1, time.thread_time() - cpu0
+    def step(self, op_classes: bool = False) -> StepRecord:
+        """One timed training step (gemref/mfu/timing.py timed_step)."""
+        return self.s.timed_step(lambda: next(self.batches), op_classes=op_classes)[0]
 
     def window(self, rung: int, k: int, attempt: int, settings: Settings) -> Window:
         for _ in range(settings.window_warmup):
             self.step()
         if self.s.parallel:
             dist.barrier()
-        cuda = self.s.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize(self.s.device)
-        delay0, proc0, thread0, wall0 = run_delay_s(), time.process_time(), time.thread_time(), time.perf_counter()
-        lengths, samples, tokens, data_s, step_s, compute_s = [], 0, 0, 0.0, 0.0, 0.0
-        for _ in range(settings.steps_per_window):
-            batch, data, step, cpu = self.step()
-            lengths.append(batch.lengths)
-            samples, tokens = samples + batch.batch_size, tokens + batch.num_tokens
-            data_s, step_s, compute_s = data_s + data, step_s + step, compute_s + cpu
-        wall = time.perf_counter() - wall0
-        thread, proc, delay = time.thread_time() - thread0, time.process_time() - proc0, run_delay_s()
-        cfg, tc, plan = self.s.preset.model, self.s.train, applied_plan(self.s.model)
-        model = sum(model_flops(cfg, n).total for n in lengths)
-        executed = sum(executed_flops(cfg, n, jagged=tc.jagged, kernel=self.s.kernel, device=self.s.device).total
-                       + recompute_flops(cfg, n, plan, jagged=tc.jagged, kernel=self.s.kernel) for n in lengths)
-        return Window(rung, k, attempt, settings.steps_per_window, wall, step_s, data_s, self.compute(step_s, compute_s),
-                      proc, thread, None if delay0 is None or delay is None else delay - delay0,
-                      samples, tokens, int(model), int(executed), self.s.device.type)
-
-    def compute(self, step_s: float, thread_cpu_s: float) -> float | None:
-        """This rank's compute seconds in a window (schedule.Window.compute_s): on one rank the
-        training steps' own time (nothing in them but compute); on CPU ranks with one thread each
-        their main thread's CPU time (a rank waiting for a peer sleeps); otherwise None: the
-        profiled compute kernels decide (rows.group_rounds)."""
-        if self.s.parallel is None:
-            return step_s
-        return thread_cpu_s if self.s.device.type == "cpu" and torch.get_num_threads() == 1 else None
+        delay0 = run_delay_s()
+        steps = [self.step() for _ in range(settings.steps_per_window)]
+        delay = run_delay_s()
+        return Window(rung, k, attempt, steps, None if delay0 is None or delay is None else delay - delay0,
+                      self.s.device.type, torch.get_num_threads(), self.s.world)
 
     def profile(self, steps: int) -> dict[str, float]:
-        """Seconds per step by op class (gemref/mfu/op_classes.py) over `steps` profiled steps."""
-        device = self.s.device.type
-        with quiet_profile(device) as prof:
-            for _ in range(steps):
-                self.step()
-        out = (classify_cuda if device == "cuda" else classify_cpu)(prof.events(), steps)
+        """Seconds per step by op class (gemref/mfu/op_classes.py), the mean of `steps` profiled steps."""
+        records = [self.step(op_classes=True) for _ in range(steps)]
+        out = {c: sum(r.op_seconds[c] for r in records) / steps for c in records[0].op_seconds}
         return out | {"compute_per_step_s": sum(out[c] for c in COMPUTE)}
 
     def memory(self) -> dict:
         return measure_step_memory(self.s, next(self.batches).to(self.s.device))
+
+    def info(self) -> dict:
+        """What the rung's config resolved to on this rank: kernel, precision, the applied AC plan."""
+        s = self.s
+        return {"resolved": {"kernel": s.kernel, "precision": s.precision.precision},
+                "dtype": precision_label(s.precision), "ac_plan": plan_record(s.model)}
 
 
 def _everyone(obj) -> list:
@@ -173,8 +146,7 @@ def measure(preset: Preset, trains: list[TrainConfig], device: str, settings: Se
         for i in members:
             if i not in alive:
                 alive[i] = Rung(preset, trains[i], device)
-                info[i] = {"kernel_resolved": alive[i].s.kernel, "dtype": precision_label(alive[i].s.precision),
-                           "ac_plan": plan_record(alive[i].s.model)}
+                info[i] = alive[i].info()
                 for _ in range(settings.warmup):
                     alive[i].step()
         for r in schedule.run_rounds(members, settings.windows,
@@ -202,24 +174,8 @@ def _rank(rank: int, world: int, preset: Preset, trains: list[TrainConfig], devi
 
 def launch_measure(preset: Preset, trains: list[TrainConfig], *, ranks: int, device: str, settings: Settings,
                    timeout_s: float) -> dict | None:
-    """`measure` in this process (one rank), as one torchrun rank, or on `ranks` spawned local ranks.
-    Meshes and backend are checked before any process group exists (as gemref/run_ranks.py does)."""
-    dev = resolve_device(device)
-    backends = {comm.resolve_backend(t.backend, dev) for t in trains}
-    if len(backends) > 1:
-        raise ValueError(f"one launch runs one backend; these rungs ask for {sorted(backends)}")
-    backend, shapes = backends.pop(), [parse_mesh(t.mesh) for t in trains]
-    world = launch.torchrun_world()
-    if world is None and ranks == 1:
-        return measure(preset, trains, dev.type, settings)
-    for shape in shapes:
-        check_world(shape, world or ranks)
-    if world is not None:
-        launch.init_from_env(backend, local_device(dev.type), shapes[0], timeout_s)
-        try:
-            return measure(preset, trains, dev.type, settings)
-        finally:
-            launch.shutdown()
-    if dev.type == "cuda" and ranks > torch.cuda.device_count():
-        raise ValueError(f"--ranks {ranks} needs {ranks} GPUs, this host has {torch.cuda.device_count()}")
-    return launch.spawn(_rank, ranks, (preset, trains, dev.type, settings), backend=backend, timeout_s=timeout_s)[0]
+    """`measure` on the ranks of the one launcher (gemref/parallel/launch.py: in this process for
+    one rank, as one torchrun rank, or on `ranks` spawned local ranks), checked before any
+    process group exists. Rank 0's result; None on other torchrun ranks."""
+    plan = launch.preflight(device, [t.backend for t in trains], [parse_mesh(t.mesh) for t in trains], ranks)
+    return launch.launch(_rank, (preset, trains, plan.device.type, settings), plan, timeout_s=timeout_s)

@@ -33,34 +33,62 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..mfu.timing import StepRecord, compute_seconds, interleaved
+
 CONTENDED_BELOW = 0.9    # share of one core a rank must get in a window
 ALIVE_SHARE = 0.5        # share of free memory the alive rungs' training state may take
 
 
 @dataclass
 class Window:
-    """One rank's measurement of one timed window (seconds and counts summed over its steps)."""
+    """One rank's measurement of one timed window: its training steps (gemref/mfu/timing.py) and
+    the main thread's run-queue wait over the window."""
 
     rung: int                    # index in the list of rungs that run
     round: int
     attempt: int
-    steps: int
-    wall_s: float                # first batch fetch to the end of the last step (CUDA-synchronised)
-    step_s: float                # the train_step calls alone
-    data_s: float                # blocked fetching batches
-    compute_s: float | None      # this rank's compute seconds (runner.Rung.compute); None: from the profile
-    process_cpu_s: float         # all threads of the process
-    thread_cpu_s: float          # the main thread, whole window
+    steps: list[StepRecord]
     run_delay_s: float | None    # the main thread's run-queue wait; None without schedstat
-    samples: int
-    tokens: int
-    model_flops: int
-    executed_flops: int
     device_type: str = "cpu"
+    threads: int = 1             # torch threads of the rank
+    world: int = 1
+    compute_s: float | None = None   # GPU ranks: the window's compute from a profiled step (rows.group_rounds)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Window":
+        return cls(**{**d, "steps": [StepRecord(**s) for s in d["steps"]]})
+
+    @property
+    def wall_s(self) -> float:
+        return sum(s.wall_s for s in self.steps)
+
+    @property
+    def data_s(self) -> float:
+        return sum(s.data_s for s in self.steps)
+
+    @property
+    def samples(self) -> int:
+        return sum(s.samples for s in self.steps)
+
+    @property
+    def model_flops(self) -> int:
+        return sum(s.model_flops for s in self.steps)
+
+    @property
+    def thread_cpu_s(self) -> float:
+        return sum(s.cpu_s for s in self.steps)
 
     @property
     def cpu_per_wall(self) -> float:
-        return self.process_cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+        wall = self.wall_s
+        return sum(s.process_cpu_s for s in self.steps) / wall if wall > 0 else 0.0
+
+    def compute(self) -> float | None:
+        """This rank's compute seconds in the window (gemref/mfu/timing.py compute_seconds)."""
+        if self.compute_s is not None:
+            return self.compute_s
+        parts = [compute_seconds(s, self.world, self.device_type, self.threads) for s in self.steps]
+        return None if any(p is None for p in parts) else sum(parts)
 
     @property
     def core_share(self) -> float | None:
@@ -101,7 +129,8 @@ def groups(state_bytes: list[int], free_bytes: float) -> list[list[int]]:
 def run_rounds(members: list[int], windows: int, run_window: Callable[[int, int, int], Window],
                everyone: Callable[[list[Window]], list[list[Window]]], retries: list[int],
                group: int = 0) -> list[Round]:
-    """Run `windows` rounds over the rungs `members` (interleaved, see the module doc).
+    """Run `windows` rounds over the rungs `members`, interleaved (gemref/mfu/timing.py
+    `interleaved`, the module doc's order).
 
     run_window(rung, round, attempt) measures one window of a rung on this rank;
     everyone(mine) returns every rank's windows of the round (the same on every rank, so
@@ -111,14 +140,17 @@ def run_rounds(members: list[int], windows: int, run_window: Callable[[int, int,
     if windows < 1:
         raise ValueError(f"windows must be >= 1, got {windows}")
     out: list[Round] = []
-    for k in range(windows):
-        attempt = 0
-        while True:
-            mine = [run_window(rung, k, attempt) for rung in members]
-            out.append(Round(group, k, attempt, everyone(mine)))
-            if not any(w.contended for rank in out[-1].windows for w in rank) or retries[0] <= 0:
-                break
+    attempt = [0]
+
+    def redo(k: int, tried: int, results: dict) -> bool:
+        out.append(Round(group, k, tried, everyone([results[str(i)] for i in members])))
+        again = any(w.contended for rank in out[-1].windows for w in rank) and retries[0] > 0
+        if again:
             retries[0] -= 1
-            attempt += 1
-        out[-1].kept = True
+        else:
+            out[-1].kept = True
+        attempt[0] = tried + 1 if again else 0
+        return again
+
+    interleaved({str(i): (lambda k, i=i: run_window(i, k, attempt[0])) for i in members}, windows, redo=redo)
     return out

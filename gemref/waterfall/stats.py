@@ -1,18 +1,10 @@
 """From measured windows to a waterfall row: E2E MFU = local MFU x scaling ratio, paired ratios, breakdown.
 
-Per window (all ranks; W ranks, P = one device's peak FLOP/s, F = the window's model FLOPs
-summed over ranks, T = its wall time, the slowest rank's, C_r = rank r's compute seconds: on
-one rank the training steps' time, on one-thread CPU ranks the main thread's CPU time inside
-the steps, on GPU ranks the profiled compute kernels' time per step):
-
-    E2E MFU        = F / (T x W x P)            what the job got out of its W devices
-    local MFU      = F / (sum_r C_r x P)        one rank's compute-only rate (averaged over ranks)
-    scaling ratio  = E2E / local = sum_r C_r / (W x T)
-                                                 the share of the wall clock the ranks spent
-                                                 computing: what survives communication,
-                                                 waiting for the slowest rank, data loading
-
-so E2E = local x scaling exactly, window by window. A row takes every figure from its
+Per window, the figures are gemref/mfu/meter.py's (the one MFU definition) over the
+window's steps on every rank: E2E MFU = F / (W x T x P), local MFU = F / (sum_r C_r x P),
+scaling ratio = E2E / local, so E2E = local x scaling exactly, window by window (C_r: on one
+rank the training steps' time, on one-thread CPU ranks the main thread's CPU time inside the
+steps, on GPU ranks the profiled compute kernels' time per step). A row takes every figure from its
 median window by tokens/s (so tokens/s, TFLOP/s and the three MFUs agree) and shows the
 min..max tokens/s over its kept windows.
 
@@ -32,30 +24,19 @@ from __future__ import annotations
 import math
 import statistics
 
+from ..mfu.meter import figures
 from ..mfu.op_classes import COMPUTE
 from .schedule import Round, Window
 
 
 def window_figures(ranks: list[Window], peak_flops: float | None) -> dict:
-    """The figures of one window over all ranks (see the module doc). Needs every rank's compute_s."""
-    world, wall = len(ranks), max(w.wall_s for w in ranks)
-    if wall <= 0:
-        raise ValueError(f"a window's wall time must be > 0, got {wall}")
-    flops = sum(w.model_flops for w in ranks)
-    compute = [w.compute_s for w in ranks]
-    have_compute = all(c is not None and c > 0 for c in compute)
-    scaling = sum(compute) / (world * wall) if have_compute else None
-    local = flops / (sum(compute) * peak_flops) if have_compute and peak_flops else None
-    e2e = flops / (wall * world * peak_flops) if peak_flops else None
-    shares = [w.core_share for w in ranks]
-    return {"round": ranks[0].round, "attempt": ranks[0].attempt, "wall_s": wall,
-            "tokens_per_s": sum(w.tokens for w in ranks) / wall,
-            "samples_per_s": sum(w.samples for w in ranks) / wall,
-            "model_tflops_per_s": flops / wall / 1e12,
-            "executed_tflops_per_s": sum(w.executed_flops for w in ranks) / wall / 1e12,
-            "mfu": e2e, "local_mfu": local, "scaling_ratio": scaling,
-            "hfu": sum(w.executed_flops for w in ranks) / (wall * world * peak_flops) if peak_flops else None,
-            "cpu_per_wall": [w.cpu_per_wall for w in ranks], "core_share": shares,
+    """The figures of one window over all ranks: gemref/mfu/meter.py `figures` of its steps
+    (the one MFU definition), with the window's contention."""
+    w0 = ranks[0]
+    fig = figures([w.steps for w in ranks], peak_flops, device_type=w0.device_type, threads=w0.threads,
+                  compute_s=[w.compute() for w in ranks])
+    return {"round": w0.round, "attempt": w0.attempt, **fig,
+            "cpu_per_wall": [w.cpu_per_wall for w in ranks], "core_share": [w.core_share for w in ranks],
             "contended": any(w.contended for w in ranks)}
 
 
@@ -93,9 +74,9 @@ def breakdown(ranks: list[Window], profiled: list[dict[str, float]] | None) -> d
     `profiled`: per rank, seconds per step by op class from a profiled step; only the compute
     classes' shares are used (None: the compute stays one entry, "compute_s")."""
     world = len(ranks)
-    steps = ranks[0].steps
+    steps = len(ranks[0].steps)
     step_s = max(w.wall_s for w in ranks) / steps
-    compute = [w.compute_s / steps for w in ranks]
+    compute = [w.compute() / steps for w in ranks]
     slowest = max(compute)
     out = {"step_s": step_s, "data_s": sum(w.data_s for w in ranks) / steps / world,
            "waiting_s": sum(slowest - c for c in compute) / world}

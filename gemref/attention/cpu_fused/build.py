@@ -25,7 +25,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from ...mfu.cpu_probe import cpu_info
+from ...env import cpu_info
 
 log = logging.getLogger(__name__)
 

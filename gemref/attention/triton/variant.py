@@ -1,4 +1,5 @@
-"""Kernel variants of the Triton GDPA kernel: flags, where they come from, and tile shapes.
+"""Kernel variants of the Triton GDPA kernel: flags, where they come from, tile shapes, and the
+rule that names the default from a GPU check (`choose_winner`).
 
 A `Variant` names one way of running the same math (every variant matches reference.py;
 tests/test_attention_triton.py checks each one forward and backward). Flags:
@@ -27,12 +28,14 @@ innermost `use_variant(...)` block, the GEMREF_GDPA environment variable (the sa
 "flag=value,..." text, a bare flag meaning =1), then the defaults below. The defaults are the
 kernel as it was before these variants existed (autotuning on CUDA included): nothing has
 been timed on a GPU yet. scripts/gpu_check.sh times every variant side by side and names the
-fastest correct one in its summary ("gdpa_default", scripts/gpu_check_winner.py); the rule is
-that these defaults become that winner's flags when its JSON is committed to benchmarks/.
+fastest correct one in its summary ("gdpa_default", by `choose_winner` at the end of this
+file); the rule is that these defaults become that winner's flags when its JSON is committed
+to benchmarks/.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import dataclass, fields, replace
 from typing import Iterator
@@ -172,3 +175,59 @@ def resolve_variant(variant: Variant | str | None) -> Variant:
     if variant is None:
         return current_variant()
     return Variant.parse(variant) if isinstance(variant, str) else variant
+
+
+# ----------------------------------------------------------- the rule that names the default
+BASE = "base"   # the variant every other one is a set of flags on, in the GPU check's VARIANTS
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def choose_winner(summary: dict, variants: dict[str, str]) -> dict:
+    """The fastest correct variant of a GPU check's summary (scripts/gpu_check/ calls this
+    after its timing section): {"winner", "spec", "fwd_winner", "bwd_winner", "scores",
+    "reason"}; winner None (with the reason) when none qualifies. `variants`: name -> spec.
+
+      correct  every correctness record of the variant passed (determinism included), and
+               every record of "base" passed (the variants are flags on that kernel; only base
+               is checked on the wider case set: fp16, full mask, window, cross attention);
+      timed    at least one timing row, no row with an error;
+      score    per (profile, activation) row timed for both, the variant's fwd_ms + bwd_ms over
+               base's (a training step runs both passes); the geometric mean of those ratios,
+               lower is faster. silu_tanh is scored on silu rows only (its flag changes nothing
+               else, so it is not timed on softmax).
+    The winner is the correct, timed variant with the lowest score (the first listed on a tie);
+    forward and backward winners (fwd_ms and bwd_ms alone) are reported too. Its spec text
+    (also usable as GEMREF_GDPA) is what Variant's defaults become; "autotune" winning means
+    the defaults stay."""
+    sections = summary.get("sections", {})
+    corr = sections.get("correctness", {}).get("result", {})
+    records = corr.get("cases", []) + corr.get("determinism", [])
+    rows = [r for r in sections.get("timing", {}).get("result", {}).get("rows", []) if r.get("kernel") in variants]
+    if not records or not rows:
+        return {"winner": None, "reason": "no correctness records or no timing rows"}
+    base_ok = all(r["passed"] for r in records if r["variant"] == BASE)
+    base_ms = {(r["profile"], r["activation"]): r for r in rows if r["kernel"] == BASE and "fwd_ms" in r}
+    scores = {}
+    for name in variants:
+        mine = [r for r in records if r["variant"] == name]
+        timed = [r for r in rows if r["kernel"] == name]
+        pairs = [(r, base_ms[(r["profile"], r["activation"])]) for r in timed
+                 if "fwd_ms" in r and (r["profile"], r["activation"]) in base_ms]
+        entry = {"correct": bool(mine) and base_ok and all(r["passed"] for r in mine),
+                 "timed": bool(pairs) and all("fwd_ms" in r for r in timed), "rows": len(pairs)}
+        if pairs:
+            entry.update({f"{key}_ratio": _geomean([fn(r) / fn(b) for r, b in pairs]) for key, fn in (
+                ("step", lambda x: x["fwd_ms"] + x["bwd_ms"]), ("fwd", lambda x: x["fwd_ms"]),
+                ("bwd", lambda x: x["bwd_ms"]))})
+        scores[name] = entry
+    eligible = {n: s for n, s in scores.items() if s["correct"] and s["timed"]}
+    if not eligible:
+        return {"winner": None, "scores": scores,
+                "reason": "no variant is both correct and timed" + ("" if base_ok else " (base failed a case)")}
+    best = {key: min(eligible, key=lambda n: eligible[n][f"{key}_ratio"]) for key in ("step", "fwd", "bwd")}
+    return {"winner": best["step"], "spec": variants[best["step"]], "fwd_winner": best["fwd"],
+            "bwd_winner": best["bwd"], "scores": scores,
+            "reason": "lowest geometric-mean (fwd + bwd) time relative to base among correct, timed variants"}

@@ -15,7 +15,7 @@ import dataclasses
 import gc
 import time
 
-from gpu_check_common import Result, device, error_text, parse_args
+from .common import Result, device, error_text, parse_args
 
 RUNGS = 3
 MIN_BATCH = 32
@@ -26,8 +26,7 @@ def main() -> None:
     import torch
 
     from gemref.config import get_preset, override
-    from gemref.data.shards import ensure_dataset
-    from gemref.data.shards import dataset_dir
+    from gemref.data.shards import dataset_dir, ensure_dataset
     from gemref.waterfall import LADDER, run_waterfall
 
     dev = device(args.dry_run)
@@ -72,6 +71,7 @@ def main() -> None:
         batch //= 2
     result.data.update(batches_tried=tried, seconds=round(time.perf_counter() - t0, 1))
     result.save()
+
 
 if __name__ == "__main__":
     main()

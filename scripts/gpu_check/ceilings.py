@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from gpu_check_common import Result, bench_ms, device, error_text, parse_args
+from .common import Result, bench_ms, device, error_text, parse_args
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
     ms = bench_ms(lambda: a @ b, dev)
     result.data["gemm_bf16"] = {"n": n, "ms": ms, "tflops": 2 * n ** 3 / (ms * 1e-3) / 1e12}
     result.save()
-    del a, b
+    a = b = None   # free the GEMM operands before the copy
 
     nbytes = (16 if args.dry_run else 1024) << 20
     src = torch.empty(nbytes, dtype=torch.uint8, device=dev)

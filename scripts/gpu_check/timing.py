@@ -10,18 +10,17 @@ executed TFLOP/s the tiles the variant really runs. Each variant's outputs are c
 the base variant's (max abs difference) as a large-shape sanity check. Softmax ceilings:
 gemref's "sdpa" kernel (FlashAttention-2 varlen inside torch), torch.nn.attention.varlen_attn
 where it exists, and for fixed lengths dense SDPA with the flash and cuDNN backends.
---dry-run: the same on CPU in the Triton interpreter, L = 32, D = 16, H = 1, one profile,
-two variants (base and every flag at once).
+The variants are gemref.attention.testing.VARIANTS. --dry-run: the same on CPU in the Triton
+interpreter, L = 32, D = 16, H = 1, one profile, DRY_VARIANTS only (base and every flag at once).
 """
 from __future__ import annotations
 
 import inspect
 import statistics
 
-from gpu_check_common import VARIANTS, Result, bench_ms, device, error_text, parse_args
+from .common import Result, bench_ms, device, error_text, parse_args
 
 ROUNDS = 2
-DRY_VARIANTS = ("base", "all_flags")   # the dry run tests the plumbing; correctness runs them all
 
 
 def triton_fns(q, k, v, do, off, activation, spec):
@@ -86,6 +85,7 @@ def main() -> None:
     import torch
 
     from gemref.attention import KERNELS, attention_model_flops
+    from gemref.attention.testing import DRY_VARIANTS, VARIANTS
     from gemref.attention.triton.op import triton_executed_flops
     from gemref.bench.attention import make_lengths
 

@@ -1,36 +1,14 @@
-"""What the GPU check's child scripts share: arguments, the incremental result file, the
-device, a timer, and the Triton GDPA variants every section runs (see scripts/gpu_check.py).
-
-VARIANTS are texts for gemref.attention.triton_gdpa_variant.Variant, all at fixed tiles
-(autotune=0) except "autotune" (the library's default). The correctness section runs each
-one first, which also fills Triton's compile cache for the timing section.
-"""
+"""What the GPU check's section children (ceilings.py, correctness.py, timing.py, rungs.py)
+share: their arguments, the incremental result file, the device, a timer, an error's text.
+The variants they run are gemref.attention.testing.VARIANTS."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Callable
-
-ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT, ROOT / "tests"):          # gemref, and the tests' attention case helpers
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-VARIANTS = {
-    "base": "autotune=0",                                          # DEFAULT_TILES, every flag off
-    "silu_tanh": "autotune=0,silu_tanh",
-    "fold_scale": "autotune=0,fold_scale",
-    "grouped": "autotune=0,schedule=grouped",
-    "atomic_bwd": "autotune=0,bwd=atomic",
-    "no_sched_cache": "autotune=0,cache_schedule=0",
-    "tiles_big": "autotune=0,fwd=128x128x8x2,dkdv=64x128x8x2,dq=128x64x8x2",
-    "all_flags": "autotune=0,silu_tanh,fold_scale,schedule=grouped,bwd=atomic",
-    "autotune": "autotune=1",                                      # the library default
-}
 
 
 def parse_args(description: str) -> argparse.Namespace:

@@ -1,0 +1,194 @@
+"""Where the efficiency switches compose: a TrainConfig becomes a model, an optimizer, data and a sampler.
+
+`build_model` applies the switches from outside the model in torchtitan's order (precision,
+activation checkpointing, compile, then sharding: tables, then FSDP); nothing else in gemref
+applies them (the waterfall, the benches and the chapters build models through here). The
+kernel is resolved once, here (`auto` -> the concrete kernel the model then calls); AutoAC is
+solved once, at the batch each rank runs, unless the config carries its plan (`ac_plan`).
+`setup` adds the data (generated or reused), the optimizer and this rank's batch sampler, and
+returns the `Setup` the training loop (gemref/train/loop.py), the waterfall and the benches
+step. Default dtype: fp32 on CPU, bf16 autocast with fp32 master weights on CUDA; `precision`
+selects float8/MXFP8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..attention import resolve_model_kernel
+from ..autoac.compress import CompressionSpec
+from ..autoac.profile import auto_checkpoint
+from ..autoac.regions import auto_checkpoint_regions
+from ..autoac.solver import ac_blocks, applied_plan, apply_plan, parse_plan
+from ..balance import SampleCost
+from ..compile import compile_model
+from ..config import Preset, TrainConfig, get_preset
+from ..data.batches import representative_batch
+from ..data.jagged import JaggedBatch
+from ..data.loader import EventDataset, make_loader
+from ..data.sampler import BalancedDistributedBatchSampler
+from ..data.shards import dataset_dir, ensure_dataset, shard_paths
+from ..env import resolve_device
+from ..mfu.flops import sample_cost_coefficients, step_flops
+from ..mfu.profile import time_breakdown
+from ..mfu.timing import StepRecord, timed_step
+from ..model import GEMRef
+from ..parallel.parallelize import ParallelState, parallel_state, parallelize
+from ..precision.apply import PrecisionReport, apply_precision
+from ..precision.fast_linear import use_fastest_cpu_gemms
+from ..step import backward, forward_loss, train_step
+
+@dataclass
+class Setup:
+    """What a run needs besides the loop: model, optimizer, data, device facts."""
+
+    preset: Preset
+    train: TrainConfig
+    device: torch.device
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    train_set: EventDataset
+    eval_set: EventDataset
+    kernel: str                   # the concrete gdpa kernel (auto resolved)
+    precision: PrecisionReport    # what the precision switch converted, autocast dtype
+    sampler: BalancedDistributedBatchSampler   # this rank's part of every global batch
+    parallel: ParallelState | None = None   # mesh and rank; None in one plain process
+
+    @property
+    def rank(self) -> int:
+        return self.parallel.rank if self.parallel else 0
+
+    @property
+    def world(self) -> int:
+        return self.parallel.world if self.parallel else 1
+
+    @property
+    def normalizer(self) -> int | None:
+        """The loss divisor: the global batch when ranks hold parts of it, else None (the batch's size)."""
+        return self.train.batch_size if self.parallel else None
+
+    def loss(self, batch: JaggedBatch) -> Tensor:
+        """This run's forward loss on a batch (on the run's device)."""
+        return forward_loss(self.model, batch, self.precision.autocast_dtype, self.normalizer)
+
+    def gradients(self, batch: JaggedBatch) -> None:
+        """Forward and backward only, gradients left in place (to measure memory or communication)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        backward(self.model, self.loss(batch), self.parallel.finish_backward if self.parallel else None)
+
+    def step(self, batch: JaggedBatch) -> Tensor:
+        """One training step of this run (gemref/step.py); the detached loss, on the device."""
+        return train_step(self.model, self.optimizer, batch, autocast_dtype=self.precision.autocast_dtype,
+                          normalizer=self.normalizer,
+                          finish_backward=self.parallel.finish_backward if self.parallel else None,
+                          after_optimizer_step=self.precision.after_optimizer_step)
+
+    def flops(self, lengths: Tensor):
+        """This run's FLOP accounting of a step on batches of these lengths (gemref/mfu/flops.py)."""
+        return step_flops(self.preset.model, lengths, jagged=self.train.jagged, kernel=self.kernel,
+                          ac_choices=applied_plan(self.model), device=self.device)
+
+    def timed_step(self, fetch, *, op_classes: bool = False) -> tuple[StepRecord, Tensor, JaggedBatch]:
+        """One timed training step on the batch `fetch()` returns (gemref/mfu/timing.py timed_step)."""
+        return timed_step(fetch, lambda b: self.step(b.to(self.device, non_blocking=True)), self.device,
+                          self.flops, op_classes=op_classes)
+
+
+def resolve_precision(train: TrainConfig, device: torch.device) -> str:
+    """The precision a run uses: `auto` is fp32 on CPU and bf16 autocast on CUDA."""
+    return train.precision if train.precision != "auto" else "bf16" if device.type == "cuda" else "fp32"
+
+
+def build_model(preset: Preset, train: TrainConfig, device: torch.device,
+                parallel: ParallelState | None = None) -> tuple[nn.Module, str, PrecisionReport]:
+    """GEMRef with the switches applied (model-level switches first, sharding last); returns
+    it, the concrete attention kernel and the precision report. AutoAC without a given plan
+    is solved here on a batch shaped like the preset's data, of the size each rank runs."""
+    precision = resolve_precision(train, device)
+    dtype = torch.bfloat16 if device.type == "cuda" and precision != "fp32" else torch.float32
+    cfg = preset.model
+    kernel = resolve_model_kernel(train.kernel, device, dtype, cfg.n_heads, cfg.head_dim, cfg.activation,
+                                  cfg.window) if train.jagged else "reference"
+    torch.manual_seed(train.seed)
+    model = GEMRef(cfg, jagged=train.jagged, kernel=kernel).to(device)
+    report = apply_precision(model, precision, device=device, kernel=train.precision_kernel,
+                             min_dim=train.precision_min_dim)
+    use_fastest_cpu_gemms(model, device)   # CPU fp32: each Linear GEMM on the fastest measured path
+    compression = CompressionSpec(train.ac_compress) if train.ac_compress != "none" else None
+    if train.ac == "full":
+        apply_plan(model, {name: "full" for name in ac_blocks(model)})
+    elif train.ac == "auto" and train.ac_plan:   # planned already (e.g. by the waterfall, once per rung)
+        apply_plan(model, parse_plan(train.ac_plan, cfg.n_layers), compression=compression)
+    elif train.ac == "auto":                     # profiled eagerly at the batch this rank runs
+        per_rank = max(1, train.batch_size // (parallel.world if parallel else 1))
+        batch = representative_batch(preset, per_rank, device, seed=train.seed)
+        options = ("full",) if train.compile else ("selective", "full")
+        if compression is None:
+            auto_checkpoint(model, batch, train.ac_budget, options=options, autocast_dtype=report.autocast_dtype)
+        else:                  # one budget per block, "compressed" one more option for each
+            auto_checkpoint_regions(model, batch, train.ac_budget, compression, options=options,
+                                    autocast_dtype=report.autocast_dtype)
+    elif compression is not None:   # no checkpointing: every block keeps its saved activations compressed
+        apply_plan(model, {name: "compressed" for name in ac_blocks(model)}, compression=compression)
+    if train.compile:
+        compile_model(model, activation_memory_budget=train.ac_budget if train.ac == "pt2" else None)
+    if parallel is not None:
+        parallelize(model, train, parallel, device)
+    return model, kernel, report
+
+
+def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW; embedding tables get no weight decay (rows a batch does not touch keep their values).
+
+    The fused implementation (one kernel over all parameters of a group) where every
+    parameter is floating point on CPU or CUDA: on CPU torch's default is a Python loop of
+    ~10 ops per parameter, and fused matches it within fp32 rounding (tests/test_optimizer.py;
+    `gemref bench step_profile` shows the optimizer's share of a step). Elsewhere torch's default."""
+    params = list(model.named_parameters())
+    tables = [p for n, p in params if n.startswith("tables.")]
+    dense = [p for n, p in params if not n.startswith("tables.")]
+    fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for _, p in params)
+    return torch.optim.AdamW([{"params": dense, "weight_decay": train.weight_decay},
+                              {"params": tables, "weight_decay": 0.0}], lr=train.lr, fused=fused or None)
+
+
+def batch_sampler(lengths, preset: Preset, train: TrainConfig, rank: int, world: int) -> BalancedDistributedBatchSampler:
+    """This rank's part of every global batch (drop_last: every step has the full global batch)."""
+    policy = "round_robin" if train.balance == "none" else train.balance
+    cost = SampleCost(*sample_cost_coefficients(preset.model))
+    return BalancedDistributedBatchSampler(lengths, train.batch_size, cost, rank=rank, world_size=world,
+                                           seed=train.seed, policy=policy, drop_last=True)
+
+
+def setup(preset: Preset | str, train: TrainConfig | None = None, *, device: str = "auto",
+          data_root: str | Path | None = None, progress: bool = False) -> Setup:
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    train = train or preset.train
+    parallel, dev = parallel_state(train, resolve_device(device))
+    folder = dataset_dir(preset, data_root)
+    ensure_dataset(preset.model, preset.data, folder, progress=progress)
+    train_set = EventDataset(shard_paths(folder, "train"), preset.model)
+    eval_set = EventDataset(shard_paths(folder, "eval"), preset.model)
+    model, kernel, precision = build_model(preset, train, dev, parallel)
+    rank, world = (parallel.rank, parallel.world) if parallel else (0, 1)
+    return Setup(preset, train, dev, model, make_optimizer(model, train), train_set, eval_set,
+                 kernel, precision, batch_sampler(train_set.lengths, preset, train, rank, world), parallel)
+
+
+def sample_batch(s: Setup) -> JaggedBatch:
+    """The first training batch of the run's seed, on the run's device (for one-off measurements)."""
+    return next(iter(make_loader(s.train_set, s.train.batch_size, seed=s.train.seed))).to(s.device)
+
+
+def training_step_breakdown(preset: Preset | str, train: TrainConfig | None = None, *, device: str = "auto",
+                            repeats: int = 3) -> list[dict]:
+    """Seconds per step in each named region (gemref/mfu/profile.py) of one real training step."""
+    s = setup(preset, train, device=device)
+    batch = sample_batch(s)
+    return time_breakdown(lambda: s.step(batch), s.device.type, repeats)
+
+
