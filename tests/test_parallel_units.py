@@ -94,7 +94,7 @@ def gemref(*args):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--ranks", "3", "--mesh", "2x2"], "--mesh 2x2 needs 4 ranks, but --ranks 3"),
+    (["--ranks", "3", "--mesh", "2x2"], "mesh=2x2 needs R*S = 4 ranks, but the world size is 3"),
     (["--mesh", "2x2"], "--mesh 2x2 needs 4 ranks: add --ranks 4"),
     (["--ranks", "2", "--backend", "ncclx"], "backend 'ncclx' needs --device cuda"),
     (["--ranks", "2", "--device", "cpu", "--backend", "nccl"], "backend 'nccl' needs --device cuda"),

@@ -32,7 +32,7 @@ import torch
 from ..autoac.compress import FORMATS, CompressionSpec, compressing
 from ..autoac.profile import find_batch_size, forward_with_bytes
 from ..autoac.regions import pareto_front, profile_regions, uniform_front, uniform_plan, without_option
-from ..autoac.solver import ac_blocks, apply_plan, saved_compression, solve
+from ..autoac.solver import saved_compression, solve
 from ..errors import UsageError
 from ..options import output_file
 from ..config import override
@@ -45,11 +45,6 @@ from ..train import evaluate, setup
 from .autoac import Trainer, make_bench, paired_steps, strategy_model
 
 DEFAULT_BUDGETS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2)
-
-
-def all_compressed(model, spec: CompressionSpec):
-    apply_plan(model, {name: "compressed" for name in ac_blocks(model)}, compression=spec)
-    return model
 
 
 def fronts(b, spec: CompressionSpec, budgets) -> dict:
@@ -82,7 +77,7 @@ def memory(b, formats) -> list[dict]:
     _, base = forward_with_bytes(plain, b.batches[0], b.autocast)
     rows = [{"format": "none", "act_mb": base / 2**20, "vs_none": 1.0}]
     for fmt in formats:
-        model = all_compressed(strategy_model(b, "none", compiled=False), CompressionSpec(fmt))
+        model = strategy_model(b, "none", compiled=False, compress=fmt)      # every block compressed
         _, nbytes = forward_with_bytes(model, b.batches[0], b.autocast)
         stats = saved_compression(model).stats
         rows.append({"format": fmt, "act_mb": nbytes / 2**20, "vs_none": nbytes / base,
@@ -112,8 +107,9 @@ def step_times(b, formats) -> list[dict]:
     reference = Trainer(b, strategy_model(b, "none"))
     rows = []
     for fmt in formats:
-        trainer = Trainer(b, all_compressed(strategy_model(b, "none", compiled=False), CompressionSpec(fmt)))
-        seconds, ref = paired_steps(b, trainer, b.batches, reference)
+        trainer = Trainer(b, strategy_model(b, "none", compiled=False, compress=fmt))
+        timed, ref_timed = paired_steps(b, trainer, b.batches, reference)
+        seconds, ref = [r.step_s for r in timed], [r.step_s for r in ref_timed]
         rows.append({"format": fmt, "step_s": statistics.median(seconds), "none_step_s": statistics.median(ref),
                      "vs_none": statistics.median(t / r for t, r in zip(seconds, ref))})
     return rows
@@ -124,10 +120,8 @@ def train_eval_loss(preset: str, seed: int, steps: int, spec: CompressionSpec | 
     from ..config import get_preset
 
     p = get_preset(preset)
-    s = setup(p, override(p.train, steps=steps, seed=seed, jagged=True, kernel="auto"), device="cpu",
-              data_root=data_root, progress=False)
-    if spec is not None:
-        all_compressed(s.model, spec)
+    s = setup(p, override(p.train, steps=steps, seed=seed, jagged=True, kernel="auto",
+                          ac_compress=spec.format if spec else "none"), device="cpu", data_root=data_root, progress=False)
     batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, 0), device=s.device))
     for _ in range(steps):
         s.step(next(batches))
