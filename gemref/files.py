@@ -30,6 +30,11 @@ def to_jsonable(obj: Any) -> Any:
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write to a temp file in the same folder, then rename: a crash never leaves half a file.
     The file gets the permissions a plain open() would (mkstemp's are owner-only)."""
+    return atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """`atomic_write_text` for bytes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -37,8 +42,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     os.umask(umask)
     try:
         os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -276,6 +276,33 @@ def test_training_with_autoac_is_training_without_it(data_root):
     assert (recompute > 0) == ("full" in plan["counts"])
 
 
+def test_a_given_plan_is_applied_as_is_without_profiling(monkeypatch):
+    """ac_plan (a solved plan's summary) is applied by build_model without a profiling pass."""
+    from gemref.autoac import profile
+    from gemref.train import build_model
+
+    monkeypatch.setattr(profile, "profile_blocks", lambda *a, **k: pytest.fail("profiled a given plan"))
+    train = override(TINY.train, jagged=True, ac="auto", ac_plan="sequence:F- interaction:-S cross:--")
+    model, _, _ = build_model(TINY, train, torch.device("cpu"))
+    assert applied_plan(model) == {"layers.0.sequence": "full", "layers.1.interaction": "selective"}
+    with pytest.raises(ValueError, match="sequence needs 2 letters"):
+        build_model(TINY, override(train, ac_plan="sequence:F interaction:-S cross:--"), torch.device("cpu"))
+
+
+def test_autoac_profiles_the_batch_each_rank_runs(monkeypatch):
+    """With ranks, build_model solves AutoAC on batch_size / world samples, not the global batch."""
+    from gemref.train import compose
+
+    sizes = []
+    real = compose.representative_batch
+    monkeypatch.setattr(compose, "representative_batch", lambda p, n, *a, **k: sizes.append(n) or real(p, n, *a, **k))
+    monkeypatch.setattr(compose, "parallelize", lambda *a, **k: None)       # no process group here
+    fake = type("P", (), {"world": 4})()
+    compose.build_model(TINY, override(TINY.train, jagged=True, batch_size=64, ac="auto", ac_budget=0.5),
+                        torch.device("cpu"), fake)
+    assert sizes == [16]
+
+
 def test_bench_autoac_command(data_root, tmp_path, capsys):
     from gemref.cli import main
 

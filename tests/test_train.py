@@ -177,6 +177,15 @@ def test_mfu_is_independently_counted_flops_over_the_step_clock(data_root, monke
     assert record["mfu"] <= record["local_mfu"] and record["scaling_ratio"] == pytest.approx(1 - record["data_share"])
 
 
+def test_the_record_names_what_the_config_resolved_to_and_the_knobs(data_root, monkeypatch):
+    monkeypatch.setenv("GEMREF_CPU_GEMM", "blas")
+    record = run(TINY, override(TINY.train, steps=2, warmup_steps=1, eval_batches=1, jagged=True, kernel="auto"),
+                 device="cpu", progress=False, measure_memory=False)
+    assert "switches" not in record and record["config"]["train"]["kernel"] == "auto"
+    assert record["resolved"]["kernel"] in ("cpu_fused", "cpu_jagged") and record["resolved"]["precision"] == "fp32"
+    assert record["environment"]["GEMREF_CPU_GEMM"] == "blas" and "GEMREF_GDPA" in record["environment"]
+
+
 def test_jagged_run_records_its_switches(data_root):
     train = override(TINY.train, steps=4, warmup_steps=1, eval_batches=1, jagged=True, kernel="auto")
     record = run(TINY, train, device="cpu", progress=False, measure_memory=False)

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from ..config import DataConfig, get_preset, override
 from ..config.values import parse_field
-from ..options import add_preset_arg, check_output_dir, output_dir, split_pairs
+from ..options import add_preset_arg, check_output_dir, output_dir, output_file, split_pairs
 
 NAME = "data"
 HELP = "synthetic ads-event data"
@@ -22,6 +22,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     gen.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="DataConfig field, typed as declared, e.g. seed=3 or n_train=1000")
     gen.add_argument("--quiet", action="store_true", help="no progress bar")
+    gen.add_argument("--json", metavar="PATH", type=output_file, help="write the dataset's manifest and summary here")
     gen.set_defaults(func=run_generate)
 
 
@@ -36,6 +37,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..data.shards import dataset_dir, generate_dataset
+    from ..files import write_json
     from ..report import format_table
 
     preset = data_config(args.preset, args.set)
@@ -46,4 +48,7 @@ def run_generate(args: argparse.Namespace) -> int:
              "click_rate": sum(s["click_rate"] * s["rows"] for s in sh) / sum(s["rows"] for s in sh)}
             for split, sh in manifest["splits"].items()]
     print(format_table(rows, title=f"dataset {preset.name} -> {out}"))
+    if args.json:
+        write_json(args.json, {"kind": "dataset", "folder": str(out), "splits": rows, "manifest": manifest})
+        print(f"wrote {args.json}")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..options import check_output_dir, output_dir, split_pairs
+from ..options import check_output_dir, output_dir, output_file, split_pairs
 
 NAME = "notebooks"
 HELP = "run the notebooks headless (papermill)"
@@ -19,11 +19,13 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="override a parameter; typed like its default in the notebook, e.g. STEPS=20 or RANKS=[8,64]")
     r.add_argument("--grid", metavar="FILE", help="YAML mapping parameter -> list of values (cartesian product)")
     r.add_argument("--out", metavar="DIR", type=output_dir, help="output folder (default: artifacts/notebooks/<profile>-<date>)")
+    r.add_argument("--json", metavar="PATH", type=output_file, help="write the batch's rows (time, metrics) here")
     r.set_defaults(func=run)
     b = which.add_parser("build", help="execute the chapters under a profile, write the static reading copy")
     b.add_argument("notebooks", nargs="*", help="chapter names (default: all), e.g. 02_flash_attention")
     b.add_argument("--profile", default="ci", help="notebooks/params/<profile>.yaml: ci, cpu, gpu")
     b.add_argument("--out", metavar="DIR", type=output_dir, help="output folder (default: artifacts/book/<profile>)")
+    b.add_argument("--json", metavar="PATH", type=output_file, help="write the chapters' rows (time, metrics) here")
     b.set_defaults(func=build)
 
 
@@ -34,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..walkthrough.batch import NotebookFailure, run_notebooks
     from ..walkthrough.params import load_grid, parse_params, select_notebooks
+    from ..files import write_json
     from ..report import format_table
 
     params = parse_params(split_pairs(args.param, "--param"), select_notebooks(args.notebooks))
@@ -48,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     long = [{"notebook": r["notebook"], "metric": k, "value": v} for r in rows for k, v in r.items()
             if k != "notebook"]
     print(format_table(long, title=f"notebook metrics ({args.profile}); wide table: {out}/summary.csv"))
+    if args.json:
+        write_json(args.json, {"kind": "notebooks", "profile": args.profile, "out": str(out), "rows": rows})
     return 0
 
 
@@ -56,6 +61,8 @@ def build(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    from ..files import write_json
+    from ..walkthrough.batch import read_summary
     from ..walkthrough.book import build_book
     from ..walkthrough.batch import NotebookFailure
 
@@ -65,4 +72,7 @@ def build(args: argparse.Namespace) -> int:
     except NotebookFailure as e:
         print(f"gemref notebooks build: {e}", file=sys.stderr)
         return 1
+    if args.json:
+        write_json(args.json, {"kind": "book", "profile": args.profile, "out": str(out),
+                               "rows": read_summary(out / "executed")})
     return 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 
 from ..config import get_preset
-from ..options import (add_device_arg, add_preset_arg, check_local_ranks, device_of, int_at_least, nonnegative_int,
-                   output_dir, positive_int)
+from ..options import (add_device_arg, add_preset_arg, device_of, int_at_least, nonnegative_int, output_dir,
+                       output_file, positive_int)
 
 NAME = "waterfall"
 HELP = "the ladder of techniques, one rung at a time: table + figure"
@@ -30,6 +30,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "locally), compressed_ac (rung 4 may store activations as MXFP8), window (windowed "
                         "sequence attention on every rung)")
     p.add_argument("--out", metavar="DIR", type=output_dir, default="artifacts/waterfall", help="folder for records and figures")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="also write the waterfall record here")
     p.set_defaults(func=run)
 
 
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..report import format_table, markdown_table
-    from ..files import atomic_write_text
+    from ..files import atomic_write_text, write_json
     from ..report.figures import save_figure, waterfall_breakdown_figure, waterfall_figure
     from ..waterfall import (BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, check_options, notes, run_waterfall,
                              table_rows)
@@ -45,8 +46,6 @@ def run(args: argparse.Namespace) -> int:
     preset = get_preset(args.preset)
     options = check_options([name.strip() for name in args.options.split(",") if name.strip()])
     device = device_of(args.device).type
-    if args.ranks > 1:
-        check_local_ranks(args.ranks, device)
     out = Path(args.out)
     record = run_waterfall(preset, device=device, ranks=args.ranks, windows=args.windows,
                            steps_per_window=args.steps_per_window, warmup=args.warmup,
@@ -66,5 +65,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{markdown_table(breakdown, BREAKDOWN_COLUMNS)}\n\n" + "".join(f"- {n}\n" for n in footnotes))
     written = save_figure(waterfall_figure(rows), out / "waterfall")
     written += save_figure(waterfall_breakdown_figure(rows), out / "waterfall_breakdown")
+    if args.json:
+        written.append(write_json(args.json, record))
     print("wrote " + ", ".join(map(str, [out / "waterfall.json", out / "waterfall.md", *written])))
     return 0

@@ -180,16 +180,19 @@ class LaunchPlan:
     world: int                # ranks
     torchrun: bool            # this process is one rank of a torchrun job
     mesh: MeshShape           # the first config's mesh (NCCLX builds its communicators from it)
+    group: bool = False       # even one rank runs in a spawned process group (measurements on ranks)
 
     @property
     def in_process(self) -> bool:
-        """One rank outside torchrun: run in this process, no process group."""
-        return self.world == 1 and not self.torchrun
+        """One rank outside torchrun, no process group asked for: run in this process."""
+        return self.world == 1 and not self.torchrun and not self.group
 
 
-def preflight(device: str, backends: Sequence[str], meshes: Sequence[MeshShape], ranks: int | None = None) -> LaunchPlan:
+def preflight(device: str, backends: Sequence[str], meshes: Sequence[MeshShape], ranks: int | None = None, *,
+              group: bool = False) -> LaunchPlan:
     """The one check of every launch (module doc). `ranks`: local ranks to spawn (None: the
-    first mesh's R*S); under torchrun its WORLD_SIZE decides."""
+    first mesh's R*S); under torchrun its WORLD_SIZE decides. `group`: spawn a process group
+    even for one rank (its own process, one thread, as every spawned rank)."""
     if not meshes or len(backends) != len(meshes):
         raise ValueError("preflight needs one backend and one mesh per config, at least one")
     torchrun = torchrun_world()
@@ -202,11 +205,11 @@ def preflight(device: str, backends: Sequence[str], meshes: Sequence[MeshShape],
         world = torchrun if torchrun is not None else meshes[0].world if ranks is None else ranks
         for shape in meshes:
             check_world(shape, world)
-        if torchrun is None and world > 1:
+        if torchrun is None and (world > 1 or group):
             check_local_ranks(world, dev.type)
         if torchrun is None and backend == "ncclx":
             raise ValueError("backend 'ncclx' is launched with torchrun (torchcomms bootstraps from its variables)")
-    return LaunchPlan(dev, backend, world, torchrun is not None, meshes[0])
+    return LaunchPlan(dev, backend, world, torchrun is not None, meshes[0], group)
 
 
 def launch(fn: Callable[..., Any], args: tuple, plan: LaunchPlan, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
@@ -226,9 +229,10 @@ def launch(fn: Callable[..., Any], args: tuple, plan: LaunchPlan, *, timeout_s: 
 
 
 def cpu_ranks(ranks: int) -> LaunchPlan:
-    """The plan of a measurement on `ranks` local one-thread gloo CPU ranks (the benches and
-    validation runs that measure steps on ranks), through the same pre-flight check."""
-    return preflight("cpu", ["gloo"], [MeshShape(1, ranks)], ranks)
+    """The plan of a measurement on `ranks` local one-thread gloo CPU ranks, each its own
+    process in a process group, one rank included (the benches and validation runs that
+    measure steps on ranks), through the same pre-flight check."""
+    return preflight("cpu", ["gloo"], [MeshShape(1, ranks)], ranks, group=True)
 
 
 def to_rank0(obj) -> list | None:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..files import atomic_write_bytes, atomic_write_text
+
 if TYPE_CHECKING:
     from .records import RunRecord
 
@@ -28,15 +30,13 @@ def save_figure(fig: go.Figure, stem: str | Path, *, png: bool = True) -> list[P
     """Write stem.html (plotly.js inlined, opens offline) and, when a Chromium is available
     for kaleido, stem.png. Returns the paths written; a missing Chromium is logged, not fatal."""
     stem = Path(stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    written = [stem.with_suffix(".html")]
-    fig.write_html(written[0], include_plotlyjs=True)
+    written = [atomic_write_text(stem.with_suffix(".html"), fig.to_html(include_plotlyjs=True))]
     if png:
         if find_chromium() is None:
             log.warning("no Chromium on PATH: skipped %s.png (apt-get install -y chromium)", stem)
         else:
-            fig.write_image(stem.with_suffix(".png"), width=1100, height=600, scale=1)
-            written.append(stem.with_suffix(".png"))
+            written.append(atomic_write_bytes(stem.with_suffix(".png"),
+                                              fig.to_image(format="png", width=1100, height=600, scale=1)))
     return written
 
 

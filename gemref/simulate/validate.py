@@ -186,26 +186,21 @@ def _probe(iters: int = 1200) -> tuple[float, float]:
 
 
 def _compute_rank(rank: int, world: int, preset: Preset, train: TrainConfig, parts: list[list[int]], reps: int):
-    """Thread CPU seconds of one training step (the one step timer) on each index list, on one
-    thread, in units of the CPU seconds of a _probe run just before (median of `reps` passes
-    over all lists). One rank: the launcher runs it in this process, one thread for its length."""
+    """Thread CPU seconds of one training step (the one step timer) on each index list in a 1-rank
+    process group, in units of the CPU seconds of a _probe run just before (median of `reps`
+    passes over all lists)."""
     from ..train import setup
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        s = setup(preset, train, device="cpu")
-        batches = [s.train_set.__getitems__(p) for p in parts]
-        for batch in batches[:3]:
-            s.step(batch)
-        units, probes = [[] for _ in batches], []
-        for _ in range(reps):             # whole passes: a burst of load hits one pass, not every rep of a list
-            for i, batch in enumerate(batches):
-                if i % 8 == 0:
-                    probes.append(_probe()[1])
-                units[i].append(s.timed_step(lambda: batch)[0].cpu_s / probes[-1])
-    finally:
-        torch.set_num_threads(threads)
+    s = setup(preset, train, device="cpu")
+    batches = [s.train_set.__getitems__(p) for p in parts]
+    for batch in batches[:3]:
+        s.step(batch)
+    units, probes = [[] for _ in batches], []
+    for _ in range(reps):                 # whole passes: a burst of load hits one pass, not every rep of a list
+        for i, batch in enumerate(batches):
+            if i % 8 == 0:
+                probes.append(_probe()[1])
+            units[i].append(s.timed_step(lambda: batch)[0].cpu_s / probes[-1])
     return {"units": [statistics.median(u) for u in units], "probe_cpu_s": statistics.median(probes)}
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import html
+import io
 import json
 import logging
 import resource
@@ -25,10 +26,10 @@ from pathlib import Path
 
 
 from ..errors import UsageError
+from ..files import atomic_write_text, write_json
 from .metrics import read_metrics
 from .params import NOTEBOOK_DIR, check_params, declared_parameters, expand_grid, load_profile, profile_params, select_notebooks
 from ..report import format_table
-from ..files import atomic_write_text
 
 
 
@@ -160,15 +161,22 @@ def check_budgets(rows: list[dict], profile: str) -> None:
 
 
 def write_summary(rows: list[dict], out_dir: Path) -> None:
+    """summary.csv, .html, .txt and .json of the batch's rows, each written atomically."""
     columns = list(dict.fromkeys(k for r in rows for k in r))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "summary.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(out_dir / "summary.csv", text.getvalue())
     cells = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in columns)
                     + "</tr>" for r in rows)
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     atomic_write_text(out_dir / "summary.html",
                       f"<table border=1><thead><tr>{head}</tr></thead><tbody>{cells}</tbody></table>\n")
     atomic_write_text(out_dir / "summary.txt", format_table(rows, columns) + "\n")
+    write_json(out_dir / "summary.json", rows)
+
+
+def read_summary(out_dir: Path) -> list[dict]:
+    """The rows a batch wrote into `out_dir` (summary.json)."""
+    return json.loads((Path(out_dir) / "summary.json").read_text())
