@@ -97,7 +97,7 @@ def resolve_model_kernel(kernel: str, device: torch.device | str, dtype: torch.d
                          activation: str, window: int | None) -> str:
     """The one kernel a model runs for both of its attention calls (causal self-attention with
     `window`, and cross attention): `kernel` if it runs both, for "auto" the first of
-    AUTO_ORDER that runs both. Resolved once, when the model is built (gemref/train.py); the
+    AUTO_ORDER that runs both. Resolved once, when the model is built (gemref/train/compose.py); the
     model then passes the concrete name to every gdpa call."""
     probe = torch.empty(0, heads, head_dim, device=device, dtype=dtype)
     cases = ((True, window), (False, None))

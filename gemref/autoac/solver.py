@@ -120,7 +120,7 @@ def apply_plan(model: nn.Module, plan: "Plan | Mapping[str, str]", *,
     left out stay as they are).
 
     The block's `forward` is replaced by an instance attribute, so parameter names and the
-    model code are unchanged. Apply before torch.compile and FSDP (gemref/train.py).
+    model code are unchanged. Apply before torch.compile and FSDP (gemref/train/compose.py).
     "compressed" blocks share one SavedCompression per model (its counters:
     `saved_compression(model).stats`), in `compression`'s format (default CompressionSpec()).
     """

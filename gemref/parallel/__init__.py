@@ -1,7 +1,7 @@
 """Rung 6: parallelism applied from outside the model (docs/design.md: model code never knows about it).
 
     mesh.py         the 2D DeviceMesh ("replicate", "shard") over the process group (the RxS
-                    spec itself, MeshShape/parse_mesh, lives in gemref/config.py)
+                    spec itself, MeshShape/parse_mesh, lives in gemref/config/)
     fsdp.py         dense: FSDP2 fully_shard per GEMLayer and on the root (FSDP 1D / HSDP 2D)
     sparse.py       embedding tables sharded row- or table-wise over "shard", all-to-all lookups
     parallelize.py  the mesh of a run, tables then FSDP applied last, per-rank timing and comm records
@@ -12,7 +12,7 @@
     checkpoint_files.py  what is on disk in a checkpoint folder, checked without unpickling
     launch.py       local spawned ranks and torchrun's environment
 
-gemref/train.py composes them with the other switches; launch.py starts ranks (the one launcher).
+gemref/train/compose.py composes them with the other switches; launch.py starts ranks (the one launcher).
 This file imports nothing: `import gemref.parallel` stays cheap, and each submodule pulls in
 torch.distributed itself.
 """

@@ -3,7 +3,7 @@
 `parallel_state` builds the 2D mesh over the running process group, `parallelize` shards
 the tables and applies FSDP2 (the last thing applied to the model, after precision, AC and
 compile: docs/design.md), `rank_times` and `measure_comm` measure what the ranks did.
-gemref/train.py calls these; gemref/parallel/launch.py starts the ranks.
+gemref/train/compose.py and loop.py call these; gemref/parallel/launch.py starts the ranks.
 
 Batches: `TrainConfig.batch_size` is the GLOBAL batch. Every rank draws the same global
 batches (seed, epoch) and takes its part (gemref/data/sampler.py). Gradients are summed over

@@ -12,7 +12,7 @@ attention, element-wise, optimizer, exposed communication, waiting at the collec
 
     rungs.py     how each rung changes the TrainConfig (or why it does not apply here)
     schedule.py  interleaved rounds, groups of live rungs, contention
-    runner.py    the measurement on each rank, built from train.py's setup and Setup.step
+    runner.py    the measurement on each rank, built from gemref.train's setup and Setup.timed_step
     stats.py     window figures, paired ratios, the breakdown
     rows.py      rows, tables and footnotes
 """
@@ -25,10 +25,11 @@ from pathlib import Path
 
 import torch
 
-from ..config import Preset, override
+from ..config import MeshShape, Preset, override
 from ..env import knobs, versions
 from ..mfu.peak import device_name
 from ..files import write_json
+from ..parallel import launch
 from .rows import BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, build_rows, notes, table_rows
 from .runner import Settings, dtype_name, launch_measure
 from .rungs import LADDER, WITH_OPTIONS, Context, Rung, check_options, plan, preset_with
@@ -73,6 +74,7 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, window
     settings = Settings(windows, steps_per_window, warmup, window_warmup,
                         windows if max_retries is None else max_retries, profile_steps, measure_memory)
     options = check_options(options)
+    launch.preflight(device, [preset.train.backend], [MeshShape(ranks, 1)], ranks)   # before any rung is planned
     preset = preset_with(preset, options)
     ctx = Context(preset, torch.device(device), ranks, options)
     steps = plan(ladder or LADDER, override(preset.train, eval_every=0, eval_batches=1), ctx)
