@@ -188,7 +188,8 @@ def test_bench_local_balance_simulated_run_writes_its_record(tmp_path, capsys):
                "--no-act-model", "--measure-ranks", "0", "--json", str(out)])
     assert rc == 0
     record = json.loads(out.read_text())
-    assert {r["policy"] for r in record["simulated"]} == {"round_robin", "lpt", "kk", "local"}
+    assert {r["policy"] for r in record["simulated"]} == {"round_robin", "lpt", "kk", "local", "shared"}
+    assert all(r["plan_ms"] > 0 for r in record["simulated"])
     assert all(r["once"] for r in record["simulated"]) and record["measured"] == []
     assert "local" in capsys.readouterr().out
 

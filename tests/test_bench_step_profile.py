@@ -29,9 +29,9 @@ from gemref.cli import main
     ("aten::embedding_dense_backward", [], "other"),
     ("aten::cat", [], "other"),
     # the oneDNN GEMMs of gemref's FastLinear leave no op event: the Function's self time is the GEMM
-    ("FastLinearFunction", ["sequence_block"], "gemm"),
-    ("FastLinearFunctionBackward", ["autograd::engine::evaluate_function: FastLinearFunctionBackward"], "gemm"),
-    ("aten::view", ["FastLinearFunction"], "other"),
+    ("fastlinear::forward", ["sequence_block"], "gemm"),
+    ("fastlinear::backward", ["autograd::engine::evaluate_function: FastlinearForwardBackward0"], "gemm"),
+    ("aten::view", ["fastlinear::forward"], "other"),
 ])
 def test_op_classes(name, ancestors, expected):
     assert op_class(name, ancestors) == expected

@@ -16,8 +16,9 @@ pytestmark = pytest.mark.multiproc
 TINY = get_preset("tiny")
 TRAIN = override(TINY.train, steps=5, warmup_steps=1, eval_batches=1)
 CONFIGS = {"fsdp_1x4": {"mesh": "1x4"}, "hsdp_2x2": {"mesh": "2x2"},
-           "sparse_2x2": {"mesh": "2x2", "sparse_sharding": "row"}}
-SHARDS = {"fsdp_1x4": 4, "hsdp_2x2": 2, "sparse_2x2": 2}
+           "sparse_2x2": {"mesh": "2x2", "sparse_sharding": "row"},
+           "replicated_4x1": {"mesh": "4x1"}}          # DDP's bucketed all-reduce (parallel/replicate.py)
+SHARDS = {"fsdp_1x4": 4, "hsdp_2x2": 2, "sparse_2x2": 2, "replicated_4x1": 1}
 
 
 def _jsonable(x):
@@ -65,7 +66,8 @@ def test_bytes_per_rank_are_one_over_s(four_ranks, config):
                                      CONFIGS[config].get("sparse_sharding", "none"))
     assert four_ranks[config]["memory_per_rank"][0]["params"] == projected["params"]   # rank 0 is the fullest
     for m in four_ranks[config]["memory_per_rank"]:
-        assert all(part["placement"] == "sharded" for part in m["parts"]), m["parts"]
+        placement = "sharded" if S > 1 else "replicated"
+        assert all(part["placement"] == placement for part in m["parts"]), m["parts"]
         held = m["params"] + m["optimizer"]
         ideal = (m["unsharded_params"] + m["unsharded_optimizer"]) / S
         assert abs(held - ideal) <= 0.05 * ideal, (config, held, ideal)
@@ -77,7 +79,7 @@ def test_bytes_per_rank_are_one_over_s(four_ranks, config):
 def test_recorded_collective_bytes_match_analytic(four_ranks, config):
     comm = four_ranks[config]["comm"]
     kinds = {(row["kind"], row["dim"]) for row in comm["by_kind"]}
-    expected = {("all_gather", "shard"), ("reduce_scatter", "shard")}
+    expected = {("all_gather", "shard"), ("reduce_scatter", "shard")} if SHARDS[config] > 1 else set()
     expected |= {("all_reduce", "replicate")} if config != "fsdp_1x4" else set()
     expected |= {("all_to_all", "shard")} if config == "sparse_2x2" else set()
     assert kinds == expected

@@ -143,6 +143,36 @@ def test_distributed_cover_simulating_all_ranks(lengths, gbs, world, drop_last, 
             assert sum(map(len, batches)) == samplers[0].global_size(step)
 
 
+def test_shared_every_rank_plans_the_same_split_alone_and_uses_every_sample_once():
+    """Policy "shared": each rank builds its own sampler (nothing exchanged) and takes exactly
+    its part of the plan any other rank computes; the split is LPT's, so its slowest rank is
+    within Graham's bound of the optimum's lower bound."""
+    lengths = draw_lengths("skewed", 4096, 512, 40, seed=3)
+    world, gbs = 16, 1024
+    samplers = all_ranks(lengths, gbs, world, policy="shared", seed=11)
+    plans = [list(s.plan()) for s in samplers]               # every rank's own, independent planning
+    assert all(plan == plans[0] for plan in plans)
+    own = [list(s) for s in samplers]
+    for step, parts in enumerate(plans[0]):
+        assert [own[r][step] for r in range(world)] == parts
+    used = sorted(i for parts in plans[0] for part in parts for i in part)
+    assert used == list(range(len(lengths)))
+    costs = COST.cost(lengths)
+    for parts in plans[0]:
+        loads = [costs[p].sum() for p in parts]
+        bound = max(max(costs[i] for p in parts for i in p), sum(loads) / world)
+        assert max(loads) <= (4 / 3) * bound
+
+
+def test_shared_exchanges_nothing_and_reports_its_planning_time():
+    from gemref.balance.compare import compare_over_steps
+
+    lengths = draw_lengths("skewed", 8 * 64, 512, 40, seed=5).reshape(8, 64)
+    rows = {r["policy"]: r for r in compare_over_steps(lengths, COST, 8, ("kk", "shared", "local"))}
+    assert rows["shared"]["exchange_bytes"] == 0 < rows["kk"]["exchange_bytes"] and rows["local"]["exchange_bytes"] == 0
+    assert rows["shared"]["once"] and rows["shared"]["plan_ms"] > 0 and rows["shared"]["of_optimum"] > 0.9
+
+
 def test_distributed_balances_and_is_deterministic():
     lengths = draw_lengths("skewed", 2048, 512, 40, seed=0)
     imb = {}

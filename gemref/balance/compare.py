@@ -11,9 +11,12 @@ all-reduce), so the figures are per step, then over the epoch:
                  with every rank's lengths; within Graham's 4/3 of the best split, in practice
                  within 1e-3 of the bound); None when kk is not among the policies
   gap_closed     (round_robin's sum of max - this policy's) / (round_robin's - the bound's)
-  exchange_bytes bytes each rank receives per step to balance: the global policies need the
-                 lengths of the whole global batch (an all-gather of world x per-rank batch
-                 int64 = 8 bytes each); round_robin and local need none
+  exchange_bytes bytes each rank receives per step to balance: the global policies (lpt, kk)
+                 need the lengths of the whole global batch, which a rank reading only its own
+                 data must all-gather (world x per-rank batch int64 = 8 bytes each);
+                 round_robin, local and shared (every rank reads the lengths it needs from
+                 data it already has, gemref/balance/partition.py) need none
+  plan_ms        milliseconds each rank spends planning one step (every rank plans every step)
   displacement   steps between a sample's home step and the step that uses it (mean, max)
   once           every sample used exactly once over the epoch (checked, not assumed)
   peak_tokens    most history events on one rank in one step; peak_act_bytes the same for
@@ -22,16 +25,17 @@ all-reduce), so the figures are per step, then over the epoch:
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Sequence
 
 import numpy as np
 
 from .cost import SampleCost, check_lengths
 from .local import LOCAL, local_rank_batches
-from .partition import POLICIES, partition
+from .partition import POLICIES, SHARED, partition
 
 LENGTH_BYTES = 8             # one int64 history length
-NO_EXCHANGE = ("round_robin", LOCAL)
+NO_EXCHANGE = ("round_robin", LOCAL, SHARED)
 
 
 def exchange_bytes(policy: str, ranks: int, per_rank_batch: int) -> int:
@@ -73,8 +77,13 @@ def compare_over_steps(lengths_steps, cost: SampleCost, ranks: int,
     steps, G = lengths.shape
     per_step = costs.reshape(steps, G)
     bound = np.maximum(per_step.max(axis=1), per_step.sum(axis=1) / ranks).sum()
-    runs = {p: epoch_batches(lengths, cost, ranks, p, pool_steps=pool_steps, target_per_sample=target_per_sample)
-            for p in dict.fromkeys([*policies, "round_robin"])}
+    runs, plan_s = {}, {}
+    for p in dict.fromkeys([*policies, "round_robin"]):
+        t0 = time.perf_counter()
+        runs[p] = epoch_batches(lengths, cost, ranks, p, pool_steps=pool_steps, target_per_sample=target_per_sample)
+        plan_s[p] = (time.perf_counter() - t0) / steps
+        if p == LOCAL:          # one rank plans only its own part: the simulation planned all of them
+            plan_s[p] /= ranks
     totals = {p: sum(max(costs[b].sum() for b in step) for step in batches) for p, batches in runs.items()}
     rows = []
     for policy in policies:
@@ -90,7 +99,7 @@ def compare_over_steps(lengths_steps, cost: SampleCost, ranks: int,
             "of_kk": float(totals["kk"] / totals[policy]) if "kk" in totals else None,
             "gap_closed": float((totals["round_robin"] - totals[policy]) / (totals["round_robin"] - bound))
             if totals["round_robin"] > bound else 1.0,
-            "exchange_bytes": exchange_bytes(policy, ranks, G // ranks),
+            "exchange_bytes": exchange_bytes(policy, ranks, G // ranks), "plan_ms": 1e3 * plan_s[policy],
             "displacement_mean": float(moved.mean()), "displacement_max": int(moved.max()),
             "once": bool(np.array_equal(used, np.arange(steps * G))),
             "peak_tokens": int(max(flat_len[b].sum() for step in batches for b in step)),

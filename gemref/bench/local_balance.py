@@ -47,7 +47,8 @@ from ..files import write_json
 from .balance import gem_model
 
 SIM_COLUMNS = ("ranks", "policy", "imbalance", "imbalance_worst", "of_optimum", "of_kk", "gap_closed",
-               "exchange_bytes", "displacement_mean", "displacement_max", "once", "peak_tokens", "peak_act_mb")
+               "exchange_bytes", "plan_ms", "displacement_mean", "displacement_max", "once", "peak_tokens",
+               "peak_act_mb")
 
 
 def _lengths(preset, n: int, seed) -> np.ndarray:
@@ -157,7 +158,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-rank-batch", type=int, default=32, help="samples per rank per step")
     p.add_argument("--simulated-steps", type=int, default=64, help="steps in the simulated epoch")
     p.add_argument("--pool-steps", type=int, default=8, help='"local": steps a sample may move (its pool, k)')
-    p.add_argument("--policies", default="round_robin,lpt,kk,local", help="policies (comma separated)")
+    p.add_argument("--policies", default="round_robin,lpt,kk,local,shared", help="policies (comma separated)")
     p.add_argument("--kk-max-ranks", type=int, default=256, help="run kk only up to this many simulated ranks")
     p.add_argument("--preset", default="small", help="lengths and per-sample FLOPs of this preset")
     p.add_argument("--no-act-model", action="store_true", help="skip the activation-bytes model (peak_act_mb)")

@@ -27,7 +27,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="profiled steps per rung for the step-time breakdown (0: none)")
     p.add_argument("--with", dest="options", metavar="A,B", default="",
                    help="GEM's later techniques in their rungs: comma-separated, of local (rung 5 balances "
-                        "locally), compressed_ac (rung 4 may store activations as MXFP8), window (windowed "
+                        "locally), shared (rung 5: every rank plans the global split itself), compressed_ac (rung 4 may store activations as MXFP8), window (windowed "
                         "sequence attention on every rung)")
     p.add_argument("--out", metavar="DIR", type=output_dir, default="artifacts/waterfall", help="folder for records and figures")
     p.add_argument("--json", metavar="PATH", type=output_file, help="also write the waterfall record here")

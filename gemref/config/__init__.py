@@ -18,7 +18,7 @@ ATTENTION_ACTIVATIONS = (
     "softmax", "silu", "gelu", "gelu_tanh", "relu", "relu2", "leaky_relu", "identity",
 )
 LENGTH_PROFILES = ("skewed", "uniform", "fixed")
-BALANCE_POLICIES = ("none", "round_robin", "lpt", "kk", "local")   # gemref/balance/ (none: equal counts)
+BALANCE_POLICIES = ("none", "round_robin", "lpt", "kk", "local", "shared")   # gemref/balance/ (none: equal counts)
 SPARSE_SHARDINGS = ("none", "row", "table")               # gemref/parallel/sparse.py
 BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/comm.py
 AC_MODES = ("none", "full", "auto", "pt2")

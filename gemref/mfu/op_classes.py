@@ -27,12 +27,12 @@ _COMM = ("c10d::", "gloo:", "nccl", "record_param_comms", "all_gather", "allgath
 _ATTENTION = ("gemref::", "gemref_", "scaled_dot_product", "flash_attention", "efficient_attention",
               "flex_attention", "cudnn_attention", "fmha", "flash_fwd", "flash_bwd", "gdpa", "attn_fwd",
               "attn_bwd")
-# FastLinearFunction (gemref/precision/fast_linear.py) runs its GEMMs through
-# torch.ops.mkldnn._linear_pointwise, which the CPU profiler records no event for: the GEMM is
-# the Function's own (self) time, so the Function's events are GEMMs.
+# gemref's FastLinear ops (gemref/precision/fast_linear.py: fastlinear::forward / ::backward)
+# run their GEMMs through torch.ops.mkldnn._linear_pointwise, which the CPU profiler records no
+# event for: the GEMM is the op's own (self) time, so its events are GEMMs.
 _GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation", "aten::matmul",
          "aten::linear", "aten::einsum", "aten::mkldnn_", "aten::_mkldnn", "aten::_scaled_mm", "aten::_int_mm",
-         "mkldnn::_linear_pointwise", "mkl::_mkl_linear", "fastlinearfunction",
+         "mkldnn::_linear_pointwise", "mkl::_mkl_linear", "fastlinear::",
          "gemm", "cutlass", "xmma", "cublas", "nvjet", "splitk")
 # aten ops by base name (trailing "_" and "_backward" dropped)
 _ELEMENTWISE_OPS = {

@@ -2,6 +2,7 @@
 
     mesh.py         the 2D DeviceMesh ("replicate", "shard") over the process group (the RxS
                     spec itself, MeshShape/parse_mesh, lives in gemref/config/)
+    replicate.py    replicated data parallelism (mesh Rx1): DDP's bucketed all-reduce, overlapped
     fsdp.py         dense: FSDP2 fully_shard per GEMLayer and on the root (FSDP 1D / HSDP 2D)
     sparse.py       embedding tables sharded row- or table-wise over "shard", all-to-all lookups
     parallelize.py  the mesh of a run, tables then FSDP applied last, per-rank timing and comm records

@@ -28,6 +28,7 @@ from ..mfu.profile import quiet_profile
 from . import comm
 from .fsdp import apply_fsdp, reshard_all
 from .mesh import build_mesh, group_dims, local_device
+from .replicate import apply_replicate
 from .sparse import shard_tables, sync_replica_grads
 from .volume import step_volume, total_bytes
 
@@ -74,7 +75,12 @@ def parallel_state(train: TrainConfig, device: torch.device) -> tuple[ParallelSt
 
 
 def parallelize(model: nn.Module, train: TrainConfig, state: ParallelState, device: torch.device) -> None:
-    """Sparse tables first (FSDP must ignore them), then FSDP: the last thing applied to the model."""
+    """The last thing applied to the model. Replicated (mesh Rx1, tables not sharded): DDP's
+    bucketed all-reduce overlapped with the backward (replicate.py). Otherwise sparse tables
+    first (FSDP must ignore them), then FSDP."""
+    if state.shape.shard == 1 and train.sparse_sharding == "none":
+        apply_replicate(model, state.mesh)
+        return
     ignored = shard_tables(model, state.mesh, train.sparse_sharding)
     apply_fsdp(model, state.mesh, device, reshard_after_forward=train.reshard_after_forward,
                ignored_params=ignored)

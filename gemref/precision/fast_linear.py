@@ -4,9 +4,10 @@ probe (gemref/mfu/peak.py) says this CPU is fastest.
 On x86 wheels F.linear runs MKL sgemm, which takes its AVX2 code on AMD CPUs; oneDNN's
 matmul (torch.ops.mkldnn._linear_pointwise) uses AVX-512 and can be faster. A Linear has
 three GEMMs (gemref/mfu/gemm_paths.py ROLES: forward y = x W^T, grad_input g W, grad_weight
-g^T x); `FastLinear` runs each on the path its plan names, through `FastLinearFunction`, a
-custom autograd.Function whose backward calls the same two paths for the grad GEMMs. The
-plan is per (in_features, out_features) and per role:
+g^T x); `FastLinear` runs each on the path its plan names, through two custom ops
+(`fast_linear`: fastlinear::forward with an autograd formula calling fastlinear::backward for
+the grad GEMMs), which torch.compile keeps as calls, so compiled regions run the same GEMMs.
+The plan is per (in_features, out_features) and per role:
 
   GEMREF_CPU_GEMM=auto    (default) measured at start-up: blas vs onednn, interleaved
                           (A B A B), median of `SAMPLES`, at `rows` rows (capped so one call
@@ -20,8 +21,7 @@ plan is per (in_features, out_features) and per role:
 `use_fastest_cpu_gemms(model, device)` applies it; it does nothing on CUDA (or any non-CPU
 device) and leaves Linear subclasses (float8/MX layers of gemref/precision) alone. At call
 time FastLinear falls back to F.linear whenever the fast path does not apply: non-fp32 or
-non-CPU tensors, tensor subclasses (DTensor), CPU autocast on, an empty batch, or
-torch.compile tracing (inductor then picks its own GEMM lowering). Results equal F.linear
+non-CPU tensors, tensor subclasses (DTensor, in eager mode), CPU autocast on, an empty batch. Results equal F.linear
 within fp32 tolerance, not bitwise (a different summation order); tests/test_fast_linear.py checks
 forward and backward on random shapes.
 """
@@ -54,37 +54,72 @@ def gemm_mode() -> str:
     return mode
 
 
-class FastLinearFunction(torch.autograd.Function):
-    """y = x W^T + b with each of the three GEMMs on the path `plan` names."""
+def _plan_text(plan: Plan) -> str:
+    return "/".join(plan)
 
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, plan: Plan) -> Tensor:
-        x2 = x.reshape(-1, x.shape[-1])
-        ctx.save_for_backward(x2, weight)
-        ctx.plan, ctx.x_shape, ctx.has_bias = plan, x.shape, bias is not None
-        y = linear_gemm(plan[0], "forward", x2, weight, bias)
-        # A 2-D input keeps the GEMM's own tensor: reshaping it would return a view, and FSDP2
-        # warns ("returned a view tensor") when a sharded module's output is one (the heads).
-        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
 
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):
-        x2, weight = ctx.saved_tensors
-        g = grad_out.reshape(-1, grad_out.shape[-1]).contiguous()
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = linear_gemm(ctx.plan[1], "grad_input", g, weight).reshape(ctx.x_shape)
-        if ctx.needs_input_grad[1]:
-            grad_w = linear_gemm(ctx.plan[2], "grad_weight", g, x2)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = g.sum(0)
-        return grad_x, grad_w, grad_b, None
+@torch.library.custom_op("fastlinear::forward", mutates_args=())
+def _forward(x: Tensor, weight: Tensor, bias: Tensor | None, plan: str) -> Tensor:
+    """y = x W^T + b for a 2-D x, the GEMM on the plan's forward path."""
+    return linear_gemm(plan.split("/")[0], "forward", x, weight, bias)
+
+
+@_forward.register_fake
+def _(x, weight, bias, plan):
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@torch.library.custom_op("fastlinear::backward", mutates_args=())
+def _backward(g: Tensor, x: Tensor, weight: Tensor, plan: str) -> tuple[Tensor, Tensor]:
+    """(grad_x = g W, grad_W = g^T x), each GEMM on the plan's path for its role."""
+    paths = plan.split("/")
+    g = g.contiguous()
+    return linear_gemm(paths[1], "grad_input", g, weight), linear_gemm(paths[2], "grad_weight", g, x)
+
+
+@_backward.register_fake
+def _(g, x, weight, plan):
+    return g.new_empty(x.shape), g.new_empty(weight.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, plan = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.plan, ctx.has_bias = plan, bias is not None
+
+
+def _autograd(ctx, grad_out):
+    x, weight = ctx.saved_tensors
+    grad_x, grad_w = _backward(grad_out, x, weight, ctx.plan)
+    return grad_x, grad_w, grad_out.sum(0) if ctx.has_bias else None, None
+
+
+_forward.register_autograd(_autograd, setup_context=_setup_context)
+
+
+def fast_linear(x: Tensor, weight: Tensor, bias: Tensor | None, plan: Plan) -> Tensor:
+    """y = x W^T + b with each of the three GEMMs on the path `plan` names (any leading dims).
+
+    The forward and the two grad GEMMs are custom ops (fastlinear::forward / ::backward):
+    eager autograd and torch.compile alike call them, so a compiled region keeps its GEMMs on
+    the measured path while inductor fuses the element-wise work around them (inductor's own
+    lowering of a Linear is a BLAS mm). The CPU profiler records no event for the oneDNN op
+    inside, so an op's self time is its GEMM (gemref/mfu/op_classes.py counts it as one)."""
+    y = _forward(x.reshape(-1, x.shape[-1]), weight, bias, _plan_text(plan))
+    # A 2-D input keeps the op's own tensor: reshaping it would return a view, and FSDP2 warns
+    # ("returned a view tensor") when a sharded module's output is one (the heads).
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _fast_path_applies(x: Tensor, weight: Tensor) -> bool:
-    return (not torch.compiler.is_compiling() and type(x) is Tensor and type(weight) is nn.Parameter
-            and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
-            and x.numel() > 0 and x.dim() >= 1 and not torch.is_autocast_enabled("cpu"))
+    """CPU fp32 without autocast; eagerly also plain tensors (not DTensor) and a non-empty x.
+    While torch.compile traces, the tensors are fake and dim 0 is symbolic: dtype, device and
+    autocast decide, and the op itself sends an empty operand to BLAS."""
+    plain = x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and x.dim() >= 1 \
+        and not torch.is_autocast_enabled("cpu")
+    if torch.compiler.is_compiling():
+        return plain
+    return plain and type(x) is Tensor and type(weight) is nn.Parameter and x.numel() > 0
 
 
 class FastLinear(nn.Linear):
@@ -95,7 +130,7 @@ class FastLinear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         if self.plan == ("blas",) * 3 or not _fast_path_applies(x, self.weight):
             return F.linear(x, self.weight, self.bias)
-        return FastLinearFunction.apply(x, self.weight, self.bias, self.plan)
+        return fast_linear(x, self.weight, self.bias, self.plan)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", plan={'/'.join(self.plan)}"
