@@ -75,9 +75,18 @@ def test_index_lists_times_and_metrics(book):
 def test_index_draws_the_waterfall_offline():
     fig = {"data": [{"type": "bar", "x": ["0 baseline"], "y": [1.0]}], "layout": {"title": {"text": "MFU waterfall"}}}
     rows = [{"notebook": "10_waterfall", "cpu_seconds": 1.0, "seconds": 2.0, "budget_s": 60, "rungs_ran": 4}]
-    page = index_html(rows, {"10_waterfall": "10 · The MFU waterfall"}, "ci", fig)
+    reference = {"record": {"preset": "small", "ranks": 2, "rungs": [
+        {"rung": "0 baseline", "key": "baseline", "status": "ran", "windows_kept": 3, "windows": 3, "tokens_per_s": 1000.0,
+         "tokens_per_s_min": 900.0, "tokens_per_s_max": 1100.0, "local_mfu": 0.01, "scaling_ratio": 0.9, "mfu": 0.009,
+         "peak_memory_bytes": 2**20, "vs_previous": 1.0, "vs_baseline": 1.0}]},
+        "folder": "2026-12-03-cpu-x", "measured_on": {"date_utc": "2026-12-03", "device": "CPU X", "cpu_count": 2,
+                                                    "ranks": 2, "torch": "2.13"},
+        "command": "gemref waterfall --preset small --ranks 2"}
+    page = index_html(rows, {"10_waterfall": "10 · The MFU waterfall"}, "ci", fig, reference)
     assert "<script src='plotly.min.js'></script>" in page and "Plotly.newPlot('waterfall'" in page
-    assert json.dumps(fig) in page and "<code>rungs_ran</code>" in page
+    assert json.dumps(fig) in page and "rungs ran: <b>4</b>" in page           # readable metric names
+    assert "Reading path" in page and "gemref waterfall --preset small --ranks 2" in page     # preface, headline
+    assert "Plotly.newPlot('reference'" in page and "<th>E2E MFU</th>" in page and "0.9%" in page
 
 
 def test_first_figure_picks_by_title(tmp_path):

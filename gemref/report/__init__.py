@@ -5,6 +5,6 @@ AUC (metrics.py), and whether a trained variant lies inside a reference's seed-t
 
 The table helpers are re-exported here because nearly every command uses them.
 """
-from .tables import fmt, format_table, markdown_table
+from .tables import fmt, format_table, html_table, markdown_table
 
-__all__ = ["fmt", "format_table", "markdown_table"]
+__all__ = ["fmt", "format_table", "html_table", "markdown_table"]

@@ -1,4 +1,4 @@
-"""Readable tables and atomic JSON writes, shared by every command that prints or records."""
+"""Readable tables (text, Markdown, HTML), shared by every command and page that shows figures."""
 from __future__ import annotations
 
 import math
@@ -39,6 +39,24 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     out += [line(columns), line("-" * w for w in widths)]
     out += [line(row) for row in cells]
     return "\n".join(out)
+
+
+def html_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
+               title: str | None = None, labels: Mapping[str, str] | None = None) -> str:
+    """The same cells as `format_table`, as an HTML <table> (header names through `labels`,
+    numbers right-aligned), for pages that wrap wide tables instead of breaking fixed-width text."""
+    import html
+
+    columns = list(columns or (rows[0].keys() if rows else ()))
+    labels = labels or {}
+    head = "".join(f"<th>{html.escape(labels.get(c, c))}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(
+        f"<td style='text-align:{'left' if i == 0 or not isinstance(r.get(c), (int, float)) else 'right'}'>"
+        f"{html.escape(fmt(r.get(c)))}</td>" for i, c in enumerate(columns)) + "</tr>" for r in rows)
+    caption = f"<caption style='caption-side:top;text-align:left;font-weight:bold'>{html.escape(title)}</caption>" \
+        if title else ""
+    return (f"<table class='gemref-table' style='border-collapse:collapse'>{caption}<thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table>")
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:

@@ -1,7 +1,10 @@
 """The walkthrough's tooling: what a chapter calls, and the machinery that runs and publishes them.
 
 What a notebook imports (`from gemref.walkthrough import ...`):
-    open_chapter, chapter_time, predicted, runs_on, long_history   chapter.py
+    open_chapter, chapter_time, runs_on, long_history               chapter.py
+    show_table, predicted, show                                     display.py
+    e2e_mfu_calculator, memory_calculator                           calculators.py
+    the sentences about this run's results                          findings.py
     record_metrics                                                  metrics.py
 
 Behind `gemref notebooks run|build`:
@@ -11,7 +14,9 @@ Behind `gemref notebooks run|build`:
     static_figures.py  figures that render without a kernel
     best_rung.py       chapter 10's op-class split of the best rung
 """
-from .chapter import chapter_time, long_history, open_chapter, predicted, runs_on
+from .chapter import chapter_time, long_history, open_chapter, runs_on
+from .display import predicted, show, show_table
 from .metrics import record_metrics
 
-__all__ = ["chapter_time", "long_history", "open_chapter", "predicted", "record_metrics", "runs_on"]
+__all__ = ["chapter_time", "long_history", "open_chapter", "predicted", "record_metrics", "runs_on", "show",
+           "show_table"]

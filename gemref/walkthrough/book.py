@@ -93,47 +93,94 @@ def first_figure(executed: Path, title_word: str = "") -> dict | None:
     return None
 
 
+def readable(key: str) -> str:
+    """A recorded metric's name as a reader reads it: "best_rung_mfu_attainable" -> "best rung MFU attainable"."""
+    words = key.replace("_pct", " (%)").replace("_mb", " (MiB)").replace("_ms", " (ms)").replace("_s", " (s)")
+    for short, full in (("mfu", "MFU"), ("hfu", "HFU"), ("ne", "NE"), ("auc", "AUC"), ("ac", "AC"), ("kk", "KK"),
+                        ("flops", "FLOPs"), ("sqnr", "SQNR"), ("db", "dB"), ("e2e", "E2E"), ("gpus", "GPUs")):
+        words = " ".join(full if w == short else w for w in words.split("_"))
+    return words.replace("_", " ")
+
+
+def _metric_value(key: str, value) -> str:
+    if isinstance(value, float) and ("mfu" in key or "share" in key) and "pct" not in key and abs(value) <= 1:
+        return f"{100 * value:.2f}%"
+    return fmt(value)
+
+
 def _metrics_cell(row: dict) -> str:
     skip = {"notebook", "seconds", "cpu_seconds", "budget_s"}
-    items = "".join(f"<li><code>{html.escape(k)}</code> {html.escape(fmt(v))}</li>"
+    items = "".join(f"<li>{html.escape(readable(k))}: <b>{html.escape(_metric_value(k, v))}</b></li>"
                     for k, v in row.items() if k not in skip and not k.startswith("param."))
-    return f"<ul style='margin:0;padding-left:1.2em;columns:2'>{items}</ul>"
+    return (f"<details><summary style='cursor:pointer'>{sum(k not in skip for k in row)} measured values</summary>"
+            f"<ul style='margin:0;padding-left:1.2em;columns:2'>{items}</ul></details>")
 
 
-def index_html(rows: list[dict], titles: dict[str, str], profile: str, waterfall: dict | None) -> str:
-    """The index page: summary table (time and metrics per chapter) and the waterfall figure."""
+def _figure_div(div: str, fig: dict) -> str:
+    return (f"<div id='{div}' style='height:520px'></div><script>var fig_{div} = {json.dumps(fig)};"
+            f"Plotly.newPlot('{div}', fig_{div}.data, fig_{div}.layout, {{responsive: true}});</script>")
+
+
+PREFACE = """<p>gemref reproduces, in a compact and readable form, the training-efficiency work behind Meta's
+GEM ads ranking model: jagged batches, fused attention (Flash for softmax, GDPA for pointwise
+activations), <code>torch.compile</code>, AutoAC activation checkpointing, load balancing, FSDP on a
+2D mesh with sharded embeddings, and float8/MXFP8. Each chapter is one claim, measured on the
+machine that built this copy: it opens with a card (what it measures, what it runs on, its time
+budget, the command that reproduces its headline figure), asks you to predict before it shows the
+answer (the measured answers are behind a click), draws the idea, measures it, and prints what this
+run showed, including "no gain here" when that is the outcome.</p>
+<p><b>Reading path.</b> 00 defines MFU and measures the baseline; 01-03 remove wasted work (padding,
+materialised attention); 04-05 spend less per step (compilation, activation checkpointing); 06-08
+are about many ranks (balance, sharding, communication); 09 about low precision; 10 puts the
+ladder together and 11 projects it to thousands of GPUs. Chapters 00, 10 and 11 are the spine;
+the others can be read in any order after 00.</p>"""
+
+
+def index_html(rows: list[dict], titles: dict[str, str], profile: str, waterfall: dict | None,
+               reference: dict | None = None) -> str:
+    """The index page: preface and reading path, the reference waterfall (benchmarks/, what
+    `make demo` measured) beside this run's, and per chapter its time and readable metrics."""
     import torch
 
     from .. import __version__
+    from ..mfu.peak import device_name
+    from ..report import html_table
+    from ..report.figures import waterfall_figure
+    from .headline import COLUMNS, TABLE_LABELS, caption, percent_rows
 
     body = "".join(
         f"<tr><td><a href='{r['notebook']}.html'>{html.escape(titles[r['notebook']])}</a></td>"
         f"<td>{r['cpu_seconds']:.1f}</td><td>{r['seconds']:.1f}</td>"
         f"<td>{fmt(r.get('budget_s'))}</td><td>{_metrics_cell(r)}</td></tr>" for r in rows)
-    if waterfall:
-        figure = ("<div id='waterfall' style='height:520px'></div><script src='plotly.min.js'></script>"
-                  f"<script>var fig = {json.dumps(waterfall)};"
-                  "Plotly.newPlot('waterfall', fig.data, fig.layout, {responsive: true});</script>")
+    if reference:
+        ref_rows = reference["record"]["rungs"]
+        headline = (f"<p>The number the project stands by: {html.escape(caption(reference))}.</p>"
+                    + html_table(percent_rows(ref_rows), COLUMNS, labels=TABLE_LABELS)
+                    + _figure_div("reference", json.loads(waterfall_figure(ref_rows, "MFU waterfall (make demo)").to_json())))
     else:
-        figure = f"<p>Chapter {WATERFALL_CHAPTER} was not part of this build: no waterfall figure.</p>"
-    from ..mfu.peak import device_name
-
+        headline = "<p>No reference waterfall in benchmarks/ (run <code>make demo</code> and keep its record).</p>"
+    own = (_figure_div("waterfall", waterfall) if waterfall else
+           f"<p>Chapter {WATERFALL_CHAPTER} was not part of this build: no waterfall of this run.</p>")
     built = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     machine = f"{device_name('cpu')} ({os.cpu_count()} CPUs)"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>gemref walkthrough: reading copy ({profile})</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}
-th{{background:#f4f4f4}}</style></head><body>
+th{{background:#f4f4f4}}</style><script src='plotly.min.js'></script></head><body>
 <h1>gemref walkthrough: reading copy</h1>
+{PREFACE}
+<h2>The headline: the MFU waterfall</h2>
+{headline}
+<h3>This copy's own run of the ladder (chapter 10, the <code>{profile}</code> profile's small shapes)</h3>
+{own}
+<h2>Chapters</h2>
 <p>Every chapter executed under the <code>{profile}</code> parameter profile on {html.escape(machine)}
 ({html.escape(platform.platform())}, Python {platform.python_version()}, torch {torch.__version__},
 gemref {__version__}), built {built}. Times are the chapter's CPU seconds (its kernel and the processes
 it spawned) and wall seconds; the budget is the profile's limit in CPU seconds.</p>
-<table><thead><tr><th>chapter</th><th>CPU s</th><th>wall s</th><th>budget s</th><th>metrics recorded</th></tr>
+<table><thead><tr><th>chapter</th><th>CPU s</th><th>wall s</th><th>budget s</th><th>what it measured</th></tr>
 </thead><tbody>{body}</tbody></table>
-<h2>The MFU waterfall</h2>
-{figure}
 </body></html>
 """
 
@@ -163,7 +210,9 @@ def build_book(profile: str, out_dir: Path, *, names: list[str] | None = None,
         pages.append(write_chapter_page(executed / f"{name}.ipynb", out_dir, " | ".join(links)))
     waterfall = (first_figure(executed / f"{WATERFALL_CHAPTER}.ipynb", "waterfall")
                  if WATERFALL_CHAPTER in order else None)
-    atomic_write_text(out_dir / "index.html", index_html(rows, titles, profile, waterfall))
+    from .headline import reference_waterfall
+
+    atomic_write_text(out_dir / "index.html", index_html(rows, titles, profile, waterfall, reference_waterfall()))
     pages.insert(0, out_dir / "index.html")
     log(f"reading copy: {out_dir / 'index.html'} ({len(order)} chapters)")
     if late:

@@ -7,8 +7,8 @@ reader's predictions printed beside the measurements.
   command that reproduces its headline figure. It also starts the chapter's clocks and sets
   plotly's renderers (below).
 * Figures render in static viewers too (gemref/walkthrough/static_figures.py).
-* `predicted(...)` prints the reader's guess (a parameter, None until they set it) beside
-  the measured value; `chapter_time()` is the CPU and wall seconds since `open_chapter`.
+* `chapter_time()` is the CPU and wall seconds since `open_chapter`; what a chapter shows
+  (tables, predictions) is gemref/walkthrough/display.py.
 * `long_history(preset, max_len, len_sigma)`: the preset with longer histories on a small
   dataset, the case where padding and materialised attention dominate a step (chapters 01-03
   under the `ci` profile); `runs_on(device, ranks)` says where a chapter runs, in words.
@@ -74,17 +74,6 @@ def open_chapter(name: str, *, measures: str, runs_on: str, command: str) -> Non
     _clock.update(cpu=_cpu_seconds(), wall=time.perf_counter())
     display(Markdown(card_markdown(name, measures=measures, runs_on=runs_on, command=command)))
     use_static_figures()
-
-
-def predicted(question: str, guess, measured, fmt: str = ".3g", unit: str = "", parameter: str = "") -> str:
-    """One line: the reader's guess beside the measured value (printed and returned)."""
-    shown = "-" if guess is None else f"{guess:{fmt}}{unit}" if isinstance(guess, (int, float)) else str(guess)
-    value = f"{measured:{fmt}}{unit}" if isinstance(measured, (int, float)) else str(measured)
-    line = f"{question}  your guess: {shown}  |  measured: {value}"
-    if guess is None and parameter:
-        line += f"  (set {parameter} in the parameters cell to commit to a guess)"
-    print(line)
-    return line
 
 
 def long_history(preset, max_len: int | None = None, len_sigma: float | None = None, samples: int = 4096):

@@ -1,0 +1,180 @@
+"""Diagrams that explain an idea, drawn by code from the run's own numbers (plotly shapes and bars).
+
+Each chapter of the walkthrough opens its idea with one of these, so the picture shows this
+run's data, not a generic cartoon:
+
+    jagged_diagram(lengths, max_len)      ch01  values + offsets against the padded layout
+    tiling_diagram(L, block, window)      ch02  which (query, key) tiles a causal flash kernel visits
+    activations_diagram()                 ch03  softmax's row normalisation vs pointwise activations
+    regions_diagram()                     ch04  which parts of a block torch.compile compiles
+    knapsack_diagram(blocks, plan, ...)   ch05  bytes each block frees per option, the plan, the budget
+    partition_diagram(costs, parts)       ch06  samples packed into ranks: round robin vs balanced
+    mesh_diagram(R, S)                    ch07  the 2D mesh: shard groups and replicate groups
+    overlap_diagram(compute, comm)        ch08  a step's compute and communication lanes
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+TEMPLATE = "plotly_white"
+PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D")
+
+
+def _canvas(title: str, width: float, height: float) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, template=TEMPLATE, showlegend=False, plot_bgcolor="white",
+                      xaxis=dict(visible=False, range=[-0.5, width + 0.5]),
+                      yaxis=dict(visible=False, range=[-0.5, height + 0.5], scaleanchor="x"))
+    return fig
+
+
+def _box(fig: go.Figure, x: float, y: float, w: float, h: float, color: str, text: str = "", **line) -> None:
+    fig.add_shape(type="rect", x0=x, y0=y, x1=x + w, y1=y + h, fillcolor=color, line=dict(color="white", width=1,
+                                                                                           **line))
+    if text:
+        fig.add_annotation(x=x + w / 2, y=y + h / 2, text=text, showarrow=False, font=dict(size=11))
+
+
+def jagged_diagram(lengths: Sequence[int], max_len: int, title: str = "one batch: jagged vs padded") -> go.Figure:
+    """Top: the padded layout, one row of max_len slots per sample (grey: padding). Bottom:
+    the jagged layout, every event once in `values`, and `offsets` marking where each sample starts."""
+    lengths = [int(n) for n in lengths]
+    B, T = len(lengths), sum(lengths)
+    scale = max(max_len, T) / 40 or 1
+    fig = _canvas(title, max(max_len, T) / scale, B + 4)
+    for b, n in enumerate(lengths):
+        y = B + 3 - b
+        _box(fig, 0, y, n / scale, 0.8, PALETTE[b % len(PALETTE)])
+        _box(fig, n / scale, y, (max_len - n) / scale, 0.8, "#DDDDDD")
+    start = 0
+    for b, n in enumerate(lengths):
+        _box(fig, start / scale, 0.6, n / scale, 0.8, PALETTE[b % len(PALETTE)])
+        fig.add_annotation(x=start / scale, y=0.1, text=str(start), showarrow=False, font=dict(size=10))
+        start += n
+    fig.add_annotation(x=T / scale, y=0.1, text=str(T), showarrow=False, font=dict(size=10))
+    fig.add_annotation(x=0, y=B + 4.2, xanchor="left", showarrow=False,
+                       text=f"padded: {B} x {max_len} = {B * max_len:,} slots, {T:,} real ({T / (B * max_len):.0%})")
+    fig.add_annotation(x=0, y=1.8, xanchor="left", showarrow=False,
+                       text=f"jagged: values ({T:,} events) + offsets {[0, *np.cumsum(lengths).tolist()]}")
+    return fig
+
+
+def tiling_diagram(L: int, block: int, window: int | None = None,
+                   title: str = "causal attention: the tiles a flash kernel visits") -> go.Figure:
+    """An L x L score matrix in block x block tiles: full tiles (computed without a mask),
+    diagonal or window-edge tiles (masked), and the tiles it never visits."""
+    n = -(-L // block)
+    fig = _canvas(title, n, n)
+    counts = {"full": 0, "masked": 0, "skipped": 0}
+    for i in range(n):              # query tile (rows, top to bottom)
+        for j in range(n):          # key tile
+            q0, q1, k0, k1 = i * block, min(L, (i + 1) * block) - 1, j * block, min(L, (j + 1) * block) - 1
+            allowed_any = k0 <= q1 and (window is None or k1 > q0 - window)
+            allowed_all = k1 <= q0 and (window is None or k0 > q1 - window)
+            kind = "full" if allowed_all else "masked" if allowed_any else "skipped"
+            counts[kind] += 1
+            _box(fig, j, n - 1 - i, 1, 1, {"full": PALETTE[0], "masked": PALETTE[1], "skipped": "#EEEEEE"}[kind])
+    fig.add_annotation(x=n / 2, y=n + 0.3, showarrow=False,
+                       text=f"L = {L}, tiles of {block}: {counts['full']} full, {counts['masked']} masked, "
+                            f"{counts['skipped']} never visited (of {n * n})")
+    return fig
+
+
+def activations_diagram(title: str = "GDPA: act(q.k) per key, or softmax across keys") -> go.Figure:
+    """The pointwise activations GDPA offers against softmax: softmax's weights depend on every
+    key's score (row-normalised), a pointwise weight only on its own."""
+    import torch
+    import torch.nn.functional as F
+
+    s = torch.linspace(-4, 4, 161)
+    curves = {"silu": F.silu(s), "gelu": F.gelu(s), "relu": F.relu(s), "relu2": F.relu(s) ** 2 / 4,
+              "softmax (over these 161 scores)": torch.softmax(s, 0) * 161 / 8}
+    fig = go.Figure([go.Scatter(x=s.tolist(), y=v.tolist(), name=k, mode="lines") for k, v in curves.items()])
+    fig.update_layout(title=title, template=TEMPLATE, xaxis_title="score q.k (scaled)",
+                      yaxis_title="weight of that key's value", yaxis_range=[-0.5, 4.2])
+    return fig
+
+
+def regions_diagram(title: str = "one GEM layer: what torch.compile compiles (blue) and what stays eager") -> go.Figure:
+    """The blocks of a layer in order, each split into its compiled regions and the eager attention."""
+    parts = [("sequence block", [("project: norm, QKV", True), ("attention kernel", False),
+                                 ("mix: out proj, FFN", True)]),
+             ("interaction block", [("DCN-style mixing", True)]),
+             ("cross block", [("project", True), ("attention kernel", False), ("mix", True)])]
+    fig = _canvas(title, 12, 3)
+    x = 0.0
+    for block, regions in parts:
+        w = 4 / len(regions) * (1 if len(regions) > 1 else 0.6)
+        fig.add_annotation(x=x + w * len(regions) / 2, y=2.6, text=f"<b>{block}</b>", showarrow=False)
+        for name, compiled in regions:
+            _box(fig, x, 1, w - 0.1, 1.2, PALETTE[0] if compiled else PALETTE[1], name.replace(": ", ":<br>"))
+            x += w
+        x += 0.3
+    fig.add_annotation(x=6, y=0.3, showarrow=False,
+                       text="a compiled region is one graph per kind (every layer reuses it), dim 0 dynamic")
+    return fig
+
+
+def knapsack_diagram(blocks: Sequence[Mapping], plan: Mapping[str, str], base_bytes: int, budget_bytes: int,
+                     title: str = "AutoAC's knapsack: bytes each block frees, and the plan") -> go.Figure:
+    """Per block, the bytes "selective" and "full" would free (bars) and the option the plan
+    took (marked); the line is how many bytes the budget requires to be freed."""
+    names = [b["name"] for b in blocks]
+    fig = go.Figure()
+    for k, option in enumerate(("selective", "full")):
+        fig.add_trace(go.Bar(name=f"{option} frees", x=names, y=[b["freed_bytes"].get(option, 0) / 2**20 for b in blocks],
+                             marker_color=PALETTE[k], opacity=[1.0 if plan.get(n) == option else 0.35 for n in names]))
+    need = max(0, base_bytes - budget_bytes) / 2**20
+    fig.add_annotation(x=0, y=1.08, xref="paper", yref="paper", showarrow=False, xanchor="left",
+                       text=f"the budget keeps {budget_bytes / 2**20:.2f} of {base_bytes / 2**20:.2f} MiB: "
+                            f"the plan must free {need:.2f} MiB (solid bars: what it chose)")
+    fig.update_layout(barmode="group", title=title, template=TEMPLATE, yaxis_title="MiB freed", xaxis_title="block")
+    return fig
+
+
+def partition_diagram(costs: Sequence[float], parts: Mapping[str, Sequence[Sequence[int]]],
+                      title: str = "one global batch, packed into ranks") -> go.Figure:
+    """For each policy, every rank's samples stacked (one segment per sample, by cost): the
+    tallest column is the straggler every rank waits for."""
+    costs = np.asarray(costs, dtype=float)
+    fig = go.Figure()
+    for p, (policy, ranks) in enumerate(parts.items()):
+        for r, idx in enumerate(ranks):
+            base = 0.0
+            for i in sorted(idx, key=lambda i: -costs[i]):
+                fig.add_trace(go.Bar(x=[f"{policy}<br>rank {r}"], y=[costs[i]], base=base, marker_color=PALETTE[p % 8],
+                                     marker_line=dict(color="white", width=0.5), showlegend=False,
+                                     hovertext=f"sample {i}: cost {costs[i]:.3g}"))
+                base += costs[i]
+    fig.update_layout(barmode="overlay", title=title, template=TEMPLATE, yaxis_title="cost (model FLOPs)")
+    return fig
+
+
+def mesh_diagram(replicate: int, shard: int, title: str | None = None) -> go.Figure:
+    """R x S ranks as a grid: a row is a shard group (parameters split S ways, reduce-scatter and
+    all-gather), a column a replicate group (the same shard on R ranks, all-reduce)."""
+    fig = _canvas(title or f"the {replicate}x{shard} mesh: rank r at (r // {shard}, r % {shard})", shard * 1.2, replicate * 1.2)
+    for r in range(replicate):
+        for s in range(shard):
+            _box(fig, s * 1.2, (replicate - 1 - r) * 1.2, 1, 1, PALETTE[s % 8], f"rank {r * shard + s}<br>shard {s}")
+        fig.add_annotation(x=-0.2, y=(replicate - 1 - r) * 1.2 + 0.5, text=f"group {r}", showarrow=False,
+                           xanchor="right")
+    fig.add_annotation(x=shard * 0.6, y=replicate * 1.2 + 0.1, showarrow=False,
+                       text="rows: shard groups (FSDP's all-gather / reduce-scatter) · "
+                            "columns: replicate groups (all-reduce of gradient shards)")
+    return fig
+
+
+def overlap_diagram(compute: Sequence[tuple[str, float, float]], comm: Sequence[tuple[str, float, float]],
+                    title: str = "one step: compute and communication lanes") -> go.Figure:
+    """Two lanes of (name, start s, end s): communication under compute is hidden; the rest is exposed."""
+    fig = go.Figure()
+    for lane, items in (("compute", compute), ("communication", comm)):
+        for k, (name, start, end) in enumerate(items):
+            fig.add_trace(go.Bar(y=[lane], x=[end - start], base=start, orientation="h", name=name,
+                                 marker_color=PALETTE[k % 8], hovertext=name, showlegend=False))
+    fig.update_layout(barmode="overlay", title=title, template=TEMPLATE, xaxis_title="seconds into the step")
+    return fig

@@ -1,0 +1,49 @@
+"""What a chapter shows besides its figures: tables as HTML, and predictions answered behind a reveal.
+
+Every output carries `text/html` (what JupyterLab and the reading copy render) and
+`text/plain` (what a terminal, papermill's logs and the tests read):
+
+* `show_table(rows, ...)`: an HTML table (wide tables wrap in a page instead of breaking a
+  fixed-width line), and the same cells as text (gemref.report.format_table).
+* `predicted(question, guess, measured, ...)`: the reader's guess (a parameter, None until they
+  set it) with the measured value behind a "click to reveal" in HTML, so a reader of the
+  reading copy can commit to an answer before seeing it; the text line shows both.
+"""
+from __future__ import annotations
+
+import html
+from typing import Any, Mapping, Sequence
+
+from ..report import format_table, html_table
+
+
+def _display(bundle: dict) -> None:
+    from IPython.display import display
+
+    display(bundle, raw=True)
+
+
+def show(bundle: dict) -> None:
+    """Display a ready MIME bundle ({"text/html": ..., "text/plain": ...}), e.g. a calculator."""
+    _display(bundle)
+
+
+def show_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, title: str | None = None,
+               labels: Mapping[str, str] | None = None) -> None:
+    """Display rows as an HTML table (header names through `labels`) with a text twin."""
+    _display({"text/html": html_table(rows, columns, title, labels),
+              "text/plain": format_table(rows, columns, title)})
+
+
+def predicted(question: str, guess, measured, fmt: str = ".3g", unit: str = "", parameter: str = "") -> str:
+    """The reader's guess beside the measured value (displayed; returns the text line)."""
+    shown = "-" if guess is None else f"{guess:{fmt}}{unit}" if isinstance(guess, (int, float)) else str(guess)
+    value = f"{measured:{fmt}}{unit}" if isinstance(measured, (int, float)) else str(measured)
+    hint = f"  (set {parameter} in the parameters cell to commit to a guess)" if guess is None and parameter else ""
+    line = f"{question}  your guess: {shown}  |  measured: {value}{hint}"
+    page = (f"<div class='gemref-prediction' style='margin:4px 0'><b>Prediction:</b> {html.escape(question)}: "
+            f"your guess <b>{html.escape(shown)}</b>{html.escape(hint)}"
+            f"<details><summary style='cursor:pointer'>the measured answer (click to reveal)</summary>"
+            f"<b>{html.escape(value)}</b></details></div>")
+    _display({"text/html": page, "text/plain": line})
+    return line

@@ -1,0 +1,142 @@
+"""The sentences a chapter prints about its own run, produced from the run's measurements.
+
+A chapter's fixed prose explains the idea; whatever states a result (faster or slower, which
+rung gained, whether a trend holds) comes from here, so it says which way this run went and
+never claims what the run did not show. The verdicts are the same everywhere:
+
+* `ratio_verdict(r, lo, hi)`: a throughput or time ratio is a gain only if its whole measured
+  interval lies above 1 (a loss only if below); with no interval, only outside +-NOISE; in
+  between it is "no measurable difference" (a small median inside the spread is not a gain).
+* `trend(xs, ys)`: whether a measured series rises, falls, or neither, across its points.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+NOISE = 0.05     # a ratio without a measured interval must leave 1 +- NOISE to count
+
+
+def ratio_verdict(ratio: float | None, low: float | None = None, high: float | None = None) -> str:
+    """"faster", "slower" or "no measurable difference" for a new/old throughput (or old/new
+    time) ratio, by its interval when one was measured (module doc)."""
+    if ratio is None:
+        return "not measured"
+    lo = low if low is not None else ratio / (1 + NOISE)
+    hi = high if high is not None else ratio * (1 + NOISE)
+    if lo > 1:
+        return "faster"
+    if hi < 1:
+        return "slower"
+    return "no measurable difference"
+
+
+def trend(values: Sequence[float], rel: float = NOISE) -> str:
+    """"rises", "falls", "stays flat", "rises, then falls" or "falls, then rises" (steps within
+    `rel` of the previous value count as flat), or "goes up and down"."""
+    moves = []
+    for a, b in zip(values, values[1:]):
+        step = 0 if abs(b - a) <= rel * max(abs(a), 1e-300) else (1 if b > a else -1)
+        if step and (not moves or moves[-1] != step):
+            moves.append(step)
+    return {(): "stays flat", (1,): "rises", (-1,): "falls", (1, -1): "rises, then falls",
+            (-1, 1): "falls, then rises"}.get(tuple(moves), "goes up and down")
+
+
+def _x(r: float) -> str:
+    return f"{r:.2f}x"
+
+
+def compile_findings(steps: dict, regions: list[dict], fused_kernels: int) -> list[str]:
+    """Chapter 04: compile time, the step-time verdict, and how many dense regions gained or lost."""
+    eager, compiled = steps["rows"]
+    speed = 1 / steps["ratio"]                       # eager time / compiled time: above 1 = compiled faster
+    spread = [e / c for e, c in zip(eager["steps_s"], compiled["steps_s"])]
+    verdict = ratio_verdict(speed, min(spread), max(spread))
+    out = [f"Compiling {compiled['graphs']} region graphs took {compiled['compile_s']:.1f} s once; "
+           f"{compiled['recompiles_after_warmup']} recompiles after warm-up; {fused_kernels} fused kernels.",
+           f"Training step: compiled runs {_x(speed)} the eager speed (paired steps {_x(min(spread))}.."
+           f"{_x(max(spread))}): {verdict}."]
+    faster = [r for r in regions if r["speedup"] > 1 + NOISE]
+    slower = [r for r in regions if r["speedup"] < 1 / (1 + NOISE)]
+    same = [r for r in regions if r not in faster and r not in slower]
+    def listed(rs):
+        return ", ".join(r["region"] + " " + _x(r["speedup"]) for r in rs)
+    parts = [f"{len(faster)} of {len(regions)} ran faster compiled" + (f" ({listed(faster)})" if faster else "")]
+    if slower:
+        parts.append(f"{len(slower)} slower ({listed(slower)})")
+    if same:
+        parts.append(f"{len(same)} within {NOISE:.0%} ({', '.join(r['region'] for r in same)})")
+    out.append("Dense regions alone: " + "; ".join(parts) + ".")
+    if verdict != "faster":
+        out.append("Where a region does not gain, its GEMMs dominate it and stay the same calls compiled or "
+                   "not: fusion only saves the memory traffic of the element-wise work around them.")
+    return out
+
+
+def autoac_findings(sweep: dict, gain: dict | None) -> list[str]:
+    """Chapter 05: where a block's saved bytes come from, recompute FLOPs against recompute time,
+    and whether the larger batch bought throughput."""
+    blocks = sweep["profile"]["blocks"]
+    base = sweep["profile"]["base_bytes"]
+    selective = sum(b["freed_bytes"].get("selective", 0) for b in blocks)
+    full = sum(b["freed_bytes"].get("full", 0) for b in blocks)
+    out = [f"Selective checkpointing (recompute nothing that costs FLOPs) frees {selective / base:.0%} of the "
+           f"no-checkpoint activation bytes; full checkpointing {full / base:.0%}: "
+           + ("most of the bytes are the outputs of cheap element-wise work." if selective > 0.5 * full else
+              "most of the bytes are outputs of FLOP-costing ops (matmuls, attention), which only a full "
+              "recompute can drop.")]
+    half = {r["strategy"]: r for r in sweep["rows"] if r["budget"] == 0.5 and "step_s" in r}
+    if {"auto", "full"} <= half.keys():
+        auto, full_row = half["auto"], half["full"]
+        flops_word = "less" if auto["recompute_pct"] < full_row["recompute_pct"] else "no less"
+        time_verdict = ratio_verdict(full_row["step_s"] / auto["step_s"])
+        out.append(f"At a 50% budget AutoAC recomputes {auto['recompute_pct']:.1f}% of the step's model FLOPs, "
+                   f"full checkpointing {full_row['recompute_pct']:.1f}% ({flops_word}); its step runs "
+                   f"{_x(full_row['step_s'] / auto['step_s'])} full checkpointing's speed: {time_verdict}. "
+                   + ("Recompute FLOPs are not recompute time: the ops AutoAC reruns are cheap in FLOPs but not "
+                      "in time (element-wise passes over memory, and each checkpoint's own overhead)."
+                      if time_verdict != "faster" else "Fewer recomputed FLOPs showed as a faster step here."))
+    if gain:
+        none_row, auto_row = gain["rows"]
+        verdict = ratio_verdict(gain["samples_per_s_ratio"])
+        out.append(f"In the no-checkpoint step's memory the batch grows {none_row['batch_size']} -> "
+                   f"{auto_row['batch_size']}; samples/s {_x(gain['samples_per_s_ratio'])}: {verdict}"
+                   + (f" (MFU {none_row['mfu']:.2%} -> {auto_row['mfu']:.2%})" if none_row["mfu"] is not None else "")
+                   + ".")
+    return out
+
+
+def ladder_findings(rows: list[dict]) -> list[str]:
+    """Chapter 10: every rung's verdict against the rung before (by its paired interval), the
+    rungs that did not run and why, and where the best rung's step goes."""
+    out = []
+    ran = [r for r in rows if r["status"] == "ran"]
+    for r in ran[1:]:
+        verdict = ratio_verdict(r.get("vs_previous"), r.get("vs_previous_min"), r.get("vs_previous_max"))
+        spread = (f" ({_x(r['vs_previous_min'])}..{_x(r['vs_previous_max'])})"
+                  if r.get("vs_previous_min") is not None else "")
+        out.append(f"{r['rung']}: {_x(r['vs_previous'])} the rung before{spread}: {verdict}." if r.get("vs_previous")
+                   else f"{r['rung']}: no uncontended pair of windows to compare.")
+    out += [f"{r['rung']}: not run here ({r['status'].removeprefix('n/a here: ')})." for r in rows
+            if r["status"] != "ran"]
+    measured = [r for r in ran if r.get("mfu") is not None]
+    if measured:
+        best = max(measured, key=lambda r: r["mfu"])
+        out.append(f"Highest E2E MFU: {best['rung']}, {best['mfu']:.2%} (baseline {ran[0]['mfu']:.2%})"
+                   if ran[0].get("mfu") is not None else f"Highest E2E MFU: {best['rung']}, {best['mfu']:.2%}.")
+        parts = {k.removesuffix("_s"): v for k, v in (best.get("breakdown") or {}).items()
+                 if k not in ("step_s",) and v > 0}
+        if parts:
+            top = max(parts, key=parts.get)
+            out[-1] += (f"; the largest part of its step is {top} ({parts[top] / best['breakdown']['step_s']:.0%} "
+                        f"of {best['breakdown']['step_s'] * 1e3:.1f} ms).")
+    return out
+
+
+def tail_findings(sigmas: Sequence[float], round_robin: Sequence[float], balanced: Sequence[float]) -> list[str]:
+    """Chapter 11: how the straggler factor moves with the length tail, with and without balancing."""
+    gaps = [rr / b for rr, b in zip(round_robin, balanced)]
+    return [f"As the log-normal sigma of the lengths goes {sigmas[0]:g} -> {sigmas[-1]:g}, round robin's straggler "
+            f"factor {trend(round_robin)} ({', '.join(f'{v:.2f}' for v in round_robin)}), the balanced one "
+            f"{trend(balanced)} ({', '.join(f'{v:.2f}' for v in balanced)}); what balancing removes "
+            f"(round robin / balanced) {trend(gaps)} ({', '.join(f'{v:.2f}x' for v in gaps)})."]
