@@ -65,7 +65,7 @@ def test_index_lists_times_and_metrics(book):
     row = re.search(r"06_load_balancing\.html'>.*?</tr>", index, re.S).group(0)
     cpu, wall, budget = re.findall(r"<td>([0-9.]+)</td>", row)[:3]
     assert float(cpu) > 0 and float(wall) > 0 and budget == "60"
-    assert "<code>imbalance_kk</code>" in row and "<code>bubble_cut</code>" in row
+    assert "imbalance KK: <b>" in row and "bubble cut: <b>" in row        # readable names, values bold
     if "10_waterfall" in chapters:                              # the waterfall figure, drawn from chapter 10
         assert "Plotly.newPlot('waterfall'" in index and "was not part of this build" not in index
     else:

@@ -95,11 +95,12 @@ def first_figure(executed: Path, title_word: str = "") -> dict | None:
 
 def readable(key: str) -> str:
     """A recorded metric's name as a reader reads it: "best_rung_mfu_attainable" -> "best rung MFU attainable"."""
-    words = key.replace("_pct", " (%)").replace("_mb", " (MiB)").replace("_ms", " (ms)").replace("_s", " (s)")
-    for short, full in (("mfu", "MFU"), ("hfu", "HFU"), ("ne", "NE"), ("auc", "AUC"), ("ac", "AC"), ("kk", "KK"),
-                        ("flops", "FLOPs"), ("sqnr", "SQNR"), ("db", "dB"), ("e2e", "E2E"), ("gpus", "GPUs")):
-        words = " ".join(full if w == short else w for w in words.split("_"))
-    return words.replace("_", " ")
+    units = {"pct": "(%)", "mb": "(MiB)", "ms": "(ms)", "s": "(s)"}
+    names = {"mfu": "MFU", "hfu": "HFU", "ne": "NE", "auc": "AUC", "ac": "AC", "kk": "KK", "flops": "FLOPs",
+             "sqnr": "SQNR", "db": "dB", "e2e": "E2E", "gpus": "GPUs"}
+    words = key.split("_")
+    last = units.get(words[-1]) if len(words) > 1 else None
+    return " ".join([names.get(w, w) for w in (words[:-1] if last else words)] + ([last] if last else []))
 
 
 def _metric_value(key: str, value) -> str:
