@@ -197,6 +197,20 @@ def run_region(fn: Callable, args: tuple) -> None:
     sum(o.float().sum() for o in (outs if isinstance(outs, tuple) else (outs,))).backward()
 
 
+_FUSED = r"\b(cpp_fused_\w+|triton_\w+_fused_\w+)\s*=\s*async_compile"
+# the GEMMs a graph leaves to a library: inductor's extern BLAS calls, and gemref's FastLinear ops
+_MATMULS = r"extern_kernels\.(?:mm|addmm|bmm|baddbmm)\b|torch\.ops\.fastlinear\.\w+"
+
+
+def generated_kernels(codes: list[str], labels: list[str]) -> list[dict]:
+    """Per graph of inductor's output code (e.g. from torch._inductor.utils.run_and_get_code):
+    its fused kernels (a name lists the ops fused into one loop) and the GEMMs left to a library."""
+    import re
+
+    return [{"graph": label, "fused_kernels": re.findall(_FUSED, code), "matmuls": len(re.findall(_MATMULS, code))}
+            for label, code in zip(labels, codes)]
+
+
 def fused_kernels(model: nn.Module, forward: Callable[[], Any]) -> list[dict]:
     """What inductor generates for each region kind of the first layer: per pass, the fused
     kernels (a name lists the ops fused into one loop) and the matmuls left to the BLAS.
@@ -204,8 +218,6 @@ def fused_kernels(model: nn.Module, forward: Callable[[], Any]) -> list[dict]:
     `model` is an eager GEMRef and `forward()` runs it once; every region is then compiled
     afresh (in a temporary inductor cache) and run forward+backward.
     """
-    import re
-
     from torch._inductor import utils as inductor_utils
 
     fresh_cache = getattr(inductor_utils, "fresh_cache", None) or inductor_utils.fresh_inductor_cache
@@ -216,9 +228,6 @@ def fused_kernels(model: nn.Module, forward: Callable[[], Any]) -> list[dict]:
                            backend=inductor_backend.__wrapped__(None))   # a new backend: a new graph
         with fresh_cache():
             _, codes = inductor_utils.run_and_get_code(run_region, fn, inputs[name])
-        for pass_name, code in zip(("forward", "backward"), codes):
-            rows.append({"region": name, "pass": pass_name,
-                         "fused_kernels": re.findall(r"\b(cpp_fused_\w+|triton_\w+_fused_\w+)\s*=\s*async_compile",
-                                                     code),
-                         "matmuls": len(re.findall(r"extern_kernels\.(?:mm|addmm|bmm|baddbmm)\b", code))})
+        for row in generated_kernels(codes, ["forward", "backward"]):
+            rows.append({"region": name, "pass": row.pop("graph"), **row})
     return rows

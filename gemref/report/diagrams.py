@@ -126,7 +126,7 @@ def knapsack_diagram(blocks: Sequence[Mapping], plan: Mapping[str, str], base_by
     fig = go.Figure()
     for k, option in enumerate(("selective", "full")):
         fig.add_trace(go.Bar(name=f"{option} frees", x=names, y=[b["freed_bytes"].get(option, 0) / 2**20 for b in blocks],
-                             marker_color=PALETTE[k], opacity=[1.0 if plan.get(n) == option else 0.35 for n in names]))
+                             marker=dict(color=PALETTE[k], opacity=[1.0 if plan.get(n) == option else 0.35 for n in names])))
     need = max(0, base_bytes - budget_bytes) / 2**20
     fig.add_annotation(x=0, y=1.08, xref="paper", yref="paper", showarrow=False, xanchor="left",
                        text=f"the budget keeps {budget_bytes / 2**20:.2f} of {base_bytes / 2**20:.2f} MiB: "

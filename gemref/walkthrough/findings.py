@@ -67,9 +67,14 @@ def compile_findings(steps: dict, regions: list[dict], fused_kernels: int) -> li
     if same:
         parts.append(f"{len(same)} within {NOISE:.0%} ({', '.join(r['region'] for r in same)})")
     out.append("Dense regions alone: " + "; ".join(parts) + ".")
-    if verdict != "faster":
-        out.append("Where a region does not gain, its GEMMs dominate it and stay the same calls compiled or "
-                   "not: fusion only saves the memory traffic of the element-wise work around them.")
+    if slower:
+        short = max(r["eager_ms"] for r in slower)
+        out.append(f"The regions that lost run for {min(r['eager_ms'] for r in slower):.2f}-{short:.2f} ms eagerly: at "
+                   "that size a compiled call's fixed cost (guard checks, the graph's wrapper, autograd's) is "
+                   "comparable to the element-wise traffic fusion saves.")
+    if same or (verdict != "faster" and not slower):
+        out.append("A region that neither gains nor loses is mostly its GEMMs, which are the same library calls "
+                   "compiled or not: fusion saves only the memory traffic of the element-wise work around them.")
     return out
 
 

@@ -34,6 +34,9 @@ def activation_profile_figure(blocks: list[dict], title: str = "what checkpointi
                       row=1, col=1)
     fig.add_trace(go.Bar(name="recompute (full)", x=names, y=[b["recompute_flops"].get("full", 0) for b in blocks],
                          showlegend=False), row=1, col=2)
+    fig.update_yaxes(title_text="bytes", row=1, col=1)
+    fig.update_yaxes(title_text="FLOPs recomputed per step", row=1, col=2)
+    fig.update_xaxes(title_text="block (layer.kind)")
     fig.update_layout(barmode="group", title=title, template=TEMPLATE)
     return fig
 
