@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_text(out / "waterfall.md", f"{title}\n\n{markdown_table(table, TABLE_COLUMNS)}\n\n"
                       f"{markdown_table(breakdown, BREAKDOWN_COLUMNS)}\n\n" + "".join(f"- {n}\n" for n in footnotes))
     written = save_figure(waterfall_figure(rows), out / "waterfall")
-    written += save_figure(waterfall_breakdown_figure(rows), out / "waterfall_breakdown")
+    written += save_figure(waterfall_breakdown_figure(rows, ranks=args.ranks), out / "waterfall_breakdown")
     if args.json:
         written.append(write_json(args.json, record))
     print("wrote " + ", ".join(map(str, [out / "waterfall.json", out / "waterfall.md", *written])))

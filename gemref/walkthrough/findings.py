@@ -122,8 +122,7 @@ def ladder_findings(rows: list[dict]) -> list[str]:
                   if r.get("vs_previous_min") is not None else "")
         out.append(f"{r['rung']}: {_x(r['vs_previous'])} the rung before{spread}: {verdict}." if r.get("vs_previous")
                    else f"{r['rung']}: no uncontended pair of windows to compare.")
-    out += [f"{r['rung']}: not run here ({r['status'].removeprefix('n/a here: ')})." for r in rows
-            if r["status"] != "ran"]
+    out += [f"{r['rung']}: {r['status']}." for r in rows if r["status"] != "ran"]
     measured = [r for r in ran if r.get("mfu") is not None]
     if measured:
         best = max(measured, key=lambda r: r["mfu"])

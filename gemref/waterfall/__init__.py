@@ -32,10 +32,10 @@ from ..files import write_json
 from ..parallel import launch
 from .rows import BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, build_rows, notes, table_rows
 from .runner import Settings, dtype_name, launch_measure
-from .rungs import LADDER, WITH_OPTIONS, Context, Rung, check_options, plan, preset_with
+from .rungs import LADDER, WITH_OPTIONS, Context, Rung, check_options, plan, preset_with, skipped
 
 __all__ = ["BREAKDOWN_COLUMNS", "LADDER", "TABLE_COLUMNS", "WITH_OPTIONS", "Context", "Rung", "Settings",
-           "breakdown_rows", "check_options", "notes", "provenance", "run_waterfall", "table_rows"]
+           "breakdown_rows", "check_options", "notes", "provenance", "run_waterfall", "skipped", "table_rows"]
 
 RUNG_TIMEOUT_S = 900   # a multi-rank launch fails (instead of hanging) past this per rung
 

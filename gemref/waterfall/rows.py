@@ -99,7 +99,7 @@ def table_rows(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
         if r["status"] != "ran":
-            out.append({"rung": r["rung"], "windows": "n/a here (see below)"})
+            out.append({"rung": r["rung"], "windows": r["status"].split(":")[0] + " (see below)"})
             continue
         spread = (f"{fmt(r['tokens_per_s_min'])}..{fmt(r['tokens_per_s_max'])}"
                   if r["tokens_per_s_min"] is not None else None)

@@ -171,6 +171,11 @@ CONFIGURE: dict[str, Callable[[TrainConfig, Context], "TrainConfig | str"]] = {
 LADDER: list[Rung] = [Rung(spec, CONFIGURE[spec.key]) for spec in RUNGS]
 
 
+def skipped(rung: Rung, why: str) -> Rung:
+    """`rung` left out of a run on purpose: it stays in every table as "skipped here: <why>"."""
+    return Rung(rung.spec, lambda t, c: f"skipped here: {why}")
+
+
 def plan(ladder: list[Rung], start: TrainConfig, ctx: Context) -> list[tuple[Rung, "TrainConfig | str"]]:
     """(rung, its TrainConfig or why it does not apply) in order, each built on the last that applied."""
     out, train = [], start

@@ -52,13 +52,17 @@ BREAKDOWN_PARTS = (("gemm_s", "GEMMs"), ("attention_s", "attention"), ("elementw
                    ("queued_s", "queued for a core"), ("data_s", "data"))
 
 
-def waterfall_breakdown_figure(rows: list[dict], title: str = "where each rung's step goes") -> go.Figure:
-    """Stacked bars (ms per step) of each measured rung's step-time breakdown (gemref/waterfall/stats.py)."""
+def waterfall_breakdown_figure(rows: list[dict], title: str = "where each rung's step goes", ranks: int = 1) -> go.Figure:
+    """Stacked bars of each measured rung's step-time breakdown (gemref/waterfall/stats.py), in
+    microseconds per sample a rank trains (rungs differ in batch: AutoAC's is larger, so per-step
+    times would compare different work)."""
     measured = [r for r in rows if r.get("breakdown")]
-    names = [r["rung"] for r in measured]
-    fig = go.Figure([go.Bar(name=label, x=names, y=[1e3 * r["breakdown"].get(key, 0.0) for r in measured])
+    names = [f"{r['rung']}<br>({r['batch_size'] // ranks} samples/rank)" for r in measured]
+    per_sample = [1e6 * ranks / r["batch_size"] for r in measured]
+    fig = go.Figure([go.Bar(name=label, x=names, y=[k * r["breakdown"].get(key, 0.0) for r, k in zip(measured, per_sample)])
                      for key, label in BREAKDOWN_PARTS if any(key in r["breakdown"] for r in measured)])
-    fig.update_layout(barmode="stack", title=title, yaxis_title="ms per step (mean over ranks)", template=TEMPLATE)
+    fig.update_layout(barmode="stack", title=title, template=TEMPLATE,
+                      yaxis_title="µs per sample (a rank's step / its samples; mean over ranks)")
     return fig
 
 
