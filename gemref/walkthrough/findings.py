@@ -31,15 +31,21 @@ def ratio_verdict(ratio: float | None, low: float | None = None, high: float | N
 
 
 def trend(values: Sequence[float], rel: float = NOISE) -> str:
-    """"rises", "falls", "stays flat", "rises, then falls" or "falls, then rises" (steps within
-    `rel` of the previous value count as flat), or "goes up and down"."""
-    moves = []
+    """How a measured series moves from point to point: "rises", "falls", "stays flat", or two
+    phases ("rises, then levels off", "rises, then falls", ...); a step within `rel` of the
+    previous value is flat."""
+    moves: list[int] = []
     for a, b in zip(values, values[1:]):
         step = 0 if abs(b - a) <= rel * max(abs(a), 1e-300) else (1 if b > a else -1)
-        if step and (not moves or moves[-1] != step):
+        if not moves or moves[-1] != step:
             moves.append(step)
-    return {(): "stays flat", (1,): "rises", (-1,): "falls", (1, -1): "rises, then falls",
-            (-1, 1): "falls, then rises"}.get(tuple(moves), "goes up and down")
+    word = {1: "rises", -1: "falls", 0: "stays flat"}
+    if len(moves) == 1:
+        return word[moves[0]]
+    if len(moves) == 2:
+        first, second = moves
+        return f"{word[first] if first else 'is flat'}, then " + ("levels off" if second == 0 else word[second])
+    return "goes up and down" if moves else "stays flat"
 
 
 def _x(r: float) -> str:

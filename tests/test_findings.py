@@ -1,0 +1,73 @@
+"""gemref/walkthrough/findings.py: the sentences follow the measurements, whichever way they went."""
+import pytest
+
+from gemref.walkthrough.findings import (autoac_findings, compile_findings, ladder_findings, ratio_verdict,
+                                         tail_findings, trend)
+
+
+@pytest.mark.parametrize("ratio, low, high, verdict", [
+    (1.3, 1.1, 1.5, "faster"), (1.3, 0.9, 1.5, "no measurable difference"), (0.7, 0.6, 0.8, "slower"),
+    (1.02, None, None, "no measurable difference"), (1.2, None, None, "faster"), (0.8, None, None, "slower"),
+    (None, None, None, "not measured")])
+def test_ratio_verdict_uses_the_interval(ratio, low, high, verdict):
+    assert ratio_verdict(ratio, low, high) == verdict
+
+
+@pytest.mark.parametrize("values, words", [([1, 2, 3], "rises"), ([3, 2, 1], "falls"), ([1, 1.01, 1], "stays flat"),
+                                           ([1.25, 1.51, 1.48], "rises, then levels off"), ([1, 2, 1], "rises, then falls"),
+                                           ([2, 1, 1], "falls, then levels off"), ([1, 2, 1, 2], "goes up and down")])
+def test_trend(values, words):
+    assert trend(values) == words
+
+
+def _steps(eager, compiled):
+    return {"rows": [{"variant": "eager", "steps_s": eager, "median_step_s": sorted(eager)[len(eager) // 2]},
+                     {"variant": "compiled", "steps_s": compiled, "compile_s": 3.0, "graphs": 6,
+                      "recompiles_after_warmup": 0, "median_step_s": sorted(compiled)[len(compiled) // 2]}],
+            "ratio": sorted(c / e for c, e in zip(compiled, eager))[len(eager) // 2]}
+
+
+def test_compile_findings_say_which_way_each_region_went():
+    regions = [{"region": "a", "speedup": 1.4, "eager_ms": 2.0}, {"region": "b", "speedup": 0.7, "eager_ms": 0.3},
+               {"region": "c", "speedup": 1.01, "eager_ms": 1.0}]
+    faster = compile_findings(_steps([1.0, 1.0, 1.0], [0.8, 0.82, 0.79]), regions, 12)
+    assert "faster." in faster[1] and "1 of 3 ran faster compiled (a 1.40x)" in faster[2]
+    assert "1 slower (b 0.70x)" in faster[2] and "0.30-0.30 ms" in faster[3]
+    slower = compile_findings(_steps([1.0, 1.0, 1.0], [1.3, 1.25, 1.35]), regions[1:2], 12)
+    assert "slower." in slower[1] and "0 of 1 ran faster" in slower[2]
+
+
+def _sweep(selective, full, auto_step, full_step):
+    blocks = [{"name": "layers.0.sequence", "freed_bytes": {"selective": selective, "full": full}}]
+    rows = [{"budget": 0.5, "strategy": "full", "recompute_pct": 30.0, "step_s": full_step},
+            {"budget": 0.5, "strategy": "auto", "recompute_pct": 10.0, "step_s": auto_step}]
+    return {"profile": {"blocks": blocks, "base_bytes": 100}, "rows": rows}
+
+
+def test_autoac_findings_follow_the_bytes_the_time_and_the_batch():
+    cheap = autoac_findings(_sweep(60, 90, 1.0, 1.5), None)
+    assert "frees 60%" in cheap[0] and "cheap element-wise work" in cheap[0]
+    assert "faster" in cheap[1] and "showed as a faster step" in cheap[1]
+    dear = autoac_findings(_sweep(20, 90, 1.5, 1.0), {"rows": [{"batch_size": 64, "mfu": 0.1}, {"batch_size": 256, "mfu": 0.09}],
+                                                     "samples_per_s_ratio": 0.97})
+    assert "FLOP-costing ops" in dear[0] and "slower" in dear[1] and "are not recompute time" in dear[1]
+    assert "64 -> 256" in dear[2] and "no measurable difference" in dear[2]
+
+
+def test_ladder_findings_judge_each_rung_by_its_interval_and_name_the_skipped():
+    rows = [{"rung": "0 baseline", "status": "ran", "mfu": 0.01},
+            {"rung": "1 + jagged", "status": "ran", "mfu": 0.02, "vs_previous": 1.4, "vs_previous_min": 1.2,
+             "vs_previous_max": 1.6, "breakdown": {"step_s": 0.1, "gemm_s": 0.06, "other_s": 0.04}},
+            {"rung": "3 + compile", "status": "ran", "mfu": 0.019, "vs_previous": 0.95, "vs_previous_min": 0.85,
+             "vs_previous_max": 1.05},
+            {"rung": "7 + float8", "status": "n/a here: needs a GPU"}]
+    lines = ladder_findings(rows)
+    assert lines[0].endswith(": faster.") and lines[1].endswith(": no measurable difference.")
+    assert lines[2] == "7 + float8: n/a here: needs a GPU."
+    assert "1 + jagged, 2.00%" in lines[3] and "gemm (60%" in lines[3]
+
+
+def test_tail_findings_follow_the_series():
+    up = tail_findings([0.6, 1.8], [1.2, 1.6], [1.0, 1.0])[0]
+    down = tail_findings([1.8, 0.6], [1.6, 1.2], [1.0, 1.0])[0]
+    assert "round robin's straggler factor rises" in up and "falls" in down
