@@ -170,7 +170,7 @@ def test_conversion_filter_and_report(precision, converted, cls):
 
 
 def test_exclude_by_name_and_fallback_is_logged(caplog):
-    caplog.set_level(logging.WARNING, logger="gemref.precision.apply")
+    caplog.set_level(logging.INFO, logger="gemref.precision.apply")
     report = apply_precision(Toy(), "mxfp8", device="cpu", exclude=("block.2",))
     assert ("block.2", "excluded by name (kept in high precision)") in [(s.fqn, s.reason) for s in report.skipped]
     assert "mxfp8 falls back to emulated GEMMs" in caplog.text and "SM100" in caplog.text

@@ -191,7 +191,7 @@ def _choose_kernel(precision: str, device: torch.device, kernel: str) -> tuple[s
         return "emulated", "emulation requested (numerics only, no speed-up)"
     if ok:
         return "native", why
-    log.warning("%s falls back to emulated GEMMs: %s", precision, why)
+    log.info("%s falls back to emulated GEMMs: %s", precision, why)   # expected off Hopper/Blackwell; recorded
     return "emulated", f"fallback: {why}"
 
 
@@ -255,12 +255,33 @@ def apply_precision(model: nn.Module, precision: str, *, device: torch.device | 
                            chosen, skipped, share, fsdp_float8_all_gather)
 
 
+# What torchao 0.18 logs while it is imported, and why it is silenced there (and only there):
+# "torchao": it tries to load its CUDA extensions (_C_mxfp8, _C_cutlass_90a) and warns, with
+# their absolute paths, when torch has no CUDA; "torch.utils._pytree": its MX modules register
+# Enum classes with pytree.register_constant, which torch 2.13 deprecates. Neither is gemref's
+# to fix; gemref says in its own words what runs (PrecisionReport's kernel and reason).
+_TORCHAO_IMPORT_NOISE = ("torchao", "torch.utils._pytree")
+_TORCHAO_MODULES = ("torchao", "torchao.float8", "torchao.quantization", "torchao.prototype.mx_formats.config",
+                    "torchao.prototype.moe_training.config")
+
+
 def _import_torchao(precision: str):
+    """Import torchao and the modules gemref uses from it, with the import noise above silenced."""
+    import importlib
+
+    loggers = [logging.getLogger(name) for name in _TORCHAO_IMPORT_NOISE]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
     try:
-        import torchao  # noqa: F401
+        for name in _TORCHAO_MODULES:
+            importlib.import_module(name)
     except ImportError:
         raise ValueError(f"precision={precision!r} needs torchao (pip install --no-deps "
                          "torchao, see requirements-nodeps.txt)") from None
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def _convert_float8(model: nn.Module, fqns: set[str], precision: str, kernel: str,
