@@ -190,3 +190,59 @@ def test_reading_copy_draws_in_chromium(tmp_path, data_root):
         assert "text/html" in data and "image/png" in data, sorted(data)
         pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(data["image/png"]))).convert("RGB"))
         assert (pixels.min(axis=2) < 235).mean() > 0.01, "a blank PNG"
+
+
+CHAPTERS = sorted(p.stem for p in NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
+# On a chapter's page: its plotly figures, its HTML tables, and any stderr output block.
+PAGE_JS = """(() => ({plots: document.querySelectorAll('.js-plotly-plot').length,
+  tables: document.querySelectorAll('table.gemref-table').length,
+  stderr: document.querySelectorAll('[data-mime-type="application/vnd.jupyter.stderr"]').length}))()"""
+
+
+def _outputs(executed: Path) -> list[dict]:
+    nb = json.loads(executed.read_text())
+    return [o for c in nb["cells"] for o in c.get("outputs", [])]
+
+
+@pytest.fixture(scope="module")
+def whole_book(tmp_path_factory, data_root):
+    """Every chapter, executed under ci: make test's reading copy, or built here."""
+    return ci_book(CHAPTERS, tmp_path_factory.mktemp("whole-book"))
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_chapter_shows_a_figure_an_html_table_and_no_stderr(whole_book, chapter):
+    from book_ci import executed
+
+    outputs = _outputs(executed(whole_book, chapter))
+    assert any(PLOTLY_MIME in o.get("data", {}) for o in outputs), f"{chapter}: no figure"
+    assert any("gemref-table" in "".join(o.get("data", {}).get("text/html", "")) for o in outputs), \
+        f"{chapter}: no HTML table (walkthrough.show_table)"
+    stderr = ["".join(o["text"])[:200] for o in outputs if o.get("output_type") == "stream" and o["name"] == "stderr"]
+    assert not stderr, f"{chapter}: stderr in the reading copy: {stderr}"
+
+
+def test_every_chapter_page_draws_its_figures_and_tables_in_chromium(whole_book):
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("no Chromium installed (apt-get install -y chromium): cannot render the reading copy")
+    import asyncio
+
+    async def visit(url: str) -> dict:
+        import choreographer
+
+        async with choreographer.Browser(path=chromium, headless=True) as browser:
+            tab = await browser.create_tab("")
+            await tab.send_command("Page.enable")
+            loaded = tab.subscribe_once("Page.loadEventFired")
+            await tab.send_command("Page.navigate", params={"url": url})
+            await asyncio.wait_for(loaded, 60)
+            await asyncio.sleep(0.5)
+            result = await tab.send_command("Runtime.evaluate", params={"expression": PAGE_JS, "returnByValue": True})
+        return result["result"]["result"]["value"]
+
+    for chapter in CHAPTERS:
+        page = asyncio.run(asyncio.wait_for(visit((whole_book / f"{chapter}.html").as_uri()), 180))
+        assert page["plots"] >= 1 and page["tables"] >= 1 and page["stderr"] == 0, (chapter, page)
+    index = asyncio.run(asyncio.wait_for(visit((whole_book / "index.html").as_uri()), 180))
+    assert index["plots"] >= 1 and index["tables"] >= 1, index      # the reference waterfall: figure and table
