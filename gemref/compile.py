@@ -54,12 +54,13 @@ class CompileStats:
     graphs: int = 0                 # graphs compiled (first compiles and recompiles)
     recompiles: int = 0             # graphs compiled for a region in a mode it already ran in
     compile_seconds: float = 0.0    # wall time (s) of the calls that compiled
+    region_seconds: dict[str, float] = field(default_factory=dict)   # per region kind: its share of it
     activation_memory_budget: float | None = None
     loss: Callable[..., Tensor] | None = None   # the compiled loss region
 
     def as_record(self) -> dict:
         return {"regions": len(self.regions), "graphs": self.graphs, "recompiles": self.recompiles,
-                "compile_s": self.compile_seconds,
+                "compile_s": self.compile_seconds, "compile_s_by_region": dict(self.region_seconds),
                 "activation_memory_budget": self.activation_memory_budget}
 
 
@@ -119,7 +120,10 @@ class CompiledRegion:
         new_graphs = _graphs_compiled() - before
         if new_graphs:
             self.stats.graphs += new_graphs
-            self.stats.compile_seconds += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            self.stats.compile_seconds += seconds
+            kind = self.name.split(".", 2)[-1] if self.name.startswith("layers.") else self.name
+            self.stats.region_seconds[kind] = self.stats.region_seconds.get(kind, 0.0) + seconds
             if mode in self.modes_seen:
                 self.stats.recompiles += new_graphs
         self.modes_seen.add(mode)

@@ -79,8 +79,10 @@ def compare_regions(b: Bench, models: dict, reps: int = 5) -> list[dict]:
 
         samples = interleaved({v: (lambda k, v=v: timed(v)) for v in ("eager", "compiled")}, reps, warmup=1)
         timing = {v: statistics.median(t) for v, t in samples.items()}
+        stats = compile_stats(models["compiled"])
         rows.append({"region": name, "eager_ms": 1e3 * timing["eager"], "compiled_ms": 1e3 * timing["compiled"],
-                     "speedup": timing["eager"] / timing["compiled"]})
+                     "speedup": timing["eager"] / timing["compiled"],
+                     "compile_s": stats.region_seconds.get(name) if stats else None})
     return rows
 
 
