@@ -154,7 +154,11 @@ def described_manifest(folder: str | Path) -> tuple[Path, str, dict]:
 def open_dataset(folder: str | Path) -> DatasetFolder:
     """The folder's dataset description (`described_manifest`'s checks; nothing is written, and
     the shards are verified when a run loads them)."""
-    path, digest, manifest = described_manifest(folder)
+    return dataset_folder(*described_manifest(folder))
+
+
+def dataset_folder(path: Path, digest: str, manifest: dict) -> DatasetFolder:
+    """The DatasetFolder of a manifest `described_manifest` returned."""
     section, rows = manifest[SECTION], {s: sum(e["rows"] for e in manifest["splits"][s]) for s in SPLITS}
     labels = section["labels"]
     return DatasetFolder(
