@@ -30,9 +30,9 @@ ML100K = {"ml-100k.inter": "4edb74e2a81178c2ba9ff381495f754f996c4aea351b1272ca36
           "ml-100k.user": "4f670007d9cfbeb9807e757209af1555b9bcc186bde25e767f67cb67c6dd5972",
           "ml-100k.item": "51d7cdf777ce5c0f5b32c1d947a4a81fe07d75e78abbe761e0cd4d0756064532"}
 # gemref's own made-up sample in the same format (sample/; a test keeps these equal to the files).
-SAMPLE = {"ml-100k.inter": "7edead936cf8c1f13b6dd7d532aac8d534a7abbc92e32965336273a4eab5db58",
-          "ml-100k.user": "3f73d6b86a3a728564fbeb8a50ecf7a489e0b58dd46f641350b06564a13e7cd5",
-          "ml-100k.item": "9060bbe18cc68e3628fa08de771123f02b800c2080da371adffae19bd7d05341"}
+SAMPLE = {"ml-100k.inter": "a26dc278328d0b655973807380d60fd11d7943d132f9be60cc7378f29d901f7b",
+          "ml-100k.user": "b8e072ce5762921ae50b1b2bb80427afef21c00e63e86d7fa6424b179f47a0f8",
+          "ml-100k.item": "327260ecba708e9b7657f4067cbaccef52696c91e2f8e1684619746dd86edab9"}
 SAMPLE_DIR = Path(__file__).resolve().parent / "sample"
 HEADERS = {"ml-100k.inter": ("user_id", "item_id", "rating", "timestamp"),
            "ml-100k.user": ("user_id", "age", "gender", "occupation", "zip_code"),
