@@ -88,6 +88,7 @@ def _print_parallel(record: RunRecord) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from ..data.folder import dataset_preset
     from ..parallel.launch import torchrun_world
     from ..report import fmt, format_table
     from ..report.figures import run_figure, save_figure
@@ -95,16 +96,14 @@ def run(args: argparse.Namespace) -> int:
     from ..step import NonFiniteError
     from ..train import launch_runs
 
-    from ..data.folder import dataset_preset
-
-    preset = dataset_preset(get_preset(args.preset), args.dataset)
+    base = get_preset(args.preset)
     if args.attention_window is not None:
-        preset = replace(preset, model=override(preset.model, window=args.attention_window))
+        base = replace(base, model=override(base.model, window=args.attention_window))
     device = device_of(args.device)
-    train = plan_ranks(train_config_from_args(args, preset.train), args.ranks, torchrun_world(), device.type,
+    train = plan_ranks(train_config_from_args(args, base.train), args.ranks, torchrun_world(), device.type,
                        mesh_given="mesh" in train_changes(args))
     check_workers(train.num_workers)
-    replace(preset, train=train)        # the preset's checks of the config against its data
+    preset = dataset_preset(base, args.dataset, train)   # the preset's checks of the config against its data
     out = Path(args.out) if args.out else None
     json_path = args.json or (out / "run.json" if out else None)
     try:

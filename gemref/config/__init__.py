@@ -272,9 +272,9 @@ class Preset:
                              f"n_train={self.data.n_train} (each step draws batch_size distinct training samples)")
 
 
-def preset_on_dataset(preset: Preset, data: DatasetFolder) -> Preset:
-    """The preset's architecture (widths, heads, layers, FFN, attention) and training settings on
-    a dataset: vocab sizes, feature counts and max_len from the data. A preset that cannot hold
+def preset_on_dataset(preset: Preset, data: DatasetFolder, train: TrainConfig | None = None) -> Preset:
+    """The preset's architecture (widths, heads, layers, FFN, attention) and training settings
+    (or `train`, when given) on a dataset: vocab sizes, feature counts and max_len from the data. A preset that cannot hold
     the data is a UsageError naming the field: histories longer than the preset's max_len (the
     longest history its architecture is sized for), an attention window beyond the data's
     longest history, a batch larger than the train split."""
@@ -290,7 +290,7 @@ def preset_on_dataset(preset: Preset, data: DatasetFolder) -> Preset:
                          f"longer than the dataset's longest history ({data.max_len} events): it would be full "
                          "attention; choose a smaller --attention-window")
     model = replace(arch, max_len=data.max_len, **{name: getattr(data, name) for name in DATA_FIELDS})
-    return replace(preset, model=model, data=data)
+    return replace(preset, model=model, data=data, train=train or preset.train)
 
 
 PRESETS: dict[str, Preset] = {

@@ -24,11 +24,12 @@ it was opened. The synthetic generator and the MovieLens converter write the sec
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from ..config import DatasetFolder, ModelConfig, Preset, get_preset, preset_on_dataset
+from ..config import DatasetFolder, ModelConfig, Preset, TrainConfig, get_preset, preset_on_dataset
 from ..errors import UsageError
 from .manifest import MANIFEST, load_manifest, read_manifest_bytes, sha256_file
 
@@ -192,10 +193,14 @@ def check_lengths(data: DatasetFolder, lengths: np.ndarray) -> None:
                          f"is {actual[bad]} (the manifest does not describe these shards)")
 
 
-def dataset_preset(preset: Preset | str, folder: str | Path | None) -> Preset:
-    """The preset (a name or a Preset) on the dataset in `folder`; the preset itself when folder is None."""
+def dataset_preset(preset: Preset | str, folder: str | Path | None, train: TrainConfig | None = None) -> Preset:
+    """The preset (a name or a Preset) on the dataset in `folder`, with `train` in place of its
+    TrainConfig when given (checked against the dataset's train split, not the preset's own
+    data); the preset itself when folder is None."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
-    return preset if folder is None else preset_on_dataset(preset, open_dataset(folder))
+    if folder is None:
+        return preset if train is None else replace(preset, train=train)
+    return preset_on_dataset(preset, open_dataset(folder), train)
 
 
 def section_model(data: DatasetFolder) -> ModelConfig:
