@@ -39,7 +39,7 @@ from ..data.folder import dataset_preset, described_manifest
 from ..errors import UsageError
 from ..files import atomic_write_text, write_json
 from ..model import TASKS
-from ..options import add_dataset_arg, int_at_least, output_dir, output_file, positive_int
+from ..options import add_dataset_arg, add_device_arg, device_of, int_at_least, output_dir, output_file, positive_int
 from ..report import format_table, markdown_table
 from ..report.metrics import normalized_entropy, roc_auc
 from ..report.seed_band import K_SE, seed_band_rows
@@ -60,12 +60,12 @@ def variant_run(preset: Preset, variant: str) -> tuple[Preset, dict]:
                     "mxfp8": {**fast, "precision": "mxfp8"}, "compressed": {**fast, "ac_compress": "mxfp8"}}[variant]
 
 
-def train_and_evaluate(preset: Preset, variant: str, seed: int, steps: int) -> dict:
+def train_and_evaluate(preset: Preset, variant: str, seed: int, steps: int, device: str = "cpu") -> dict:
     """One training run of a variant; NE/AUC of both tasks on the whole eval split."""
     p, changes = variant_run(preset, variant)
     batches = math.ceil(p.data.n_eval / p.train.batch_size)
     t0 = time.perf_counter()
-    record = train_run(p, override(p.train, steps=steps, seed=seed, eval_batches=batches, **changes), device="cpu",
+    record = train_run(p, override(p.train, steps=steps, seed=seed, eval_batches=batches, **changes), device=device,
                        progress=False, measure_memory=False)
     ev = record["eval"]
     return {"variant": variant, "seed": seed, **{m: float(ev[m]) for m in METRICS},
@@ -116,7 +116,8 @@ def band_rows(runs: list[dict], k: float = K_SE) -> list[dict]:
     return list(out.values())
 
 
-def quality(preset: Preset, variants: tuple[str, ...], seeds: int, steps: int, log=print) -> dict:
+def quality(preset: Preset, variants: tuple[str, ...], seeds: int, steps: int, *, device: str = "cpu",
+            log=print) -> dict:
     """Every run, the banded rows and the baselines (the module doc's bench, as data)."""
     _, _, manifest = described_manifest(preset.data.folder)
     section = manifest["dataset"]
@@ -126,12 +127,12 @@ def quality(preset: Preset, variants: tuple[str, ...], seeds: int, steps: int, l
     for seed in range(seeds):
         for variant in variants:
             log(f"seed {seed}: {variant} ({steps} steps) ...")
-            runs.append(train_and_evaluate(preset, variant, seed, steps))
+            runs.append(train_and_evaluate(preset, variant, seed, steps, device))
     labels = {t: section["labels"][t]["name"] for t in TASKS}
     return {"bench": "quality", "preset": preset.name, "data": asdict(preset.data), "labels": labels,
             "steps": steps, "seeds": seeds, "batch_size": preset.train.batch_size, "k_se": K_SE,
             "window": max(1, preset.model.max_len // WINDOW_FRACTION), "runs": runs, "bands": band_rows(runs),
-            "baselines": baselines, "measured_on": provenance("cpu", 1)}
+            "baselines": baselines, "device": device, "measured_on": provenance(device, 1)}
 
 
 def table_rows(result: dict) -> list[dict]:
@@ -162,6 +163,7 @@ def title(result: dict) -> str:
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="small", choices=list(PRESETS), help="the architecture (data from --dataset)")
     add_dataset_arg(p)
+    add_device_arg(p)
     p.add_argument("--seeds", type=int_at_least(2), default=3, help="training runs per variant (>= 2: a seed band)")
     p.add_argument("--steps", type=positive_int, default=1500, help="training steps per run")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
@@ -178,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--variants {args.variants!r}: " + (f"unknown {unknown}; " if unknown else "")
                          + f"choose from {', '.join(VARIANTS)}, fast included (the reference)")
     preset = dataset_preset(args.preset, args.dataset)
-    result = quality(preset, variants, args.seeds, args.steps, log=lambda s: print(s, flush=True))
+    device = device_of(args.device).type
+    result = quality(preset, variants, args.seeds, args.steps, device=device, log=lambda s: print(s, flush=True))
     rows = table_rows(result)
     print(format_table(rows, title=title(result)))
     if args.out:
