@@ -1,7 +1,7 @@
 """Quality on a real dataset: eval NE and AUC over seeds per rung and technique, beside id-only baselines.
 
 On `--dataset DIR` (e.g. MovieLens-100K from `gemref data movielens`), with the --preset's
-architecture, `--seeds` training runs of `--steps` steps per variant (seeds 0..N-1, the
+architecture, `--seeds` training runs of `--steps-per-run` steps per variant (seeds 0..N-1, the
 variants interleaved within each seed), each evaluated on the WHOLE eval split:
 
     fast        rungs 1-2 (jagged, the fused attention kernel `auto` picks), fp32: the
@@ -165,7 +165,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     add_dataset_arg(p)
     add_device_arg(p)
     p.add_argument("--seeds", type=int_at_least(2), default=3, help="training runs per variant (>= 2: a seed band)")
-    p.add_argument("--steps", type=positive_int, default=1500, help="training steps per run")
+    p.add_argument("--steps-per-run", type=positive_int, default=2000, help="training steps of each run")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--out", metavar="DIR", type=output_dir, help="write quality.json and quality.md here")
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
                          + f"choose from {', '.join(VARIANTS)}, fast included (the reference)")
     preset = dataset_preset(args.preset, args.dataset)
     device = device_of(args.device).type
-    result = quality(preset, variants, args.seeds, args.steps, device=device, log=lambda s: print(s, flush=True))
+    result = quality(preset, variants, args.seeds, args.steps_per_run, device=device, log=lambda s: print(s, flush=True))
     rows = table_rows(result)
     print(format_table(rows, title=title(result)))
     if args.out:
