@@ -241,3 +241,18 @@ def test_the_real_file_converts_to_the_known_counts(real_wheel, tmp_path):
               for v in manifest["splits"].values() for e in v)
     assert got == likes == 55_375
     assert "Harper" in manifest["dataset"]["source"]["citation"] and "redistribute" in manifest["dataset"]["source"]["licence"]
+
+
+def test_gemref_s_own_default_folder_is_rebuilt_when_it_does_not_verify(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("GEMREF_DATA_DIR", str(tmp_path / "data"))
+    folder, _ = prepare(sample=True, max_history=8)
+    assert folder.parent == tmp_path / "data" and folder.name == "ml-100k-sample-v1-h8"
+    shard = sorted(folder.glob("train-*.parquet"))[0]
+    damaged = bytearray(shard.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    shard.write_bytes(bytes(damaged))
+    (folder / ".verified.json").unlink()
+    with caplog.at_level("WARNING", logger="gemref.data.movielens"):
+        again, _ = prepare(sample=True, max_history=8)
+    assert again == folder and "rebuilding" in caplog.text and "sha256" in caplog.text
+    assert converted_rows(folder) == expected_rows(8)
