@@ -226,6 +226,11 @@ def test_dataset_options_refuse_a_missing_folder(tmp_path, capsys):
         assert code == 2 and "no such dataset folder" in err and len(err.strip().splitlines()) == 1, (args, err)
 
 
+def test_precision_s_dataset_is_the_data_of_its_preset_runs(folder, capsys):
+    line = one_line(capsys, main(["bench", "precision", "--dataset", str(folder)]))
+    assert "add --preset NAME" in line
+
+
 def test_lengths_drawn_from_percentiles_follow_them():
     """Inverse-CDF draws: the share of draws at or below percentile q's length is about q% (a
     binomial band of 5 standard deviations; the curve has ties, so the share may exceed q there)."""

@@ -115,6 +115,8 @@ def bench_shape(m: int, k: int, n: int, precisions: list[str], device: torch.dev
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dataset and not args.preset:
+        raise UsageError("--dataset is the data of the --preset training runs: add --preset NAME")
     device = device_of(args.device)
     shapes = [parse_dims(d) for d in (args.dims or DEFAULT_DIMS[device.type])]
     logging.getLogger("gemref.precision.apply").setLevel(logging.ERROR)  # the table states the path
@@ -128,8 +130,6 @@ def run(args: argparse.Namespace) -> int:
                                             f"after {args.warmup} warm-up; vs_* = speed-up (t_ref / t)"))
     for reason in dict.fromkeys(r["kernel_reason"] for r in rows if r["kernel"] == "emulated"):
         print(f"emulated: {reason}")
-    if args.dataset and not args.preset:
-        raise UsageError("--dataset is the data of the --preset training runs: add --preset NAME")
     steps = whole_steps(args, device) if args.preset else []
     if args.json:
         try:
