@@ -2,7 +2,7 @@
 work starts), with errors in the user's terms.
 
 - `--device auto|cpu|cuda` (default auto: cuda when available), resolved by `device_of`.
-- `--preset NAME`.
+- `--preset NAME`; `--dataset DIR` (a folder that exists; its manifest is checked when the command runs).
 - Counts and fractions: `int_at_least(n)`, `fraction` (0, 1], `share` [0, 1], `positive_float`.
 - Output paths: `output_file` (--json) and `output_dir` (--out, --checkpoint-dir): the path
   must not be a directory (resp. a file), and the folder it goes into (or its nearest existing
@@ -111,6 +111,24 @@ def _data_dir(path: str) -> str:
 
 
 data_dir = argtype(_data_dir, "data folder")
+
+
+def _dataset_folder(path: str) -> str:
+    if not Path(path).is_dir():
+        raise UsageError(f"{path}: " + ("is a file, not a dataset folder" if Path(path).exists() else
+                                        "no such dataset folder"))
+    return path
+
+
+dataset_folder = argtype(_dataset_folder, "dataset folder")
+DATASET_HELP = ("train on this dataset folder (Parquet shards + manifest.json with its dataset section, data/README.md; "
+                "e.g. from `gemref data movielens`): checked, never regenerated nor written; the preset gives the "
+                "architecture, the manifest the vocab sizes, feature counts and max_len")
+
+
+def add_dataset_arg(p: argparse.ArgumentParser) -> None:
+    """--dataset DIR (a folder that exists; gemref/data/folder.py checks its manifest when the command runs)."""
+    p.add_argument("--dataset", metavar="DIR", type=dataset_folder, default=None, help=DATASET_HELP)
 
 
 # ----------------------------------------------------------------------------- device, preset, ranks

@@ -61,6 +61,11 @@ EXPECT = {
                             and m["autoac_batch"] > m["no_ac_batch"] >= 1 and m["joint_no_worse_than_uniform"]
                             and m["compressed_act_ratio"] < 0.75 and m["compressed_no_ac_batch"] > m["no_ac_batch"]
                             and m["compressed_parity_within_band"]),
+    # MovieLens-100K (or, offline, the made-up sample: then only that the runs were scored): ids carry signal, and
+    # the model beats the eval base rate
+    "12_real_data": lambda m: (m["seeds"] >= 2 and m["ne_like_fast_sd"] >= 0 and (
+        m["dataset"] != "MovieLens-100K" or (m["ne_like_logistic"] < m["ne_like_constant"] and m["ne_like_fast"] < 1
+                                             and m["auc_like_fast"] > 0.6))),
     "11_scale_projection": lambda m: (0 < m["baseline_mfu"] < m["full_ladder_mfu"] < 1 and m["bandwidth_monotonic"]
                                       and m["imbalance_round_robin"] > m["imbalance_balanced"] >= 1
                                       and m["table_sync_gain"] >= 1

@@ -32,6 +32,7 @@ import torch
 from ..autoac.profile import backward_flops, find_batch_size, forward_with_bytes, profile_blocks, step_bytes
 from ..autoac.solver import Plan, applied_plan, solve
 from ..config import PRESETS, Preset, TrainConfig, get_preset, override
+from ..data.folder import dataset_preset
 from ..data.loader import EventDataset, make_loader
 from ..env import versions
 from ..errors import UsageError
@@ -39,7 +40,7 @@ from ..files import write_json
 from ..mfu.flops import executed_flops, model_flops, step_flops
 from ..mfu.meter import mfu, run_peak
 from ..mfu.timing import StepRecord, interleaved, timed_step
-from ..options import add_device_arg, nonnegative_int, output_file, positive_int
+from ..options import add_dataset_arg, add_device_arg, nonnegative_int, output_file, positive_int
 from ..report import format_table
 from ..train import Setup, build_model, forward_loss, make_optimizer, setup, train_step
 
@@ -280,6 +281,7 @@ def batch_gain(b: Bench, memory_budget: int | None = None, max_batch: int | None
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="small", choices=list(PRESETS), help="model/data preset")
+    add_dataset_arg(p)
     p.add_argument("--batch-size", type=positive_int, help="samples per step (default: the preset's)")
     p.add_argument("--budgets", default=",".join(str(x) for x in DEFAULT_BUDGETS),
                    help="activation budgets, fractions of the no-AC bytes (comma separated)")
@@ -307,8 +309,8 @@ def run(args) -> int:
         raise UsageError(f"--budgets are fractions in (0, 1], got {args.budgets}")
     if args.memory_budget_mb is not None and not args.memory_budget_mb > 0:
         raise UsageError(f"--memory-budget-mb must be > 0, got {args.memory_budget_mb}")
-    b = make_bench(args.preset, batch_size=args.batch_size, steps=args.steps_per_strategy, warmup=args.warmup,
-                   device=args.device, compile=args.compile)
+    b = make_bench(dataset_preset(args.preset, args.dataset), batch_size=args.batch_size,
+                   steps=args.steps_per_strategy, warmup=args.warmup, device=args.device, compile=args.compile)
     log = lambda s: print(s, flush=True)   # noqa: E731
     sweep = budget_sweep(b, budgets, pt2=not args.no_pt2, log=log)
     title = (f"AutoAC bench: {b.preset.name}, batch {b.train.batch_size}, kernel {b.s.kernel}, "
@@ -320,7 +322,8 @@ def run(args) -> int:
         print(f"at a 50% budget AutoAC recomputes {d['auto_recompute_pct']:.2f}% of model FLOPs, full AC "
               f"{d['full_recompute_pct']:.2f}% (ratio {d['auto_over_full']:.3f}; target <= 0.5: "
               f"{'met' if d['met'] else 'NOT met'})")
-    record = {"kind": "bench_autoac", "preset": b.preset.name, "batch_size": b.train.batch_size,
+    record = {"kind": "bench_autoac", "preset": b.preset.name, "data": asdict(b.preset.data),
+              "batch_size": b.train.batch_size,
               "kernel": b.s.kernel, "compile": b.train.compile, "steps": args.steps_per_strategy, "warmup": args.warmup,
               "device": {"type": b.device.type, "threads": torch.get_num_threads(), "machine": platform.machine()},
               "versions": versions(),

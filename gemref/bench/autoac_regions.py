@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -34,8 +35,9 @@ from ..autoac.profile import find_batch_size, forward_with_bytes
 from ..autoac.regions import pareto_front, profile_regions, uniform_front, uniform_plan, without_option
 from ..autoac.solver import saved_compression, solve
 from ..errors import UsageError
-from ..options import output_file
-from ..config import override
+from ..options import add_dataset_arg, output_file
+from ..config import Preset, override
+from ..data.folder import dataset_preset
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches
 from ..env import versions
@@ -115,11 +117,11 @@ def step_times(b, formats) -> list[dict]:
     return rows
 
 
-def train_eval_loss(preset: str, seed: int, steps: int, spec: CompressionSpec | None, data_root=None) -> float:
+def train_eval_loss(preset: str | Preset, seed: int, steps: int, spec: CompressionSpec | None, data_root=None) -> float:
     """Eval loss after a real training run (jagged, kernel auto), every block compressed if `spec`."""
     from ..config import get_preset
 
-    p = get_preset(preset)
+    p = get_preset(preset) if isinstance(preset, str) else preset
     s = setup(p, override(p.train, steps=steps, seed=seed, jagged=True, kernel="auto",
                           ac_compress=spec.format if spec else "none"), device="cpu", data_root=data_root, progress=False)
     batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, 0), device=s.device))
@@ -128,7 +130,7 @@ def train_eval_loss(preset: str, seed: int, steps: int, spec: CompressionSpec | 
     return float(evaluate(s, s.train.eval_batches, steps)["eval_loss"])
 
 
-def parity(preset: str, spec: CompressionSpec, seeds: int, steps: int, data_root=None, log=print) -> dict:
+def parity(preset: str | Preset, spec: CompressionSpec, seeds: int, steps: int, data_root=None, log=print) -> dict:
     rows = []
     for seed in range(seeds):
         log(f"training seed {seed} without and with {spec.format} ...")
@@ -144,6 +146,7 @@ def parity(preset: str, spec: CompressionSpec, seeds: int, steps: int, data_root
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny")
+    add_dataset_arg(p)
     p.add_argument("--batch-size", type=int, help="samples per step (default: the preset's)")
     p.add_argument("--format", default="mxfp8", choices=FORMATS, help="compression of the fronts, batch, parity")
     p.add_argument("--formats", default=",".join(FORMATS), help="formats of the memory and step-time tables")
@@ -173,13 +176,15 @@ def run(args) -> int:
                          "--parity-steps >= 1")
     log = lambda s: print(s, flush=True)   # noqa: E731
     spec = CompressionSpec(args.format)
-    b = make_bench(args.preset, batch_size=args.batch_size, steps=args.steps_per_variant, warmup=args.warmup, device="cpu")
+    b = make_bench(dataset_preset(args.preset, args.dataset), batch_size=args.batch_size, steps=args.steps_per_variant,
+                   warmup=args.warmup, device="cpu")
     log("profiling every region (selective, full, compressed) ...")
     front = fronts(b, spec, budgets)
     print(format_table(front["rows"], title=f"fronts: {b.preset.name}, batch {b.train.batch_size}, {args.format}, "
                                             f"no-AC activations {front['base_bytes'] / 2**20:.2f} MiB; joint no worse "
                                             f"than uniform at {front['joint_no_worse_at']}"))
-    record = {"kind": "bench_autoac_regions", "preset": b.preset.name, "batch_size": b.train.batch_size,
+    record = {"kind": "bench_autoac_regions", "preset": b.preset.name, "data": asdict(b.preset.data),
+              "batch_size": b.train.batch_size,
               "format": args.format, "threads": torch.get_num_threads(), "versions": versions(), "fronts": front}
     record["memory"] = memory(b, formats)
     print(format_table(record["memory"], ("format", "act_mb", "vs_none", "compressed_mb", "stored_mb",
@@ -194,7 +199,7 @@ def run(args) -> int:
     print(format_table(record["step_time"], title=f"step time, interleaved with the plain model "
                                                   f"({args.steps_per_variant} steps after {args.warmup} warm-up)"))
     if args.parity_seeds:
-        record["parity"] = parity(b.preset.name, spec, args.parity_seeds, args.parity_steps, log=log)
+        record["parity"] = parity(b.preset, spec, args.parity_seeds, args.parity_steps, log=log)
         par = record["parity"]
         print(format_table(par["rows"], title=f"eval loss after {args.parity_steps} steps"))
         print(f"mean difference {par['mean_difference']:+.4f}, uncompressed seed band {par['seed_band']:.4f}: "

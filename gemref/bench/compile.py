@@ -17,11 +17,13 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+from dataclasses import asdict
 
 import torch
 
-from ..options import add_device_arg, int_at_least, output_file, positive_int
+from ..options import add_dataset_arg, add_device_arg, int_at_least, output_file, positive_int
 from ..config import PRESETS
+from ..data.folder import dataset_preset
 from ..compile import REGION_KINDS, compile_stats, region_inputs, run_region
 from ..mfu.meter import percentile
 from ..mfu.timing import interleaved, stopwatch
@@ -88,6 +90,7 @@ def compare_regions(b: Bench, models: dict, reps: int = 5) -> list[dict]:
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="small", choices=list(PRESETS), help="model/data preset")
+    add_dataset_arg(p)
     p.add_argument("--batch-size", type=positive_int, help="samples per step (default: the preset's)")
     p.add_argument("--steps-per-variant", type=positive_int, default=8,
                    help="timed steps of eager and of compiled (median reported)")
@@ -102,8 +105,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    b = make_bench(args.preset, batch_size=args.batch_size, steps=args.steps_per_variant, warmup=args.warmup,
-                   device=args.device)
+    b = make_bench(dataset_preset(args.preset, args.dataset), batch_size=args.batch_size,
+                   steps=args.steps_per_variant, warmup=args.warmup, device=args.device)
     steps = compare_steps(b)
     regions = compare_regions(b, steps.pop("models"), args.region_reps)
     where = f"{b.preset.name}, jagged, kernel {b.s.kernel}, batch {b.train.batch_size}, {b.device.type} " \
@@ -113,7 +116,8 @@ def run(args) -> int:
     print(f"compiled/eager step time {steps['ratio']:.3f}; compile {steps['compile']['compile_s']:.1f} s once; "
           f"recompiles after warm-up: {steps['rows'][1]['recompiles_after_warmup']}")
     if args.json:
-        write_json(args.json, {"kind": "bench_compile", "preset": b.preset.name, "batch_size": b.train.batch_size,
+        write_json(args.json, {"kind": "bench_compile", "preset": b.preset.name,
+                               "data": asdict(b.preset.data), "batch_size": b.train.batch_size,
                                "kernel": b.s.kernel, "steps": args.steps_per_variant, "warmup": args.warmup,
                                "device": {"type": b.device.type, "threads": torch.get_num_threads(),
                                           "machine": platform.machine()},

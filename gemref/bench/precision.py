@@ -21,8 +21,9 @@ import time
 import torch
 from torch import nn
 
-from ..options import add_device_arg, device_of, nonnegative_int, output_file, positive_int
-from ..config import PRESETS, get_preset, override
+from ..options import add_dataset_arg, add_device_arg, device_of, nonnegative_int, output_file, positive_int
+from ..config import PRESETS, override
+from ..data.folder import dataset_preset
 from ..errors import UsageError
 from ..precision.sqnr import compare_linear
 from ..config import PRECISION_KERNELS as KERNELS, PRECISIONS
@@ -48,6 +49,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=nonnegative_int, default=0)
     parser.add_argument("--preset", choices=list(PRESETS),
                         help="also time whole training steps of this preset per precision")
+    add_dataset_arg(parser)
     parser.add_argument("--steps-per-precision", type=positive_int, default=30,
                         help="optimisation steps of each --preset training run")
     parser.add_argument("--min-dim", type=nonnegative_int, default=64, help="precision_min_dim for --preset runs")
@@ -113,6 +115,8 @@ def bench_shape(m: int, k: int, n: int, precisions: list[str], device: torch.dev
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dataset and not args.preset:
+        raise UsageError("--dataset is the data of the --preset training runs: add --preset NAME")
     device = device_of(args.device)
     shapes = [parse_dims(d) for d in (args.dims or DEFAULT_DIMS[device.type])]
     logging.getLogger("gemref.precision.apply").setLevel(logging.ERROR)  # the table states the path
@@ -141,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
 def whole_steps(args: argparse.Namespace, device: torch.device) -> list[dict]:
     """Train the preset in each precision; one row per precision (step time, MFU, eval loss)."""
-    preset = get_preset(args.preset)
+    preset = dataset_preset(args.preset, args.dataset)
     rows = []
     for precision in args.precisions:
         train = override(preset.train, steps=args.steps_per_precision, precision=precision, precision_kernel=args.kernel,
@@ -154,6 +158,7 @@ def whole_steps(args: argparse.Namespace, device: torch.device) -> list[dict]:
     for r in rows:
         ref = t_ref.get("bf16", t_ref.get("fp32"))
         r["speedup"] = "emulated" if r["path"] == "emulated" else (ref / r["median_step_s"] if ref else None)
-    print(format_table(rows, title=f"whole training steps, {args.preset} preset, {args.steps_per_precision} steps "
+    print(format_table(rows, title=f"whole training steps, {args.preset} preset"
+                                   + (f" on dataset {args.dataset}" if args.dataset else "") + f", {args.steps_per_precision} steps "
                                    f"per precision (speedup vs bf16, else fp32)"))
     return rows

@@ -23,13 +23,15 @@ import argparse
 import statistics
 import time
 from collections import defaultdict
+from dataclasses import asdict
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from ..options import nonnegative_int, output_file, positive_int
-from ..config import PRESETS, get_preset, override
+from ..options import add_dataset_arg, nonnegative_int, output_file, positive_int
+from ..config import PRESETS, override
+from ..data.folder import dataset_preset
 from ..mfu.flops import model_flops
 from ..mfu.op_classes import CLASSES, ancestors_of, op_class
 from ..mfu.peak import device_name, peak_flops
@@ -119,6 +121,7 @@ def _timed(fn: Callable[[], object]) -> float:
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="small", choices=list(PRESETS), help="model/data preset")
+    add_dataset_arg(p)
     p.add_argument("--batch-size", type=positive_int, default=64, help="samples per step")
     p.add_argument("--kernel", default="auto", help="gdpa kernel (auto: the fastest that runs here)")
     p.add_argument("--padded", action="store_true", help="the padded layout instead of jagged")
@@ -180,7 +183,7 @@ def profile_step(s, batch, *, warmup: int = 3, timed_steps: int = 10, profile_st
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    preset = get_preset(args.preset)
+    preset = dataset_preset(args.preset, args.dataset)
     train = override(preset.train, batch_size=args.batch_size, jagged=not args.padded, kernel=args.kernel)
     s = setup(preset, train, device="cpu")
     rec = profile_step(s, sample_batch(s), warmup=args.warmup, timed_steps=args.timed_steps,
@@ -196,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
                        title="GEMM shapes of the step: in the step vs alone on the best path"))
     print(format_table(rec["limits"], title=f"the step and its limits; MFU against {rec['peak_source']}"))
     if args.json:
-        write_json(args.json, {"bench": "step_profile", "preset": preset.name, "batch_size": args.batch_size,
+        write_json(args.json, {"bench": "step_profile", "preset": preset.name, "data": asdict(preset.data),
+                               "batch_size": args.batch_size,
                                "kernel": s.kernel, "jagged": not args.padded, "threads": args.threads,
                                "device": device_name("cpu"), "versions": versions(), **rec})
         print(f"wrote {args.json}")

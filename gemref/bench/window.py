@@ -33,8 +33,9 @@ from typing import Callable
 import torch
 
 from ..attention import ACTIVATIONS, KERNELS, attention_model_flops, gdpa
-from ..options import int_at_least, nonnegative_int, output_file, positive_int
-from ..config import PRESETS, get_preset, override
+from ..options import add_dataset_arg, int_at_least, nonnegative_int, output_file, positive_int
+from ..config import PRESETS, Preset, get_preset, override
+from ..data.folder import dataset_preset
 from ..data.jagged import lengths_to_offsets
 from ..env import versions
 from ..errors import UsageError
@@ -100,14 +101,14 @@ def window_sweep(lengths: list[int], window: int, *, batch: int = 2, heads: int 
     return rows
 
 
-def train_and_evaluate(preset_name: str, window: int | None, seed: int, steps: int, data_root=None) -> dict:
-    """Eval NE/AUC (both tasks) after `steps` training steps (jagged, cpu_jagged) of the preset,
-    its model's window set to `window`."""
+def train_and_evaluate(preset_name: str | Preset, window: int | None, seed: int, steps: int, data_root=None) -> dict:
+    """Eval NE/AUC (both tasks) after `steps` training steps (jagged, cpu_jagged) of the preset
+    (a name, or a Preset: e.g. one on a dataset folder), its model's window set to `window`."""
     from ..data.loader import make_loader
     from ..data.sampler import StepBatches
     from ..train import evaluate, setup
 
-    preset = get_preset(preset_name)
+    preset = get_preset(preset_name) if isinstance(preset_name, str) else preset_name
     preset = replace(preset, model=override(preset.model, window=window))
     train = override(preset.train, steps=steps, seed=seed, jagged=True, kernel="cpu_jagged")
     s = setup(preset, train, device="cpu", data_root=data_root, progress=False)
@@ -118,11 +119,11 @@ def train_and_evaluate(preset_name: str, window: int | None, seed: int, steps: i
     return {m: float(result[m]) for m in METRICS}
 
 
-def quality_cost(preset: str, window: int, seeds: int, steps: int, data_root=None, log=print) -> dict:
+def quality_cost(preset: str | Preset, window: int, seeds: int, steps: int, data_root=None, log=print) -> dict:
     """Paired full/window training runs per seed (see the module docstring)."""
     runs, diffs = [], []
     for seed in range(seeds):
-        log(f"training {preset} seed {seed}: full, then window {window} ...")
+        log(f"training {getattr(preset, 'name', preset)} seed {seed}: full, then window {window} ...")
         pair = {name: train_and_evaluate(preset, w, seed, steps, data_root)
                 for name, w in (("full", None), ("window", window))}
         runs += [{"seed": seed, "variant": name, **m} for name, m in pair.items()]
@@ -136,7 +137,7 @@ def quality_cost(preset: str, window: int, seeds: int, steps: int, data_root=Non
                         "window_mean": statistics.mean(r[m] for r in runs if r["variant"] == "window"),
                         "mean_difference": mean_diff, "full_seed_band": band,
                         "within_band": None if band is None else abs(mean_diff) <= band})
-    return {"preset": preset, "window": window, "steps": steps, "seeds": seeds, "runs": runs,
+    return {"preset": getattr(preset, "name", preset), "window": window, "steps": steps, "seeds": seeds, "runs": runs,
             "differences": diffs, "summary": summary}
 
 
@@ -197,6 +198,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quality-seeds", type=nonnegative_int, default=3,
                    help="training runs per variant for eval NE/AUC (0 skips; 1: no seed band)")
     p.add_argument("--quality-preset", default="tiny", choices=list(PRESETS))
+    add_dataset_arg(p)
     p.add_argument("--quality-window", type=positive_int, default=8, help="the model's window in the quality runs")
     p.add_argument("--quality-steps", type=int_at_least(1), default=150)
     p.add_argument("--quick", action="store_true", help="CI-sized: lengths 256 512 1024, 2 reps, 1 quality seed of 40 steps")
@@ -206,10 +208,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.kernel not in KERNELS:
         raise UsageError(f"--kernel {args.kernel!r}: valid: {', '.join(KERNELS)}")
-    max_len = get_preset(args.quality_preset).model.max_len
+    quality_preset = dataset_preset(args.quality_preset, args.dataset)
+    max_len = quality_preset.model.max_len
     if args.quality_seeds and args.quality_window >= max_len:
         raise UsageError(f"--quality-window {args.quality_window} >= the {args.quality_preset} preset's max_len "
-                         f"{max_len}: that window is full attention")
+                         f"{max_len}" + (f" on dataset {args.dataset}" if args.dataset else "")
+                         + ": that window is full attention")
     if args.quick:
         args.lengths = args.lengths or [256, 512, 1024]
         args.reps = args.reps or 2
@@ -233,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
               "threads": threads, "cpu_count": os.cpu_count(), "load_avg_1min": load, "versions": versions(),
               "attention": rows, "quality": None}
     if args.quality_seeds:
-        quality = quality_cost(args.quality_preset, args.quality_window, args.quality_seeds, args.quality_steps)
+        quality = quality_cost(quality_preset, args.quality_window, args.quality_seeds, args.quality_steps)
         record["quality"] = quality
         band = "seed band of the full runs" if args.quality_seeds >= 2 else "one seed per variant: no seed band"
         print(format_table(quality["summary"], title=f"quality: {args.quality_preset}, {args.quality_steps} steps, "

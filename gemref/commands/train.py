@@ -1,4 +1,5 @@
-"""`gemref train`: train a preset with the chosen switches, print throughput/MFU/NE, write the run record."""
+"""`gemref train`: train a preset (on its synthetic data, or on --dataset DIR) with the chosen switches, print
+throughput/MFU/NE, write the run record (its config names the dataset folder, manifest digest and labels)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..config import ModelConfig, TrainConfig, get_preset, override, parse_mesh
 from ..errors import UsageError
 from ..config.values import parse_field
-from ..options import (add_device_arg, add_preset_arg, argtype, check_local_ranks, check_workers, device_of, output_dir,
+from ..options import (add_dataset_arg, add_device_arg, add_preset_arg, argtype, check_local_ranks, check_workers, device_of, output_dir,
                        output_file, positive_int)
 from .switches import add_train_switches, train_changes, train_config_from_args
 
@@ -22,6 +23,7 @@ HELP = "train a preset, print throughput/MFU/NE, write the run record"
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_preset_arg(p)
+    add_dataset_arg(p)
     add_device_arg(p)
     p.add_argument("--ranks", type=positive_int,
                    help="spawn this many local ranks (gloo on CPU, one per GPU on CUDA; torchrun sets its own). "
@@ -86,6 +88,7 @@ def _print_parallel(record: RunRecord) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from ..data.folder import dataset_preset
     from ..parallel.launch import torchrun_world
     from ..report import fmt, format_table
     from ..report.figures import run_figure, save_figure
@@ -93,14 +96,14 @@ def run(args: argparse.Namespace) -> int:
     from ..step import NonFiniteError
     from ..train import launch_runs
 
-    preset = get_preset(args.preset)
+    base = get_preset(args.preset)
     if args.attention_window is not None:
-        preset = replace(preset, model=override(preset.model, window=args.attention_window))
+        base = replace(base, model=override(base.model, window=args.attention_window))
     device = device_of(args.device)
-    train = plan_ranks(train_config_from_args(args, preset.train), args.ranks, torchrun_world(), device.type,
+    train = plan_ranks(train_config_from_args(args, base.train), args.ranks, torchrun_world(), device.type,
                        mesh_given="mesh" in train_changes(args))
     check_workers(train.num_workers)
-    replace(preset, train=train)        # the preset's checks of the config against its data
+    preset = dataset_preset(base, args.dataset, train)   # the preset's checks of the config against its data
     out = Path(args.out) if args.out else None
     json_path = args.json or (out / "run.json" if out else None)
     try:
@@ -114,6 +117,10 @@ def run(args: argparse.Namespace) -> int:
     record = records[0]
     print(format_table([run_row(record)], title=f"gemref train ({record['device']['name']}, {record['dtype']})"))
     print(f"peak FLOP/s {fmt(record['peak_flops'])} ({record['mfu_basis']}): {record['peak_source']}")
+    data = record["config"]["data"]
+    if "manifest_sha256" in data:       # a dataset folder (--dataset): what the click/conversion columns mean
+        print(f"data: {data['name']} at {data['folder']} (manifest sha256 {data['manifest_sha256'][:16]}...); "
+              f"ne/auc_click: {data['click_label']}; ne/auc_conversion: {data['conversion_label']}")
     if "parallel" in record:
         _print_parallel(record)
     if out:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import get_preset
-from ..options import (add_device_arg, add_preset_arg, device_of, int_at_least, nonnegative_int, output_dir,
+from ..options import (add_dataset_arg, add_device_arg, add_preset_arg, device_of, int_at_least, nonnegative_int, output_dir,
                        output_file, positive_int)
 
 NAME = "waterfall"
@@ -13,6 +13,7 @@ HELP = "the ladder of techniques, one rung at a time: table + figure"
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_preset_arg(p, default="small")
+    add_dataset_arg(p)
     add_device_arg(p)
     p.add_argument("--ranks", type=positive_int, default=1,
                    help="data-parallel ranks (gloo on CPU; CPU: at most 4 per core unless GEMREF_MAX_RANKS=N)")
@@ -43,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
     from ..waterfall import (BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, check_options, notes, run_waterfall,
                              table_rows)
 
-    preset = get_preset(args.preset)
+    from ..data.folder import dataset_preset
+
+    preset = dataset_preset(get_preset(args.preset), args.dataset)
     options = check_options([name.strip() for name in args.options.split(",") if name.strip()])
     device = device_of(args.device).type
     out = Path(args.out)
@@ -54,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     if not record:          # a torchrun rank other than 0
         return 0
     rows = record["rungs"]
-    title = (f"MFU waterfall: {preset.name} preset on {device}, {args.ranks} rank(s); median of {args.windows} "
+    title = (f"MFU waterfall: {preset.name} preset" + (f" on dataset {args.dataset}" if args.dataset else "")
+             + f" on {device}, {args.ranks} rank(s); median of {args.windows} "
              f"interleaved windows x {args.steps_per_window} steps; E2E MFU = local MFU x scaling ratio"
              + (f"; with {', '.join(options)}" if options else ""))
     table, breakdown, footnotes = table_rows(rows), breakdown_rows(rows), notes(record)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ..errors import UsageError
+from .dataset import DatasetFolder
 from .values import check_field_types
 
 ATTENTION_ACTIVATIONS = (
@@ -241,20 +242,55 @@ class TrainConfig:
                              "regions: it needs compile=True")
 
 
+DATA_FIELDS = ("item_vocab", "action_vocab", "time_buckets", "sparse_vocab", "n_dense")   # a dataset's, in a ModelConfig
+
+
 @dataclass(frozen=True)
 class Preset:
+    """A model, its data (the synthetic generator's config, or a dataset folder) and training settings."""
+
     name: str
     model: ModelConfig
-    data: DataConfig
+    data: DataConfig | DatasetFolder
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        if self.data.median_len > self.model.max_len:
+        where = f"the {self.name} preset's" if isinstance(self.data, DataConfig) else f"dataset {self.data.folder}:"
+        if isinstance(self.data, DataConfig) and self.data.median_len > self.model.max_len:
             raise UsageError(f"DataConfig.median_len={self.data.median_len} exceeds the {self.name} preset's "
                              f"max_len={self.model.max_len} (histories are at most max_len events)")
+        if isinstance(self.data, DatasetFolder):
+            for name in DATA_FIELDS:
+                if getattr(self.model, name) != getattr(self.data, name):
+                    raise UsageError(f"{where} ModelConfig.{name}={getattr(self.model, name)} but the dataset's "
+                                     f"{name} is {getattr(self.data, name)} (gemref.config.preset_on_dataset sets it)")
+            if self.model.max_len < self.data.max_len:
+                raise UsageError(f"{where} ModelConfig.max_len={self.model.max_len} is shorter than the dataset's "
+                                 f"longest history, {self.data.max_len} events")
         if self.train.batch_size > self.data.n_train:
-            raise UsageError(f"TrainConfig.batch_size={self.train.batch_size} exceeds the {self.name} preset's "
+            raise UsageError(f"TrainConfig.batch_size={self.train.batch_size} exceeds {where} "
                              f"n_train={self.data.n_train} (each step draws batch_size distinct training samples)")
+
+
+def preset_on_dataset(preset: Preset, data: DatasetFolder, train: TrainConfig | None = None) -> Preset:
+    """The preset's architecture (widths, heads, layers, FFN, attention) and training settings
+    (or `train`, when given) on a dataset: vocab sizes, feature counts and max_len from the data. A preset that cannot hold
+    the data is a UsageError naming the field: histories longer than the preset's max_len (the
+    longest history its architecture is sized for), an attention window beyond the data's
+    longest history, a batch larger than the train split."""
+    arch = preset.model
+    if data.max_len > arch.max_len:
+        raise UsageError(f"dataset {data.folder}: its longest history is {data.max_len} events (manifest "
+                         f"dataset.max_len), more than the {preset.name} preset's ModelConfig.max_len={arch.max_len}: "
+                         f"choose a preset whose max_len is >= {data.max_len} "
+                         f"({', '.join(n for n, p in PRESETS.items() if p.model.max_len >= data.max_len) or 'none'}) "
+                         "or convert the data with shorter histories (gemref data movielens --max-history N)")
+    if arch.window is not None and arch.window > data.max_len:
+        raise UsageError(f"dataset {data.folder}: ModelConfig.window={arch.window} of the {preset.name} preset is "
+                         f"longer than the dataset's longest history ({data.max_len} events): it would be full "
+                         "attention; choose a smaller --attention-window")
+    model = replace(arch, max_len=data.max_len, **{name: getattr(data, name) for name in DATA_FIELDS})
+    return replace(preset, model=model, data=data, train=train or preset.train)
 
 
 PRESETS: dict[str, Preset] = {

@@ -1,11 +1,13 @@
 """Random batches of chosen lengths: for profiling, benchmarks and tests, where what matters is
-the shape of a batch (its history lengths), not the ids in it."""
+the shape of a batch (its history lengths), not the ids in it. A batch "like the preset's data"
+draws its lengths from the synthetic length profile or, for a dataset folder, from the train
+split's length percentiles that its manifest records."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from ..config import ModelConfig, Preset
+from ..config import DatasetFolder, ModelConfig, Preset
 from .jagged import JaggedBatch, lengths_to_offsets
 from .synthetic import draw_lengths
 
@@ -23,11 +25,24 @@ def batch_with_lengths(cfg: ModelConfig, lengths, seed: int = 0) -> JaggedBatch:
                        torch.randint(0, 2, (B, 2), generator=g).float())
 
 
+def lengths_from_percentiles(percentiles, n: int, rng: np.random.Generator) -> np.ndarray:
+    """(n,) int64 lengths drawn from a distribution given by its 101 percentiles (0..100): a
+    uniform draw u in [0, 100] maps to the percentile curve, linearly between the two nearest
+    percentiles, rounded to the nearest event count (inverse-CDF sampling)."""
+    curve = np.asarray(percentiles, dtype=np.float64)
+    u = rng.uniform(0.0, 100.0, size=n)
+    return np.rint(np.interp(u, np.arange(curve.size, dtype=np.float64), curve)).astype(np.int64)
+
+
 def representative_batch(preset: Preset, batch_size: int, device: torch.device | str = "cpu",
                          seed: int = 0) -> JaggedBatch:
-    """A batch shaped like the preset's data (lengths drawn from its length profile): activation
-    memory depends on the lengths, not on the ids."""
-    cfg, data = preset.model, preset.data
-    lengths = draw_lengths(data.length_profile, batch_size, cfg.max_len, min(data.median_len, cfg.max_len),
-                           data.len_sigma, np.random.default_rng([seed, 4242]))
+    """A batch shaped like the preset's data: lengths drawn from its length profile, or from a
+    dataset folder's train-length percentiles (activation memory depends on the lengths, not
+    on the ids)."""
+    cfg, data, rng = preset.model, preset.data, np.random.default_rng([seed, 4242])
+    if isinstance(data, DatasetFolder):
+        lengths = lengths_from_percentiles(data.train_lengths, batch_size, rng)
+    else:
+        lengths = draw_lengths(data.length_profile, batch_size, cfg.max_len, min(data.median_len, cfg.max_len),
+                               data.len_sigma, rng)
     return batch_with_lengths(cfg, lengths, seed).to(device)

@@ -64,14 +64,25 @@ def _check_entry(entry, where: str) -> None:
                          "folder, without '..'")
 
 
-def load_manifest(folder: str | Path) -> dict:
-    """The parsed manifest.json of `folder`, its schema checked (ValueError naming file and entry)."""
+def read_manifest_bytes(folder: str | Path) -> bytes:
+    """The bytes of `folder`'s manifest.json (UsageError when there is none)."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise UsageError(f"{folder}: no {MANIFEST} (generate with `gemref data generate`; "
                          "for your own shards see data/README.md)")
     try:
-        manifest = json.loads(path.read_text())
+        return path.read_bytes()
+    except OSError as e:
+        raise UsageError(f"{path}: cannot be read ({e.strerror})") from None
+
+
+def load_manifest(folder: str | Path, raw: bytes | None = None) -> dict:
+    """The parsed manifest.json of `folder` (or its bytes `raw`, read once by the caller), its
+    schema checked (ValueError naming file and entry)."""
+    path = Path(folder) / MANIFEST
+    raw = read_manifest_bytes(folder) if raw is None else raw
+    try:
+        manifest = json.loads(raw.decode())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict):
@@ -124,10 +135,13 @@ def record_verified(folder: str | Path, digests: dict[str, str]) -> None:
         log.debug("cannot cache shard digests in %s: %s", folder, e)
 
 
-def verified_shards(folder: str | Path, split: str) -> list[Path]:
-    """The shard paths of `split`, each checked against the manifest (size, rows, sha256)."""
+def verified_shards(folder: str | Path, split: str, *, remember: bool = True, manifest: dict | None = None) -> list[Path]:
+    """The shard paths of `split`, each checked against the manifest (size, rows, sha256).
+
+    remember=False never writes into the folder (a user's dataset): digests cached there are
+    used, new ones are not recorded. `manifest`: the already-checked manifest of the folder."""
     folder = Path(folder)
-    manifest = load_manifest(folder)
+    manifest = load_manifest(folder) if manifest is None else manifest
     splits = manifest["splits"]
     if split not in splits:
         raise UsageError(f"{folder}: manifest has no split {split!r}; has {sorted(splits)}")
@@ -156,7 +170,7 @@ def verified_shards(folder: str | Path, split: str) -> list[Path]:
         if rows != entry["rows"]:
             raise UsageError(f"{path}: {rows} rows, the manifest says {entry['rows']}")
         paths.append(path)
-    if hashed:
+    if hashed and remember:
         record_verified(folder, hashed)
     return paths
 

@@ -5,7 +5,8 @@ activation checkpointing, compile, then sharding: tables, then FSDP); nothing el
 applies them (the waterfall, the benches and the chapters build models through here). The
 kernel is resolved once, here (`auto` -> the concrete kernel the model then calls); AutoAC is
 solved once, at the batch each rank runs, unless the config carries its plan (`ac_plan`).
-`setup` adds the data (generated or reused), the optimizer and this rank's batch sampler, and
+`setup` adds the data (gemref's generated cache, or a dataset folder from outside, only
+read), the optimizer and this rank's batch sampler, and
 returns the `Setup` the training loop (gemref/train/loop.py), the waterfall and the benches
 step. Default dtype: fp32 on CPU, bf16 autocast with fp32 master weights on CUDA; `precision`
 selects float8/MXFP8.
@@ -26,10 +27,12 @@ from ..autoac.regions import auto_checkpoint_regions
 from ..autoac.solver import ac_blocks, applied_plan, apply_plan, parse_plan
 from ..balance import SampleCost
 from ..compile import compile_model
-from ..config import Preset, TrainConfig, get_preset
+from ..config import DatasetFolder, Preset, TrainConfig, get_preset
 from ..data.batches import representative_batch
+from ..data.folder import check_lengths, check_unchanged
 from ..data.jagged import JaggedBatch
 from ..data.loader import EventDataset, make_loader
+from ..data.manifest import verified_shards
 from ..data.sampler import BalancedDistributedBatchSampler
 from ..data.shards import dataset_dir, ensure_dataset, shard_paths
 from ..env import resolve_device
@@ -164,15 +167,31 @@ def batch_sampler(lengths, preset: Preset, train: TrainConfig, rank: int, world:
                                            seed=train.seed, policy=policy, drop_last=True)
 
 
+def datasets(preset: Preset, data_root: str | Path | None = None,
+             progress: bool = False) -> tuple[EventDataset, EventDataset]:
+    """The preset's (train, eval) data: a dataset folder from outside (`DatasetFolder`, from
+    `--dataset`) is verified and read, never regenerated nor written; a synthetic `DataConfig`
+    is gemref's own cache, generated or reused under `data_root`."""
+    if isinstance(preset.data, DatasetFolder):
+        check_unchanged(preset.data)
+        folder = preset.data.folder
+        sets = tuple(EventDataset(verified_shards(folder, split, remember=False), preset.model)
+                     for split in ("train", "eval"))
+        check_lengths(preset.data, sets[0].lengths)
+        return sets
+    folder = dataset_dir(preset, data_root)
+    ensure_dataset(preset.model, preset.data, folder, progress=progress)
+    return EventDataset(shard_paths(folder, "train"), preset.model), EventDataset(shard_paths(folder, "eval"), preset.model)
+
+
 def setup(preset: Preset | str, train: TrainConfig | None = None, *, device: str = "auto",
           data_root: str | Path | None = None, progress: bool = False) -> Setup:
+    """A run's Setup: the preset's data (`datasets`), the model with the switches applied
+    (`build_model`), AdamW and this rank's batch sampler."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
     train = train or preset.train
     parallel, dev = parallel_state(train, resolve_device(device))
-    folder = dataset_dir(preset, data_root)
-    ensure_dataset(preset.model, preset.data, folder, progress=progress)
-    train_set = EventDataset(shard_paths(folder, "train"), preset.model)
-    eval_set = EventDataset(shard_paths(folder, "eval"), preset.model)
+    train_set, eval_set = datasets(preset, data_root, progress)
     model, kernel, precision = build_model(preset, train, dev, parallel)
     rank, world = (parallel.rank, parallel.world) if parallel else (0, 1)
     return Setup(preset, train, dev, model, make_optimizer(model, train), train_set, eval_set,

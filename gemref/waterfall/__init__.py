@@ -1,6 +1,7 @@
 """The MFU waterfall: the ladder of docs/design.md (gemref/ladder.py), each rung = the previous + one switch.
 
-Every rung trains the same preset from the same seed, in ONE launch (one process, or
+Every rung trains the same preset from the same seed (on its synthetic data, or on a dataset
+folder: the preset's `data`, which the record names), in ONE launch (one process, or
 `ranks` processes), with the rungs' timed windows interleaved: round k runs window k of
 every rung before any rung's window k+1, so a slow phase of the machine hits every rung
 alike (gemref/waterfall/schedule.py: the order, which rungs are alive together, contended
@@ -93,7 +94,7 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, window
                    config={"model": asdict(preset.model), "train": asdict(c)})
     schedule = ("every rung alive, interleaved" if len(result["groups"]) == 1 else
                 "sliding pairs (the rungs' training state exceeds the memory share for all at once)")
-    record = {"preset": preset.name, "device": device, "ranks": ranks,
+    record = {"preset": preset.name, "data": asdict(preset.data), "device": device, "ranks": ranks,
               "with": {name: WITH_OPTIONS[name] for name in options}, **asdict(settings), "schedule": schedule,
               "groups": result["groups"], "schedstat": result["schedstat"], "retries_used": result["retries_used"],
               "measured_on": provenance(device, ranks), "environment": knobs(), "rungs": rows}
