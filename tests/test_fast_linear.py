@@ -169,3 +169,15 @@ def test_a_2d_output_is_not_a_view():
     x = torch.randn(5, 8, requires_grad=True)
     assert layer(x)._base is None
     assert layer(x.reshape(5, 1, 8)).shape == (5, 1, 2)
+
+
+@pytest.mark.parametrize("x_grad", [True, False])
+def test_flop_counter_sees_the_gemms_inside_the_custom_ops(x_grad):
+    from torch.utils.flop_counter import FlopCounterMode
+    m, k, n = 12, 5, 7
+    x = torch.randn(m, k, requires_grad=x_grad)
+    w = nn.Parameter(torch.randn(n, k))
+    with FlopCounterMode(display=False) as counter:
+        fl.fast_linear(x, w, None, ("onednn", "blas", "onednn")).sum().backward()
+    gemms = 2 if x_grad else 1                         # forward + grad_W, plus grad_x when x needs it
+    assert counter.get_total_flops() == 2 * m * k * n * (1 + gemms)

@@ -34,6 +34,7 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.flop_counter import register_flop_formula
 
 from ..mfu.cpu_probe import CONTENDED_BELOW
 from ..mfu.gemm_paths import MODEL_PATHS, ROLES, check_fp32, linear_gemm, role_operands
@@ -70,16 +71,18 @@ def _(x, weight, bias, plan):
 
 
 @torch.library.custom_op("fastlinear::backward", mutates_args=())
-def _backward(g: Tensor, x: Tensor, weight: Tensor, plan: str) -> tuple[Tensor, Tensor]:
-    """(grad_x = g W, grad_W = g^T x), each GEMM on the plan's path for its role."""
+def _backward(g: Tensor, x: Tensor, weight: Tensor, plan: str, need_x: bool) -> tuple[Tensor, Tensor]:
+    """(grad_x = g W, grad_W = g^T x), each GEMM on the plan's path for its role; grad_x is an
+    empty tensor when the input needs no gradient (its GEMM is not run)."""
     paths = plan.split("/")
     g = g.contiguous()
-    return linear_gemm(paths[1], "grad_input", g, weight), linear_gemm(paths[2], "grad_weight", g, x)
+    grad_x = linear_gemm(paths[1], "grad_input", g, weight) if need_x else g.new_empty(0)
+    return grad_x, linear_gemm(paths[2], "grad_weight", g, x)
 
 
 @_backward.register_fake
-def _(g, x, weight, plan):
-    return g.new_empty(x.shape), g.new_empty(weight.shape)
+def _(g, x, weight, plan, need_x):
+    return g.new_empty(x.shape if need_x else (0,)), g.new_empty(weight.shape)
 
 
 def _setup_context(ctx, inputs, output):
@@ -90,11 +93,23 @@ def _setup_context(ctx, inputs, output):
 
 def _autograd(ctx, grad_out):
     x, weight = ctx.saved_tensors
-    grad_x, grad_w = _backward(grad_out, x, weight, ctx.plan)
-    return grad_x, grad_w, grad_out.sum(0) if ctx.has_bias else None, None
+    need_x = ctx.needs_input_grad[0]
+    grad_x, grad_w = _backward(grad_out, x, weight, ctx.plan, need_x)
+    return grad_x if need_x else None, grad_w, grad_out.sum(0) if ctx.has_bias else None, None
 
 
 _forward.register_autograd(_autograd, setup_context=_setup_context)
+
+
+# FlopCounterMode sees the custom ops, not the GEMMs inside them: their formulas (2 M K N per GEMM).
+@register_flop_formula(torch.ops.fastlinear.forward)
+def _forward_flops(x_shape, w_shape, *args, **kwargs) -> int:
+    return 2 * x_shape[0] * x_shape[1] * w_shape[0]
+
+
+@register_flop_formula(torch.ops.fastlinear.backward)
+def _backward_flops(g_shape, x_shape, w_shape, plan, need_x, *args, **kwargs) -> int:
+    return (1 + bool(need_x)) * 2 * g_shape[0] * x_shape[1] * w_shape[0]    # grad_W = g^T x, and grad_x = g W
 
 
 def fast_linear(x: Tensor, weight: Tensor, bias: Tensor | None, plan: Plan) -> Tensor:
