@@ -389,15 +389,16 @@ def test_with_local_balances_rung_5_locally_and_unknown_options_list_the_valid_o
     assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2)).balance == "kk"
     assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2, ("local",))).balance == "local"
     assert check_options(["window", "local"]) == ("local", "window")        # WITH_OPTIONS' order
-    assert list(WITH_OPTIONS) == ["local", "compressed_ac", "window"]
-    with pytest.raises(UsageError, match="unknown waterfall option.s. 'fast'; valid: local, compressed_ac, window"):
+    assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2, ("shared",))).balance == "shared"
+    assert list(WITH_OPTIONS) == ["local", "shared", "compressed_ac", "window"]
+    with pytest.raises(UsageError, match="unknown waterfall option.s. 'fast'; valid: local, shared, compressed_ac, window"):
         run_waterfall(TINY, options=("local", "fast"))
 
 
 def test_cli_with_an_unknown_option_exits_2_with_one_line(capsys):
     assert main(["waterfall", "--preset", "tiny", "--with", "local,fast"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "valid: local, compressed_ac, window" in err[0], err
+    assert len(err) == 1 and "valid: local, shared, compressed_ac, window" in err[0], err
 
 
 def test_with_window_sets_a_quarter_of_max_len_on_every_rung():

@@ -3,6 +3,7 @@
 Each chapter of the walkthrough opens its idea with one of these, so the picture shows this
 run's data, not a generic cartoon:
 
+    mfu_diagram(model, executed, step_s, peak)  ch00  a step's seconds: useful FLOPs at peak, padding, the rest
     jagged_diagram(lengths, max_len)      ch01  values + offsets against the padded layout
     tiling_diagram(L, block, window)      ch02  which (query, key) tiles a causal flash kernel visits
     activations_diagram()                 ch03  softmax's row normalisation vs pointwise activations
@@ -36,6 +37,33 @@ def _box(fig: go.Figure, x: float, y: float, w: float, h: float, color: str, tex
                                                                                            **line))
     if text:
         fig.add_annotation(x=x + w / 2, y=y + h / 2, text=text, showarrow=False, font=dict(size=11))
+
+
+def mfu_split(model_flops: float, executed_flops: float, step_seconds: float, peak_flops: float) -> dict[str, float]:
+    """A step's seconds as shares (summing to 1): the model's FLOPs at peak (= MFU), the extra
+    FLOPs it executed (padding, masked scores) at peak, and the time not spent at peak."""
+    if not (0 < model_flops <= executed_flops) or step_seconds <= 0 or peak_flops <= 0:
+        raise ValueError(f"need 0 < model ({model_flops}) <= executed ({executed_flops}) FLOPs and a positive "
+                         f"step ({step_seconds} s) and peak ({peak_flops} FLOP/s)")
+    at_peak = step_seconds * peak_flops                                  # FLOPs the step could have done
+    useful, extra = model_flops / at_peak, (executed_flops - model_flops) / at_peak
+    if useful + extra > 1:
+        raise ValueError(f"the step executed {executed_flops:.3g} FLOPs in {step_seconds:.3g} s: above the peak "
+                         f"{peak_flops:.3g} FLOP/s")
+    return {"model FLOPs at peak (MFU)": useful, "extra executed FLOPs at peak": extra,
+            "below peak (memory, overhead, idle)": 1 - useful - extra}
+
+
+def mfu_diagram(model_flops: float, executed_flops: float, step_seconds: float, peak_flops: float,
+                title: str = "what MFU counts: one step's seconds") -> go.Figure:
+    """One bar of a step's time split as `mfu_split` says: only the first segment is MFU."""
+    split = mfu_split(model_flops, executed_flops, step_seconds, peak_flops)
+    fig = go.Figure([go.Bar(y=["step"], x=[100 * v], name=k, orientation="h", marker_color=c,
+                            text=f"{100 * v:.1f}%", textposition="inside")
+                     for (k, v), c in zip(split.items(), (PALETTE[0], PALETTE[1], "#DDDDDD"))])
+    fig.update_layout(barmode="stack", title=title, template=TEMPLATE, height=260, xaxis_title="% of the step's seconds",
+                      legend=dict(orientation="h", y=-0.5))
+    return fig
 
 
 def jagged_diagram(lengths: Sequence[int], max_len: int, title: str = "one batch: jagged vs padded") -> go.Figure:
