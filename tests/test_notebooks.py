@@ -211,3 +211,26 @@ def test_mxfp8_chapter_refuses_one_seed(tmp_path):
     with pytest.raises(UsageError, match=r"notebook 09_mxfp8: .* refused a parameter: SEEDS=1: a seed band needs "
                                          r"at least 2 seeds per precision"):
         run_notebooks("ci", tmp_path / "out", names=["09_mxfp8"], params={"SEEDS": 1}, log=lambda s: None)
+
+
+def _printed(executed_path: Path) -> str:
+    nb = nbformat.read(executed_path, as_version=4)
+    return "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if o.get("name") == "stdout")
+
+
+def test_a_chapters_findings_follow_its_run_when_the_outcome_flips(tmp_path):
+    """Chapter 11 run twice, its two length tails in rising and in falling order (the projection is
+    analytic, so each run's straggler factors are exact): the printed finding says "rises" for one
+    and "falls" for the other, and quotes the factors in the order it ran them."""
+    sigmas = [0.6, 1.2]
+    rows = run_notebooks("ci", tmp_path, names=["11_scale_projection"], log=lambda s: None,
+                         params={"BANDWIDTH_SCALES": [1.0, 2.0], "TABLE_SYNC_EVERY": [1, 10]},
+                         grid={"LEN_SIGMAS": [sigmas, sigmas[::-1]]})
+    assert len(rows) == 2
+    lines = [next(line for line in _printed(tmp_path / f"11_scale_projection-{i:03d}.ipynb").splitlines()
+                  if line.startswith("As the log-normal sigma")) for i in (0, 1)]
+    assert "goes 0.6 -> 1.2, round robin's straggler factor rises" in lines[0], lines[0]
+    assert "goes 1.2 -> 0.6, round robin's straggler factor falls" in lines[1], lines[1]
+    forward = re.search(r"rises \(([^)]*)\)", lines[0]).group(1).split(", ")
+    backward = re.search(r"falls \(([^)]*)\)", lines[1]).group(1).split(", ")
+    assert forward == backward[::-1] and float(forward[0]) < float(forward[1])
