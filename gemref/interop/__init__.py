@@ -1,0 +1,6 @@
+"""TorchRec interoperability: gemref's jagged batches as KeyedJaggedTensors, TorchRec as the sparse engine.
+
+Importing this package never imports TorchRec: `lib.torchrec()` does, on first use, and a
+missing or broken TorchRec is a one-line `UsageError`, so the native path never needs it.
+  * `kjt.py`: JaggedBatch <-> KeyedJaggedTensor, lossless both ways.
+"""

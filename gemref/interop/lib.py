@@ -1,0 +1,39 @@
+"""The one place gemref imports TorchRec (lazily: `torchrec()` on first use).
+
+TorchRec 1.8.0 runs on torch 2.13 CPU with fbgemm-gpu-cpu 1.8.0 (requirements-nodeps.txt).
+Importing it makes fbgemm_gpu emit DeprecationWarnings about its own modules (the CPU wheel
+lacks the SSD optimizers, and an old module name is deprecated); exactly those are ignored
+here, every other warning passes.
+"""
+from __future__ import annotations
+
+import importlib
+import warnings
+from types import ModuleType
+
+from ..errors import UsageError
+
+INSTALL_HINT = ("pip install --no-deps torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0 plus their pure-Python needs "
+                "(requirements-nodeps.txt; `make venv` installs them)")
+
+
+def torchrec() -> ModuleType:
+    """The `torchrec` package (with `torchrec.distributed` loaded); a UsageError saying why when it cannot load."""
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"fbgemm_gpu(\.|$)")
+            module = importlib.import_module("torchrec")
+            importlib.import_module("torchrec.distributed")
+    except (ImportError, OSError, RuntimeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"TorchRec is not usable here ({type(e).__name__}: {reason}); {INSTALL_HINT}") from e
+    return module
+
+
+def available() -> bool:
+    """Whether `torchrec()` would succeed (imports it if so)."""
+    try:
+        torchrec()
+    except UsageError:
+        return False
+    return True
