@@ -1,7 +1,14 @@
 """Where and with what a run happens: the device, the CPU, the versions and git sha a record names.
 
 Cross-cutting helpers used by train, the benches and the waterfall (nothing here imports
-another gemref module except the package version).
+another gemref module except the package version and gemref.errors).
+
+Every environment variable gemref reads is checked where it is read, by one helper per kind
+(`env_choice`, `env_count`, `env_folder`, `env_threads`); `check_environment` runs them all
+before a run starts (`resolve_device`). A value set but empty, negative, non-numeric or not a
+usable folder is a UsageError naming the variable and its valid values: unset it for the
+default. OMP_NUM_THREADS set but empty is refused too (libgomp calls it invalid, then uses
+every core: a silent fallback); a comma list ("4,1", OpenMP's nesting levels) is allowed.
 """
 from __future__ import annotations
 
@@ -16,14 +23,86 @@ from pathlib import Path
 import torch
 
 from . import __version__
+from .errors import UsageError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Environment variables that change what a run computes or how fast: every record names them.
 KNOBS = ("GEMREF_GDPA", "GEMREF_CPU_GEMM", "OMP_NUM_THREADS", "TRITON_INTERPRET")
 
 
+def _refuse(name: str, value: str, valid: str) -> UsageError:
+    return UsageError(f"{name}={value!r}; valid: {valid} (or unset it for the default)")
+
+
+def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    """$name as one of `choices` (case and surrounding blanks ignored); `default` when unset."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    if value.strip().lower() not in choices:
+        raise _refuse(name, value, ", ".join(choices))
+    return value.strip().lower()
+
+
+def _positive(text: str) -> bool:
+    text = text.strip()
+    return text.isascii() and text.isdecimal() and int(text) >= 1
+
+
+def env_count(name: str) -> int | None:
+    """$name as an integer >= 1; None when unset."""
+    value = os.environ.get(name)
+    if value is not None and not _positive(value):
+        raise _refuse(name, value, "an integer >= 1")
+    return None if value is None else int(value)
+
+
+def env_threads(name: str = "OMP_NUM_THREADS") -> str | None:
+    """$name as OpenMP reads it: integers >= 1, comma-separated per nesting level; None when unset."""
+    value = os.environ.get(name)
+    if value is not None and not all(_positive(p) for p in value.split(",")):
+        raise _refuse(name, value, "an integer >= 1, or a comma list of them (OpenMP nesting levels)")
+    return value
+
+
+def env_folder(name: str) -> Path | None:
+    """$name as a folder path (absolute, or relative to the current folder; it need not exist
+    yet); None when unset. Refused: empty, blanks around it, control characters, a leading
+    '~' (the shell did not expand it) and an existing file."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    valid = "a folder path, absolute or relative, without a leading '~' (write $HOME)"
+    if not value or value != value.strip() or not value.isprintable() or value.startswith("~"):
+        raise _refuse(name, value, valid)
+    if Path(value).exists() and not Path(value).is_dir():
+        raise UsageError(f"{name}={value}: is a file, not a folder; valid: {valid}")
+    return Path(value)
+
+
+# Every variable gemref reads, with its check (GEMREF_GDPA: attention/triton/variant.py, read
+# on the Triton path and checked by train/compose.setup).
+CHECKS = {"GEMREF_CPU_GEMM": lambda name: env_choice(name, ("auto", "blas", "onednn"), "auto"),
+          "GEMREF_MAX_RANKS": env_count, "GEMREF_CACHE_DIR": env_folder, "GEMREF_DATA_DIR": env_folder,
+          "OMP_NUM_THREADS": env_threads}
+
+
+def check_environment() -> None:
+    """UsageError for the first variable of CHECKS set to a value gemref cannot use."""
+    for name, check in CHECKS.items():
+        check(name)
+
+
+def cache_root() -> Path:
+    """$GEMREF_CACHE_DIR, else $XDG_CACHE_HOME/gemref, else ~/.cache/gemref (not created here)."""
+    return env_folder("GEMREF_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or
+                                                  Path.home() / ".cache") / "gemref"
+
+
 def resolve_device(name: str = "auto") -> torch.device:
-    """auto -> cuda when available, else cpu; an unavailable or unknown device is a ValueError."""
+    """auto -> cuda when available, else cpu; an unavailable or unknown device is a ValueError.
+    The environment is checked first (`check_environment`): every run resolves its device."""
+    check_environment()
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name not in ("cpu", "cuda"):
@@ -34,7 +113,8 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def knobs() -> dict[str, str | None]:
-    """{knob: its value here, None when unset} for every KNOBS entry."""
+    """{knob: its value here, None when unset} for every KNOBS entry (checked: `check_environment`)."""
+    check_environment()
     return {name: os.environ.get(name) for name in KNOBS}
 
 

@@ -161,10 +161,11 @@ def max_local_ranks(device_type: str) -> tuple[int, str]:
 
         n = torch.cuda.device_count()
         return n, f"one rank per GPU and this host has {n}; use torchrun across hosts for more"
-    if os.environ.get(MAX_RANKS_ENV):
-        value = os.environ[MAX_RANKS_ENV]
-        limit = _number(int, value, f"{MAX_RANKS_ENV} to be an integer >= 1", lambda v: v >= 1)
-        return limit, f"{MAX_RANKS_ENV}={value}"
+    from .env import env_count
+
+    limit = env_count(MAX_RANKS_ENV)
+    if limit is not None:
+        return limit, f"{MAX_RANKS_ENV}={limit}"
     cores = os.cpu_count() or 1
     return RANKS_PER_CPU * cores, (f"{RANKS_PER_CPU} one-thread ranks per CPU core x {cores} cores; "
                                    f"set {MAX_RANKS_ENV}=N to allow N")

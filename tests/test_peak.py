@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gemref.mfu import cpu_probe, gemm_paths, peak
-from gemref.env import CpuInfo
+from gemref.env import CpuInfo, cpu_info
 from gemref.mfu.cpu_probe import ProbeResult
 
 ZEN4 = CpuInfo("AuthenticAMD", 25, 17, 1, "AMD EPYC", ("fma", "avx2", "avx512f"), cores=2)
@@ -121,19 +121,19 @@ def test_the_first_uncontended_attempt_is_kept_and_cached(cache_dir, monkeypatch
 
 
 def test_the_cache_keeps_the_best_uncontended_figure(cache_dir, monkeypatch):
-    probes_return(monkeypatch, fake_result(300e9))
-    assert peak.cpu_peak().flops == 300e9
+    probes_return(monkeypatch, fake_result(100e9))          # the ceiling: 32 x 3.5 GHz = 112 GFLOP/s
+    assert peak.cpu_peak().flops == 100e9
     probes_return(monkeypatch, fake_result(90e9))           # a slower (uncontended) probe
-    assert peak.cpu_peak_report(refresh=True)["flops"] == 300e9
-    probes_return(monkeypatch, fake_result(320e9))
-    assert peak.cpu_peak_report(refresh=True)["flops"] == 320e9
-    assert list(cached(cache_dir).values())[0]["flops"] == 320e9
+    assert peak.cpu_peak_report(refresh=True)["flops"] == 100e9
+    probes_return(monkeypatch, fake_result(110e9))
+    assert peak.cpu_peak_report(refresh=True)["flops"] == 110e9
+    assert list(cached(cache_dir).values())[0]["flops"] == 110e9
 
 
 def test_a_corrupt_cache_is_probed_over(cache_dir, monkeypatch):
     (cache_dir / "cpu_peak.json").write_text("{not json")
-    probes_return(monkeypatch, fake_result(200e9))
-    assert peak.cpu_peak().flops == 200e9
+    probes_return(monkeypatch, fake_result(100e9))
+    assert peak.cpu_peak().flops == 100e9
 
 
 # ---------------------------------------------------------------- the ISA ceiling
@@ -252,10 +252,14 @@ def test_gemref_peak_cuda_without_a_gpu_exits_2(capsys):
 
 
 def test_gemref_peak_on_cpu_prints_every_path_and_the_ceiling(tmp_path):
-    """The subprocess finds this entry under its own key (same CPU, 1 thread): no probe runs."""
+    """The subprocess finds this entry under its own key (same CPU, 1 thread): no probe runs. It
+    shows the ISA ceiling computed now, not the stored one (the entry is under that ceiling)."""
     fields = peak.key_fields(threads=1)
-    rates = {"blas": {"512x512x512": 111e9}, "onednn": {"512x512x512": 245e9}}
-    entry = {"flops": 245e9, "path": "onednn", "shape": [512, 512, 512], "rates": rates,
+    cpu = cpu_info()
+    now = cpu_probe.isa_ceiling(cpu, 1, *cpu_probe.measure_clock_hz())["flops"]
+    best = round(0.5 * now / 1e9) * 1e9 if now else 245e9
+    rates = {"blas": {"512x512x512": 11e9}, "onednn": {"512x512x512": best}}
+    entry = {"flops": best, "path": "onednn", "shape": [512, 512, 512], "rates": rates,
              "excluded": {"mkl_packed": "not in this torch build"}, "cpu_share": 0.99, "threads": 1,
              "seconds": 1.0, "contended": False, "attempts": 1, "measured_at": "test",
              "ceiling": {"flops": 256e9, "flop_per_cycle_per_core": 64, "isa": "avx512f", "fp32_lanes": 16,
@@ -264,8 +268,9 @@ def test_gemref_peak_on_cpu_prints_every_path_and_the_ceiling(tmp_path):
     (tmp_path / "cpu_peak.json").write_text(json.dumps({peak.cache_key(fields): entry}))
     out = gemref_peak("--json", str(tmp_path / "p.json"), env={"GEMREF_CACHE_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
-    assert "CPU fp32 peak: 245 GFLOP/s via onednn" in out.stdout
-    for text in ("blas", "111", "excluded: not in this torch build", "ISA ceiling: 256 GFLOP/s", "96% of it",
-                 "test row", "cache"):
+    assert f"CPU fp32 peak: {best / 1e9:.0f} GFLOP/s via onednn" in out.stdout
+    for text in ("blas", "11", "excluded: not in this torch build", "ISA ceiling", cpu_probe._core_spec(cpu).label,
+                 "cache"):
         assert text in out.stdout
+    assert "test row" not in out.stdout and "ISA ceiling: 256 GFLOP/s" not in out.stdout
     assert json.loads((tmp_path / "p.json").read_text())["probe"]["rates"] == rates

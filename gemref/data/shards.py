@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from ..config import DataConfig, ModelConfig, Preset
+from ..env import env_folder
 from ..errors import UsageError
 from .folder import describe
 from .manifest import load_manifest, verified_shards, write_manifest
@@ -148,10 +149,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]   # the source checkout, when
 
 def default_data_root() -> Path:
     """$GEMREF_DATA_DIR, else data/generated in a source checkout, else ~/.cache/gemref/data."""
-    if os.environ.get("GEMREF_DATA_DIR"):
-        root = Path(os.environ["GEMREF_DATA_DIR"])
-        if root.exists() and not root.is_dir():
-            raise UsageError(f"GEMREF_DATA_DIR={root}: is a file, not a folder")
+    root = env_folder("GEMREF_DATA_DIR")
+    if root is not None:
         return root
     if (PROJECT_ROOT / "pyproject.toml").exists():
         return PROJECT_ROOT / "data" / "generated"

@@ -12,19 +12,23 @@ for CPUs.
   every attempt was contended the best is used for this process only (labelled so). The
   cache keeps the best uncontended figure ever measured: a later probe never lowers it (a peak
   too low would inflate MFU); `refresh=True` (`gemref peak --refresh`) probes again.
+  The cache is trusted only when it is this user's alone (files.private_path), and an entry
+  only when it is well formed, for these threads and at most ABOVE x the ISA ceiling
+  computed now (with a clock measured now): otherwise it is probed again, with the reason logged.
 """
 from __future__ import annotations
 
 import json
-import os
+import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..files import write_json
-from ..env import CpuInfo, cpu_info
+from ..files import private_path, write_json
+from ..env import CpuInfo, cache_root, cpu_info
 from .cpu_probe import CONTENDED_BELOW, isa_ceiling, measure_clock_hz, probe
 from .gpu_table import gpu_peak_flops
 
@@ -32,6 +36,7 @@ PROBE_VERSION = 2      # bump when the probe's paths or shapes change: old cache
 ATTEMPTS = 3
 FAR_BELOW = 0.5        # footnote when the probe reaches under this share of the ISA ceiling
 ABOVE = 1.05           # ... or more than this share (the ceiling's assumptions do not fit)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,8 +62,8 @@ def gpu_peak(name: str, dtype: str) -> Peak:
 
 # --- the CPU cache ----------------------------------------------------------------------
 def cache_path() -> Path:
-    root = os.environ.get("GEMREF_CACHE_DIR") or Path.home() / ".cache" / "gemref"
-    return Path(root) / "cpu_peak.json"
+    """$GEMREF_CACHE_DIR/cpu_peak.json (env.cache_root), once the folder and file are checked as ours."""
+    return private_path(cache_root(), "cpu_peak.json")
 
 
 def key_fields(cpu: CpuInfo | None = None, threads: int | None = None) -> dict:
@@ -83,7 +88,31 @@ def read_cache() -> dict:
 def write_cache_entry(key: str, entry: dict) -> None:
     cache = read_cache()
     cache[key] = entry
-    write_json(cache_path(), cache)
+    write_json(cache_path(), cache, mode=0o600)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def untrusted(entry, fields: dict, ceiling: dict) -> str | None:
+    """Why a cached peak record cannot be used here (None: it can)."""
+    if not isinstance(entry, dict):
+        return "not a record"
+    if not (_number(entry.get("flops")) and entry["flops"] > 0 and _number(entry.get("cpu_share"))
+            and isinstance(entry.get("path"), str) and isinstance(entry.get("rates"), dict)
+            and all(isinstance(r, dict) for r in entry["rates"].values())
+            and isinstance(entry.get("shape"), (list, tuple)) and len(entry["shape"]) == 3
+            and all(isinstance(v, int) and v > 0 for v in entry["shape"])):
+        return "malformed (flops, cpu_share, path, rates or shape missing or not numbers)"
+    if entry.get("threads") != fields["threads"]:
+        return f"measured with {entry.get('threads')!r} threads, not {fields['threads']}"
+    if entry["cpu_share"] < CONTENDED_BELOW:
+        return f"a contended probe ({entry['cpu_share']:.0%} of its cores)"
+    if ceiling.get("flops") and entry["flops"] > ABOVE * ceiling["flops"]:
+        return (f"{entry['flops'] / 1e9:.1f} GFLOP/s is above the ISA ceiling computed now "
+                f"({ceiling['flops'] / 1e9:.1f} GFLOP/s, {ceiling['isa']})")
+    return None
 
 
 # --- the CPU peak -----------------------------------------------------------------------
@@ -133,13 +162,19 @@ def cpu_peak_report(refresh: bool = False) -> dict:
     if key in _PROBED and not refresh:
         return _PROBED[key]
     cached = read_cache().get(key)
-    cached = cached if isinstance(cached, dict) and isinstance(cached.get("flops"), (int, float)) else None
+    ceiling = isa_ceiling(cpu, fields["threads"], *measure_clock_hz())
+    why = untrusted(cached, fields, ceiling) if cached is not None else "none cached for this CPU, threads and torch"
+    if why is not None:
+        (log.info if cached is None else log.warning)("CPU peak cache %s: %s; probing", cache_path(), why)
+        cached = None
+    else:
+        cached = dict(cached, ceiling=ceiling)     # the ceiling as computed now, not as stored
     if cached is not None and not refresh:
         record, origin = cached, f"cache {cache_path()} (measured {cached.get('measured_at')})"
     else:
         record = _measure()
-        record["ceiling"] = isa_ceiling(cpu, record["threads"], *measure_clock_hz())
-        if not record["contended"] and (cached is None or record["flops"] > cached["flops"]):
+        record["ceiling"] = ceiling
+        if untrusted(record, fields, ceiling) is None and (cached is None or record["flops"] > cached["flops"]):
             write_cache_entry(key, record)
         origin = "probe now" + (" (contended: not cached)" if record["contended"] else "")
         if cached is not None and cached["flops"] >= record["flops"]:

@@ -27,7 +27,6 @@ forward and backward on random shapes.
 """
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
@@ -36,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import register_flop_formula
 
+from ..env import env_choice
 from ..mfu.cpu_probe import CONTENDED_BELOW
 from ..mfu.gemm_paths import MODEL_PATHS, ROLES, check_fp32, linear_gemm, role_operands
 from ..mfu.peak import cache_key, key_fields, read_cache, write_cache_entry
@@ -49,10 +49,7 @@ Plan = tuple[str, str, str]      # path per ROLES entry
 
 
 def gemm_mode() -> str:
-    mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if mode not in MODES:
-        raise ValueError(f"{ENV}={mode!r}; valid: {', '.join(MODES)}")
-    return mode
+    return env_choice(ENV, MODES, "auto")
 
 
 def _plan_text(plan: Plan) -> str:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import resolve_model_kernel
+from ..attention.triton.variant import current_variant
 from ..autoac.compress import CompressionSpec
 from ..autoac.profile import auto_checkpoint
 from ..autoac.regions import auto_checkpoint_regions
@@ -190,6 +191,7 @@ def setup(preset: Preset | str, train: TrainConfig | None = None, *, device: str
     (`build_model`), AdamW and this rank's batch sampler."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
     train = train or preset.train
+    current_variant()        # GEMREF_GDPA checked before any work (resolve_device checks the other knobs)
     parallel, dev = parallel_state(train, resolve_device(device))
     train_set, eval_set = datasets(preset, data_root, progress)
     model, kernel, precision = build_model(preset, train, dev, parallel)

@@ -10,6 +10,12 @@ and feature flags, and the cache folder is `$GEMREF_CACHE_DIR/cpu_fused` (defaul
 so one compiles and the others load its result; a library is written to a temporary name
 and renamed, so a killed build never leaves a half-written one.
 
+Loading a library runs its code, so a library is loaded only from a folder that is this
+user's alone (files.private_path: else a UsageError) and only if its sha256 is the one
+recorded beside it (`<library>.sha256`, written atomically) by the build that made it: a
+missing or different digest (a library planted, truncated, or built before digests were
+recorded) is logged and the library rebuilt, never loaded.
+
 `library()` returns the loaded library, or the reason it cannot (no compiler, a failed
 build): the kernel reports that reason as unavailable and `kernel="auto"` falls back.
 """
@@ -25,7 +31,8 @@ import subprocess
 import threading
 from pathlib import Path
 
-from ...env import cpu_info
+from ...env import cache_root, cpu_info
+from ...files import atomic_write_text, private_path
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +45,7 @@ _loaded: dict[str, ctypes.CDLL | str] = {}
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("GEMREF_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or
-                                                      Path.home() / ".cache") / "gemref"
-    return Path(root) / "cpu_fused"
+    return cache_root() / "cpu_fused"
 
 
 def compiler() -> str | None:
@@ -62,13 +67,31 @@ def _key(cxx: str) -> str:
     return h.hexdigest()[:20]
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def unverified(target: Path) -> str | None:
+    """Why the library `target` must not be loaded (None: its sha256 is the one its build recorded)."""
+    if not target.exists():
+        return "not built yet"
+    private_path(target.parent, target.name)
+    try:
+        recorded = private_path(target.parent, target.name + ".sha256").read_text().strip()
+    except FileNotFoundError:
+        return "no sha256 recorded for it"
+    return None if _sha256(target) == recorded else "its sha256 is not the one recorded when it was built"
+
+
 def _build(cxx: str, target: Path) -> str | None:
-    """Compiles SOURCE into target (atomically); the error's last line, or None."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Compiles SOURCE into target (atomically), recording its sha256 first; the error's last line, or None."""
     with open(target.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.exists():
+        why = unverified(target)           # another process may have built it while this one waited
+        if why is None:
             return None
+        if why != "not built yet":
+            log.warning("cpu_fused: rebuilding %s: %s", target, why)
         log.info("compiling the cpu_fused attention kernel (once per machine, ~30 s): %s", target)
         tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
         try:
@@ -81,6 +104,8 @@ def _build(cxx: str, target: Path) -> str | None:
             tmp.unlink(missing_ok=True)
             lines = [line for line in proc.stderr.splitlines() if line.strip()]
             return f"{cxx} failed (exit {proc.returncode}): {lines[-1] if lines else 'no output'}"
+        os.chmod(tmp, 0o755)
+        atomic_write_text(target.with_name(target.name + ".sha256"), _sha256(tmp) + "\n", mode=0o644)
         os.replace(tmp, target)
     return None
 
@@ -111,12 +136,13 @@ def _load() -> ctypes.CDLL | str:
         return "no C++ compiler found (set $CXX or install g++)"
     target = cache_dir() / f"cpu_fused-{_key(cxx)}.so"
     try:
-        error = None if target.exists() else _build(cxx, target)
+        private_path(target.parent)
+        error = None if unverified(target) is None else _build(cxx, target)
     except OSError as e:
         return f"cannot build into {target.parent}: {e}"
     if error is not None:
         return error
     try:
         return _declare(ctypes.CDLL(str(target)))
-    except OSError as e:
+    except (OSError, AttributeError) as e:
         return f"cannot load {target}: {e}"

@@ -40,6 +40,8 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import Iterator
 
+from ...errors import UsageError
+
 ENV_VAR = "GEMREF_GDPA"
 PASSES = ("fwd", "dkdv", "dq")
 SCHEDULES = ("lpt", "grouped")
@@ -142,7 +144,7 @@ class Variant:
 
 
 _stack: list[Variant] = []
-_env_cache: dict[str, Variant] = {}
+_env_cache: dict[str | None, Variant] = {}
 
 
 @contextlib.contextmanager
@@ -165,9 +167,15 @@ def current_variant() -> Variant:
     """The innermost use_variant block's variant, else GEMREF_GDPA's, else the defaults."""
     if _stack:
         return _stack[-1]
-    text = os.environ.get(ENV_VAR, "")
+    text = os.environ.get(ENV_VAR)
     if text not in _env_cache:
-        _env_cache[text] = Variant.parse(text)
+        valid = f"valid: flag[=value],... of {', '.join(f.name for f in fields(Variant))}, or unset it for the defaults"
+        if text is not None and not text.strip():
+            raise UsageError(f"{ENV_VAR}={text!r}; {valid}")
+        try:
+            _env_cache[text] = Variant.parse(text or "")
+        except ValueError as e:
+            raise UsageError(f"{ENV_VAR}={text!r}: {e} ({valid})") from None
     return _env_cache[text]
 
 

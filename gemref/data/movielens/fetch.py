@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ...env import cache_root
 from ...errors import UsageError
 from ..manifest import sha256_file
 
@@ -26,9 +27,7 @@ DOWNLOAD_TIMEOUT_S = 300    # the whole pip run
 
 def wheel_cache() -> Path:
     """$GEMREF_CACHE_DIR/movielens (default ~/.cache/gemref/movielens)."""
-    root = os.environ.get("GEMREF_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or
-                                                      Path.home() / ".cache") / "gemref"
-    return Path(root) / "movielens"
+    return cache_root() / "movielens"
 
 
 def _pip_error(stderr: str) -> str:
