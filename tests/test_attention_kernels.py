@@ -14,12 +14,13 @@ import logging
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from torch.utils.flop_counter import FlopCounterMode
 
+from gemref.attention import testing
 from gemref.attention.testing import (CPU_KERNEL_EXAMPLES, HEAD_DIMS, LOGIT_SCALES, TILE_LIMITS, assert_matches,
-                             attention_case, counted, kernel_settings, make_inputs, reference_results, run,
-                             tile_limits)
+                             attention_case, case_scale, counted, error_floor, kernel_settings, make_inputs,
+                             reference_results, run, tile_limits)
 from gemref.attention import ACTIVATIONS, KERNELS, gdpa, resolve_kernel
 from gemref.attention import api
 from gemref.mfu.memory import track_peak_memory
@@ -30,8 +31,10 @@ CPU_KERNELS = ["sdpa", "cpu_jagged", "cpu_fused"]
 WIDE = dict(long_len=300, head_dims=HEAD_DIMS, logit_scales=LOGIT_SCALES, tile_limits=TILE_LIMITS)
 # bf16 results, element-wise against the float64 oracle on the same bf16-rounded inputs:
 # one bf16 rounding (2^-8 relative; 2^-7 allowed) plus an absolute allowance per tensor,
-# the larger of a fraction of the case's scale and twice the error of the plain reference
-# kernel run in the precision the fast kernel computes in (BF16_BASELINE_DTYPE; the
+# the largest of a fraction of the case's scale, the absolute floor of the precision the
+# kernel computes in (BF16_BASELINE_DTYPE; gemref.attention.testing.error_floor: the case's
+# scale can be 0) and twice the error of the plain reference
+# kernel run in that precision (the
 # FlashAttention rule "no worse than twice the naive kernel"). The baseline covers what no
 # fixed fraction can: float32 gelu is exactly 0 below s ~ -5.7 (1 + erf cancels), so a case
 # whose every result is tiny is off by ~100% of its scale in any float32 kernel.
@@ -44,6 +47,20 @@ BF16_REL = 2 ** -7
 BF16_ATOL = {"cpu_jagged": 2e-5, "cpu_fused": 2e-5, "sdpa": 1e-1}
 BF16_BASELINE_DTYPE = {"cpu_jagged": torch.float32, "cpu_fused": torch.float32, "sdpa": torch.bfloat16}
 BF16_WIDE = {"cpu_jagged": WIDE, "cpu_fused": WIDE, "sdpa": {**WIDE, "logit_scales": tuple(x for x in LOGIT_SCALES if x <= 3)}}
+# Known-hard cases, run as explicit examples by every profile (ci's derandomized draws never
+# met them; `make test-kernels`' fresh draws did): one query over one key, gelu at logits x10,
+# its score far in gelu's negative tail, so the oracle's four tensors are 0 or ~1e-70 (the
+# case's scale S ~ 0). The first: cpu_fused's float32 gelu gives a subnormal 1.7e-39 (its exp
+# clamps at e^-87) where the oracle gives 0, against a bound of 3.6e-73 derived from S alone;
+# the second: cpu_fused gives -3.8e-17 where the float64 oracle's own gelu has cancelled to -0.
+GELU_TAIL_CASES = [
+    {"q_lens": [1], "kv_lens": [1], "cross": False, "causal": False, "window": None, "activation": "gelu",
+     "heads": 1, "qk_scale": None, "out_scale": 1.0, "seed": 2094, "head_dim": 16, "logit_scale": 10.0,
+     "tile_limit": None},
+    {"q_lens": [1], "kv_lens": [1], "cross": False, "causal": False, "window": None, "activation": "gelu",
+     "heads": 1, "qk_scale": None, "out_scale": 1.0, "seed": 2, "head_dim": 8, "logit_scale": 10.0,
+     "tile_limit": None},
+]
 
 
 def precise(kernel: str, device: str) -> tuple[torch.dtype, float]:
@@ -73,19 +90,22 @@ def for_kernel(kernel: str, case: dict) -> dict:
 
 def check(kernel: str, case: dict, device: str, head_dim: int | None = None) -> None:
     """The kernel in its most precise dtype against the float64 oracle, element-wise
-    (float64: 1e-12 of the entry plus 1e-12 of the case's scale)."""
+    (float64: 1e-12 of the entry plus 1e-12 of the case's scale, never below the absolute
+    floor of the dtype, gemref.attention.testing.error_floor)."""
     case = for_kernel(kernel, case)
     head_dim = head_dim or case.get("head_dim", 8)
     dtype, rel = precise(kernel, device)
     expected = reference_results(case, head_dim)
     with tile_limits(case.get("tile_limit")):
         actual = run(kernel, case, *make_inputs(case, head_dim, dtype, device))
-    assert_matches(actual, expected, rel, f"{kernel}/{device} {case}", atol=rel)
+    assert_matches(actual, expected, rel, f"{kernel}/{device} {case}", atol=rel, dtype=dtype)
 
 
 @pytest.mark.parametrize("kernel", CPU_KERNELS)
 @kernel_settings(at_least=CPU_KERNEL_EXAMPLES)
 @given(case=attention_case(**WIDE))
+@example(case=GELU_TAIL_CASES[0])
+@example(case=GELU_TAIL_CASES[1])
 @counted
 def test_cpu_kernel_matches_reference(kernel, case):
     check(kernel, case, "cpu")
@@ -103,11 +123,13 @@ def bfloat16_check(kernel: str, case: dict) -> None:
     baseline = run("reference", case, *make_inputs(case, D, BF16_BASELINE_DTYPE[kernel], "cpu",
                                                    round_to=torch.bfloat16))
     assert_matches(actual, expected, BF16_REL, f"{kernel} bf16 {case}", atol=BF16_ATOL[kernel],
-                   baseline=baseline)
+                   baseline=baseline, dtype=BF16_BASELINE_DTYPE[kernel])
 
 
 @kernel_settings(at_least=CPU_KERNEL_EXAMPLES // 4)
 @given(case=attention_case(**BF16_WIDE["cpu_jagged"]))
+@example(case=GELU_TAIL_CASES[0])
+@example(case=GELU_TAIL_CASES[1])
 @counted
 def test_cpu_jagged_bfloat16_matches_rounded_reference(case):
     bfloat16_check("cpu_jagged", case)
@@ -115,6 +137,8 @@ def test_cpu_jagged_bfloat16_matches_rounded_reference(case):
 
 @kernel_settings(at_least=CPU_KERNEL_EXAMPLES // 4)
 @given(case=attention_case(**BF16_WIDE["cpu_fused"]))
+@example(case=GELU_TAIL_CASES[0])
+@example(case=GELU_TAIL_CASES[1])
 @counted
 def test_cpu_fused_bfloat16_matches_rounded_reference(case):
     """bf16 in, float32 inside: cpu_fused's vectorised float32 path (its float64 path is the
@@ -127,6 +151,50 @@ def test_cpu_fused_bfloat16_matches_rounded_reference(case):
 @counted
 def test_sdpa_bfloat16_matches_rounded_reference(case):
     bfloat16_check("sdpa", case)
+
+
+def test_gelu_tail_case_fails_the_old_bound_and_passes_with_the_floor(monkeypatch):
+    """The `make test-kernels` failure: bf16 cpu_fused, one query, one key, gelu at logits x10.
+    The kernel's result is a float32 subnormal, the oracle's 0, the case's scale ~1e-70: the
+    old bound (rel * |e| + atol * S, no floor) fails the kernel on ~1e-39, the floored one
+    passes it (gemref.attention.testing.error_floor)."""
+    case = GELU_TAIL_CASES[0]
+    expected = reference_results(case, case["head_dim"], round_to=torch.bfloat16)
+    assert case_scale(expected) < 1e-60
+    out = run("cpu_fused", case, *make_inputs(case, case["head_dim"], torch.bfloat16, "cpu"))[0]
+    tiny = torch.finfo(torch.float32).tiny   # float32's (and bf16's) smallest normal
+    assert 0 < abs(float(out[0, 0, 0])) < tiny and float(out.abs().max()) < 4 * tiny   # underflow, not 0
+    monkeypatch.setattr(testing, "error_floor", lambda dtype, expected: 0.0)   # the old bound
+    with pytest.raises(AssertionError, match=r"out\[0, 0, 0\] = .*e-39, expected 0 .*> bound .*e-73"):
+        bfloat16_check("cpu_fused", case)
+    monkeypatch.undo()
+    bfloat16_check("cpu_fused", case)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_error_floor_is_positive_for_an_all_zero_reference(dtype):
+    """An all-zero (or empty) oracle still gets FLOOR_ULPS unit roundoffs of the unit scale,
+    and at least the dtype's smallest normal per summed term (300 rows here); a zero result
+    passes it, an error of twice the floor does not."""
+    zeros = [torch.zeros(300, 2, 8, dtype=torch.float64) for _ in range(4)]
+    floor = error_floor(dtype, zeros)
+    assert floor >= testing.FLOOR_ULPS * torch.finfo(dtype).eps / 2 > 0
+    assert floor >= 300 * torch.finfo(dtype).tiny   # 300 terms, each underflowing
+    assert error_floor(dtype, [torch.zeros(0, 2, 8, dtype=torch.float64)] * 4) > 0
+    assert_matches([z.to(dtype) for z in zeros], zeros, 1e-12, "zeros", atol=1e-12, dtype=dtype)
+    assert_matches([z.to(dtype) + floor / 2 for z in zeros], zeros, 1e-12, "half the floor", atol=1e-12, dtype=dtype)
+    with pytest.raises(AssertionError, match="bound"):
+        assert_matches([z.to(dtype) + 2 * floor for z in zeros], zeros, 1e-12, "twice the floor", atol=1e-12,
+                       dtype=dtype)
+
+
+def test_the_floor_never_loosens_a_unit_size_case():
+    """For a case of scale S >= 1 the floor (FLOOR_ULPS u(dtype) S) stays below each check's own
+    atol * S, so it only decides where S < 1: float64 (atol 1e-12), the bf16 properties'
+    float32 (cpu_jagged, cpu_fused) and bf16 (sdpa) computations."""
+    assert error_floor(torch.float64, [torch.ones(1)]) < 1e-12
+    for kernel, atol in BF16_ATOL.items():
+        assert error_floor(BF16_BASELINE_DTYPE[kernel], [torch.ones(1)]) < atol, kernel
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

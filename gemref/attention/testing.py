@@ -121,18 +121,86 @@ def reference_results(case: dict, head_dim: int, device: str = "cpu",
     return [out.detach(), *(torch.zeros_like(x) if g is None else g for x, g in zip((q, k, v), grads))]
 
 
+# ----------------------------------------------------------- error bounds, in one place
+# Every element-wise bound of the kernel properties is
+#
+#     |a - e| <= rel * |e| + max(atol * S, 2 * baseline error, floor),
+#     floor = max(FLOOR_ULPS * u(dtype) * max(1, S), n * tiny(dtype))
+#
+# with S the case's scale (the largest |entry| of the oracle's out, dq, dk, dv), n a bound on
+# the terms one result sums (reduction_length), tiny the dtype's smallest normal and u(dtype)
+# the unit roundoff of the precision the kernel computes in (2^-53 float64, 2^-24 float32,
+# 2^-8 bf16; for bf16 inputs computed in float32, float32's). rel * |e| and atol * S shrink
+# with the results, and S can be 0 or arbitrarily small: gelu with every score far in its
+# negative tail (one query over one key at logits x10) gives an oracle whose four tensors are
+# all 0 or ~1e-70, and a bound of ~1e-74, while any kernel builds those results from unit-size
+# inputs (q, k, v, dO are N(0, 1) draws): what it gets wrong there is rounding of unit-size
+# quantities, not a fraction of a result that is not there. Two examples, both legitimate:
+#   * float32 exp underflows: cpu_fused clamps exp's argument at -87, so its gelu tail is
+#     |s| * t * e^-87 ~ 1e-39 (a subnormal) where the oracle has 0 (u32 = 6e-8 is 3e31 times that);
+#   * the float64 oracle's gelu, 0.5 s (1 + erf(s / sqrt 2)), cancels: 1 + erf is 0 below
+#     s ~ -8.4 and off by ~u64 above, so the oracle itself is off by up to 0.5 * 8.4 * u64
+#     ~ 4 u64 a term (measured: <= 0.9 u64 at s in -9..-5), where cpu_fused's float32 erfc
+#     is relatively accurate (its -3.8e-17 against the oracle's -0 at s ~ -8.7 is the
+#     oracle's error, 0.3 u64, not the kernel's).
+# The floor is FLOOR_ULPS unit roundoffs of the unit scale (or of S when larger): a result
+# of a few rounded operations on unit-size operands; and never below the dtype's smallest
+# normal times the terms a result sums (where a sum underflows, each term may lose up to
+# that). The first decides for float64, float32 and bf16 (16 * 2^-24 = 9.5e-7 > 300 keys *
+# float32's smallest normal 1.2e-38, by 30 orders), the second only for float16 (smallest
+# normal 6.1e-5: 300 terms give 0.018 > 16 * 2^-11 = 0.0078). The rounding part is,
+# for S >= 1, below every check's own atol * S (16 u is 1.8e-15 against float64's 1e-12,
+# 9.5e-7 against the float32-computed bf16 kernels' 2e-5, 0.0625 against sdpa-bf16's 0.1):
+# it only ever decides where S < 1, never loosens a case whose results are unit-size.
+# The checks without atol (Triton, the CUDA wiring: max error within rel * max(1, largest
+# |entry|) of each tensor) carry the same floor already: rel of the unit scale.
+FLOOR_ULPS = 16
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """u = eps / 2: the largest relative error of one correctly rounded operation."""
+    return torch.finfo(dtype).eps / 2
+
+
+def case_scale(expected: list[torch.Tensor]) -> float:
+    """S: the largest |entry| of the oracle's tensors (0 for an all-zero or empty case)."""
+    return max([float(e.abs().max()) for e in expected if e.numel()] + [0.0])
+
+
+def reduction_length(expected: list[torch.Tensor]) -> int:
+    """An upper bound on the terms any one result sums: the query rows (a key's dk, dv sum
+    over queries), the key rows (a query's out, dq over keys), the head dim (a score)."""
+    dims = [e.shape[0] for e in expected if e.dim()] + [expected[0].shape[-1] if expected and expected[0].dim() else 1]
+    return max(dims + [1])
+
+
+def error_floor(dtype: torch.dtype, expected: list[torch.Tensor]) -> float:
+    """The absolute error no element-wise bound goes below (the reasoning: the block above):
+    FLOOR_ULPS * u(dtype) * max(1, S), and at least the dtype's smallest normal for each
+    term a result sums (underflow; decides only for float16, whose smallest normal is 6e-5);
+    positive for an all-zero reference."""
+    rounding = FLOOR_ULPS * unit_roundoff(dtype) * max(1.0, case_scale(expected))
+    return max(rounding, reduction_length(expected) * torch.finfo(dtype).tiny)
+
+
 def assert_matches(actual: list[torch.Tensor], expected: list[torch.Tensor], rel: float, what: str,
-                   atol: float | None = None, baseline: list[torch.Tensor] | None = None) -> None:
+                   atol: float | None = None, baseline: list[torch.Tensor] | None = None,
+                   dtype: torch.dtype | None = None) -> None:
     """Each of out, dq, dk, dv against the oracle.
 
-    With `atol`: element-wise |a - e| <= rel * |e| + atol * S, S the largest |entry| of the
-    four expected tensors (the case's scale: a gradient that is exactly 0 in the oracle,
-    e.g. softmax over one key, comes out as rounding noise of terms of that size).
-    Without it (the old check): max abs error within `rel` of that tensor's largest entry.
+    With `atol`: element-wise |a - e| <= rel * |e| + max(atol * S, error_floor), S the
+    largest |entry| of the four expected tensors (the case's scale: a gradient that is
+    exactly 0 in the oracle, e.g. softmax over one key, comes out as rounding noise of
+    terms of that size) and the floor FLOOR_ULPS unit roundoffs of `dtype` (the precision
+    the kernel computes in; default the results' own) times max(1, S), for the cases
+    whose S is 0 or tiny (the block above).
+    Without it (the old check): max abs error within `rel` of max(1, that tensor's largest
+    entry) (its floor: rel of the unit scale).
     With `baseline` (a plain implementation run in the same low precision): the absolute
     allowance of each tensor is at least twice the baseline's largest error there, the
     FlashAttention test rule "no worse than twice the naive kernel in the same dtype"."""
-    scale = max([float(e.abs().max()) for e in expected if e.numel()] + [0.0])
+    scale = case_scale(expected)
+    floor = error_floor(dtype or actual[0].dtype, expected)
     baseline = baseline or [None] * len(expected)
     for name, a, e, b in zip(("out", "dq", "dk", "dv"), actual, expected, baseline):
         a = a.detach().to("cpu", torch.float64)
@@ -145,7 +213,7 @@ def assert_matches(actual: list[torch.Tensor], expected: list[torch.Tensor], rel
             top = max(1.0, float(e.abs().max()))
             assert float(err.max()) <= rel * top, f"{what}: {name} max error {float(err.max()):.3g} > {rel} x {top:.3g}"
             continue
-        allowance = atol * scale
+        allowance = max(atol * scale, floor)
         if b is not None and b.numel():
             allowance = max(allowance, 2 * float((b.detach().to("cpu", torch.float64) - e).abs().max()))
         bound = rel * e.abs() + allowance
