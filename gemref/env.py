@@ -82,7 +82,8 @@ def env_folder(name: str) -> Path | None:
 
 # Every variable gemref reads, with its check (GEMREF_GDPA: attention/triton/variant.py, read
 # on the Triton path and checked by train/compose.setup).
-CHECKS = {"GEMREF_CPU_GEMM": lambda name: env_choice(name, ("auto", "blas", "onednn"), "auto"),
+CPU_GEMM_MODES = ("auto", "blas", "onednn")       # GEMREF_CPU_GEMM (precision/fast_linear.py)
+CHECKS = {"GEMREF_CPU_GEMM": lambda name: env_choice(name, CPU_GEMM_MODES, "auto"),
           "GEMREF_MAX_RANKS": env_count, "GEMREF_CACHE_DIR": env_folder, "GEMREF_DATA_DIR": env_folder,
           "OMP_NUM_THREADS": env_threads}
 

@@ -35,13 +35,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import register_flop_formula
 
-from ..env import env_choice
+from ..env import CPU_GEMM_MODES, env_choice
 from ..mfu.cpu_probe import CONTENDED_BELOW
 from ..mfu.gemm_paths import MODEL_PATHS, ROLES, check_fp32, linear_gemm, role_operands
 from ..mfu.peak import cache_key, key_fields, read_cache, write_cache_entry
 
 ENV = "GEMREF_CPU_GEMM"
-MODES = ("auto", "blas", "onednn")
+MODES = CPU_GEMM_MODES
 SAMPLES = 5
 MARGIN = 0.05            # onednn must be this much faster (median) to replace blas for a role
 MAX_CALL_FLOPS = 0.25e9
