@@ -56,6 +56,14 @@ def test_tiny_run_writes_its_record_and_its_gemm_flops_match_the_flop_counter(tm
     assert set(classes) == {"gemm", "attention", "elementwise", "optimizer", "communication", "other"}
     assert classes["gemm"] > 0 and classes["attention"] > 0 and classes["optimizer"] > 0
     assert sum(classes.values()) == pytest.approx(1e3 * record["profiled_step_s"], rel=1e-6)
+    # "other" op by op adds up to the class (the untraced remainder is its last-named row), and
+    # holds none of the ops the other classes took
+    assert sum(r["ms_per_step"] for r in record["other_ops"]) == pytest.approx(classes["other"], rel=1e-9)
+    names = [r["op"] for r in record["other_ops"]]
+    assert "(untraced: Python, autograd engine, gaps)" in names and "what 'other' is, op by op" in printed
+    assert not {"aten::mm", "aten::addmm", "optimizer", "fastlinear::forward"} & set(names)
+    assert [r["ms_per_step"] for r in record["other_ops"]] == sorted((r["ms_per_step"] for r in record["other_ops"]),
+                                                                     reverse=True)
     for row in record["gemm_shapes"]:
         assert row["best_gflops_per_s"] == max(row["rates"].values()) > 0
     # Oracle: torch's FlopCounterMode on the same step counts the GEMMs outside attention

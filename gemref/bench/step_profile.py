@@ -62,20 +62,26 @@ def _gemm_shape(name: str, shapes: list) -> tuple[int, int, int, int] | None:
     return None
 
 
-def classify(prof, steps: int) -> tuple[dict[str, float], dict[tuple, dict]]:
+OTHER_ROWS = 15      # rows of the printed "other" table (the record holds every op)
+UNTRACED = "(untraced: Python, autograd engine, gaps)"
+
+
+def classify(prof, steps: int) -> tuple[dict[str, float], dict[tuple, dict], dict[str, dict]]:
     """(seconds per step by class (gemref/mfu/op_classes.py), {(B, M, K, N): {"calls", "seconds"}
-    per step} of the GEMM ops)."""
+    per step} of the GEMM ops, {op name: {"calls", "seconds"} per step} of the ops classed other)."""
     seconds: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
     shapes: dict[tuple, dict] = defaultdict(lambda: {"calls": 0.0, "seconds": 0.0})
+    other: dict[str, dict] = defaultdict(lambda: {"calls": 0.0, "seconds": 0.0})
     for e in prof.events():
         cls = op_class(e.name, ancestors_of(e))
         s = e.self_cpu_time_total / 1e6 / steps
         seconds[cls] += s
         shape = _gemm_shape(e.name, e.input_shapes) if cls == "gemm" else None
-        if shape is not None:
-            shapes[shape]["calls"] += 1 / steps
-            shapes[shape]["seconds"] += s
-    return seconds, dict(shapes)
+        use = shapes[shape] if shape is not None else other[e.name] if cls == "other" else None
+        if use is not None:
+            use["calls"] += 1 / steps
+            use["seconds"] += s
+    return seconds, dict(shapes), dict(other)
 
 
 def _paths(b: int, m: int, k: int, n: int) -> dict[str, Callable[[], object]]:
@@ -137,7 +143,8 @@ def profile_step(s, batch, *, warmup: int = 3, timed_steps: int = 10, profile_st
                  probe_reps: int = 20) -> dict:
     """Steps 1-3 of the module docstring for a built Setup `s` (gemref.train.setup) on one batch:
     {"step_wall_s", "step_cpu_s" (lists, seconds), "profiled_step_s", "profiled_step_cpu_s",
-    "classes" (ms per step and share, profiled), "gemm_shapes", "limits" (step_ms and MFU of the
+    "classes" (ms per step and share, profiled), "gemm_shapes", "other_ops" (the ops classed other,
+    largest first, with the untraced remainder as one row), "limits" (step_ms and MFU of the
     step, with GEMMs at the best probed rate, with GEMMs at the peak), "model_flops",
     "peak_flops", "peak_source"}."""
     for _ in range(warmup):
@@ -153,8 +160,10 @@ def profile_step(s, batch, *, warmup: int = 3, timed_steps: int = 10, profile_st
             s.step(batch)
         profiled_s = (time.perf_counter() - t0) / profile_steps
         profiled_cpu_s = (time.process_time() - c0) / profile_steps
-    seconds, shapes = classify(prof, profile_steps)
-    seconds["other"] += max(0.0, profiled_s - sum(seconds.values()))   # untraced Python and gaps
+    seconds, shapes, other = classify(prof, profile_steps)
+    untraced = max(0.0, profiled_s - sum(seconds.values()))             # untraced Python and gaps
+    seconds["other"] += untraced
+    other[UNTRACED] = {"calls": 0.0, "seconds": untraced}
     gemm_rows = []
     for (b, m, k, n), use in sorted(shapes.items(), key=lambda kv: -kv[1]["seconds"]):
         probe = probe_gemm(b, m, k, n, probe_reps)
@@ -176,6 +185,9 @@ def profile_step(s, batch, *, warmup: int = 3, timed_steps: int = 10, profile_st
             "classes": [{"class": c, "ms_per_step": 1e3 * seconds[c], "share": seconds[c] / profiled_s}
                         for c in CLASSES],
             "gemm_shapes": gemm_rows,
+            "other_ops": [{"op": name, "calls_per_step": use["calls"], "ms_per_step": 1e3 * use["seconds"],
+                           "share_of_step": use["seconds"] / profiled_s}
+                          for name, use in sorted(other.items(), key=lambda kv: -kv[1]["seconds"])],
             "limits": [{"case": case, "step_ms": 1e3 * t, "mfu": model / t / peak.flops if peak.flops else None}
                        for case, t in limits.items()],
             "model_flops": model, "peak_flops": peak.flops, "peak_source": peak.source}
@@ -194,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
           f"{1e3 * statistics.median(rec['step_cpu_s']):.1f} ms over {args.timed_steps} steps ({where}); profiled "
           f"step {1e3 * rec['profiled_step_s']:.1f} ms wall, {1e3 * rec['profiled_step_cpu_s']:.1f} ms CPU")
     print(format_table(rec["classes"], title="time per op class (self CPU time, profiled steps)"))
+    print(format_table(rec["other_ops"][:OTHER_ROWS], title=f"what 'other' is, op by op (self CPU time; the "
+                       f"{OTHER_ROWS} largest of {len(rec['other_ops'])})"))
     print(format_table(rec["gemm_shapes"], ["shape_bmkn", "calls_per_step", "ms_per_step", "step_gflops_per_s",
                                             "best_gflops_per_s", "best_path", "best_ms_per_step"],
                        title="GEMM shapes of the step: in the step vs alone on the best path"))
