@@ -11,8 +11,8 @@ import argparse
 from dataclasses import fields
 from typing import Callable
 
-from ..config import (AC_COMPRESSIONS, AC_MODES, BACKENDS, BALANCE_POLICIES, PRECISION_KERNELS, PRECISIONS,
-                      SPARSE_SHARDINGS)
+from ..config import (AC_COMPRESSIONS, AC_MODES, BACKENDS, BALANCE_POLICIES, EMBEDDING_ENGINES, PRECISION_KERNELS,
+                      PRECISIONS, SPARSE_SHARDINGS, TORCHREC_SHARDINGS)
 from ..config import TrainConfig, override
 from ..errors import UsageError
 from ..config.values import field_types, parse_as, parse_field
@@ -60,6 +60,10 @@ HELP = {
     "precision": "rung 7: Linear GEMM precision (auto: fp32 on CPU, bf16 on CUDA)",
     "precision_kernel": "float8/MXFP8 GEMM path",
     "precision_min_dim": "Linear layers with min(in, out) below this stay in high precision",
+    "embeddings": "embedding engine: native tables, or TorchRec's EmbeddingCollection/EmbeddingBagCollection "
+                  "(sharded by DistributedModelParallel with --ranks)",
+    "torchrec_sharding": "with --embeddings torchrec and ranks: auto (TorchRec's planner) or one sharding type "
+                         "for every table",
 }
 CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
     "kernel": _kernels,
@@ -70,6 +74,8 @@ CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
     "balance": lambda: BALANCE_POLICIES,
     "sparse_sharding": lambda: SPARSE_SHARDINGS,
     "backend": lambda: BACKENDS,
+    "embeddings": lambda: EMBEDDING_ENGINES,
+    "torchrec_sharding": lambda: TORCHREC_SHARDINGS,
 }
 CHECKPOINT_FIELDS = ("checkpoint_dir", "checkpoint_every", "resume", "checkpoint_overwrite")   # `train` only
 

@@ -75,8 +75,14 @@ def _print_parallel(record: RunRecord) -> None:
     par, comm = record["parallel"], record["comm"]
     rows = [{**t, "param_bytes": m["params"], "optimizer_bytes": m["optimizer"]}
             for t, m in zip(record["ranks"], record["memory_per_rank"])]
+    engine = record.get("embeddings")
+    tables = "torchrec" if engine else par["sparse_sharding"]
     print(format_table(rows, title=f"per rank: mesh {par['mesh']} on {par['backend']}, balance {par['balance']}, "
-                                   f"tables {par['sparse_sharding']} (medians over timed steps)"))
+                                   f"tables {tables} (medians over timed steps)"))
+    if engine:
+        plan = [{"table": name, **entry} for name, entry in engine["plan"].items()]
+        print(format_table(plan, title=f"TorchRec plan ({engine['sharding']}), tables trained by fused "
+                                       f"{engine['optimizer']} lr {engine['lr']:g}"))
     print(format_table(comm["by_kind"], columns=["kind", "dim", "recorded_count", "recorded_bytes", "analytic_bytes",
                                                  "ratio", "seconds"],
                        title="collectives of one step, all ranks (recorded vs analytic payload bytes)"))

@@ -21,6 +21,8 @@ ATTENTION_ACTIVATIONS = (
 LENGTH_PROFILES = ("skewed", "uniform", "fixed")
 BALANCE_POLICIES = ("none", "round_robin", "lpt", "kk", "local", "shared")   # gemref/balance/ (none: equal counts)
 SPARSE_SHARDINGS = ("none", "row", "table")               # gemref/parallel/sparse.py
+EMBEDDING_ENGINES = ("native", "torchrec")                # gemref/interop/tables.py
+TORCHREC_SHARDINGS = ("auto", "table_wise", "row_wise", "column_wise")   # every table, EC and EBC alike
 BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/comm.py
 AC_MODES = ("none", "full", "auto", "pt2")
 # Saved activations stored compressed (gemref/autoac/compress.py FORMATS; a test keeps them equal):
@@ -189,6 +191,21 @@ class TrainConfig:
     precision: str = "auto"     # rung 7: auto (fp32 on CPU, bf16 on CUDA) or one of PRECISIONS
     precision_kernel: str = "auto"  # float8/MXFP8 GEMMs: auto | native | emulated
     precision_min_dim: int = 64     # Linear layers with min(in, out) below this stay high precision
+    embeddings: str = "native"      # embedding engine: native nn.Embedding tables or TorchRec (EC/EBC, DMP)
+    torchrec_sharding: str = "auto"  # embeddings torchrec with ranks: auto (TorchRec's planner) or one sharding type
+
+    def _check_embeddings(self) -> None:
+        """The TorchRec engine shards its tables itself: the native table sharding and checkpoints
+        (DCP of TorchRec's sharded tables is not wired) do not combine with it."""
+        _one_of(self, "embeddings", EMBEDDING_ENGINES)
+        _one_of(self, "torchrec_sharding", TORCHREC_SHARDINGS)
+        if self.embeddings == "torchrec" and self.sparse_sharding != "none":
+            raise UsageError(f"embeddings='torchrec' and sparse_sharding={self.sparse_sharding!r} both shard the "
+                             "tables: TorchRec plans its own (--torchrec-sharding); drop --sparse-sharding")
+        if self.embeddings == "native" and self.torchrec_sharding != "auto":
+            raise UsageError(f"torchrec_sharding={self.torchrec_sharding!r} is read only with embeddings='torchrec'")
+        if self.embeddings == "torchrec" and self.checkpoint_dir:
+            raise UsageError("embeddings='torchrec' does not save checkpoints yet: drop checkpoint_dir")
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -207,6 +224,7 @@ class TrainConfig:
                             ("backend", BACKENDS), ("ac", AC_MODES), ("ac_compress", AC_COMPRESSIONS)):
             _one_of(self, name, valid)
         parse_mesh(self.mesh)
+        self._check_embeddings()
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise UsageError("checkpoint_every and resume need checkpoint_dir")
         if self.checkpoint_dir and not (self.checkpoint_every or self.resume):

@@ -2,5 +2,8 @@
 
 Importing this package never imports TorchRec: `lib.torchrec()` does, on first use, and a
 missing or broken TorchRec is a one-line `UsageError`, so the native path never needs it.
-  * `kjt.py`: JaggedBatch <-> KeyedJaggedTensor, lossless both ways.
+  * `kjt.py`: JaggedBatch <-> KeyedJaggedTensor, lossless both ways;
+  * `tables.py`: a GEMRef's tables as one EmbeddingCollection + one EmbeddingBagCollection
+    (`TrainConfig.embeddings="torchrec"`, swapped in by train/compose.py from outside);
+  * `sharders.py`: TorchRec's planner, CPU sharders, DistributedModelParallel over the ranks.
 """

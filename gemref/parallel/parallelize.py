@@ -74,14 +74,17 @@ def parallel_state(train: TrainConfig, device: torch.device) -> tuple[ParallelSt
     return state, local_device(device.type)
 
 
-def parallelize(model: nn.Module, train: TrainConfig, state: ParallelState, device: torch.device) -> None:
+def parallelize(model: nn.Module, train: TrainConfig, state: ParallelState, device: torch.device,
+                ignored: nn.Module | None = None) -> None:
     """The last thing applied to the model. Replicated (mesh Rx1, tables not sharded): DDP's
     bucketed all-reduce overlapped with the backward (replicate.py). Otherwise sparse tables
-    first (FSDP must ignore them), then FSDP."""
+    first (FSDP must ignore them), then FSDP. `ignored`: a module sharded and updated by someone
+    else (TorchRec's tables), left out of DDP and FSDP."""
     if state.shape.shard == 1 and train.sparse_sharding == "none":
-        apply_replicate(model, state.mesh)
+        apply_replicate(model, state.mesh, ignored_modules=[ignored] if ignored is not None else ())
         return
-    ignored = shard_tables(model, state.mesh, train.sparse_sharding)
+    ignored = shard_tables(model, state.mesh, train.sparse_sharding) + \
+        (list(ignored.parameters()) if ignored is not None else [])
     apply_fsdp(model, state.mesh, device, reshard_after_forward=train.reshard_after_forward,
                ignored_params=ignored)
 

@@ -32,10 +32,13 @@ def _sum_hook(group, bucket):   # no annotations: DDP checks them literally (not
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def apply_replicate(model: nn.Module, mesh: DeviceMesh, bucket_mb: float = BUCKET_MB) -> None:
-    """DDP in place over the mesh's "replicate" dim, gradients summed (module doc)."""
+def apply_replicate(model: nn.Module, mesh: DeviceMesh, bucket_mb: float = BUCKET_MB,
+                    ignored_modules=()) -> None:
+    """DDP in place over the mesh's "replicate" dim, gradients summed (module doc); `ignored_modules`
+    keep their parameters out of it."""
     from torch.distributed._composable.replicate import replicate
 
     group = mesh.get_group("replicate")
-    replicate(model, process_group=group, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
+    replicate(model, ignored_modules=list(ignored_modules) or None, process_group=group, bucket_cap_mb=bucket_mb,
+              gradient_as_bucket_view=True)
     model.register_comm_hook(group, _sum_hook)

@@ -109,6 +109,7 @@ class RunRecord(MeterSummary):
     memory_per_rank: NotRequired[list[dict[str, Any]]]
     comm: NotRequired[dict[str, Any]]
     ac_compression: NotRequired[dict[str, Any]]  # ac_compress != none: format, bytes per value, per-step counts
+    embeddings: NotRequired[dict[str, Any]]   # embeddings torchrec: engine, table optimizer, per-table plan
     peak_memory_bytes: NotRequired[int]        # the MemoryRecord keys, when memory was measured
     peak_memory_method: NotRequired[str]
 
@@ -139,7 +140,8 @@ def run_record(preset: Preset, train: TrainConfig, *, kernel: str, precision: Pr
                device: torch.device, ranks: int, compile: dict | None, ac_plan: dict | None,
                parameters: int, start_step: int, summary: MeterSummary, steps: list[StepRecord],
                losses: list[float], evals: list[EvalResult], parallel: ParallelRecord | None = None,
-               memory: MemoryRecord | None = None, ac_compression: dict | None = None) -> RunRecord:
+               memory: MemoryRecord | None = None, ac_compression: dict | None = None,
+               embeddings: dict | None = None) -> RunRecord:
     """The record of a finished run from its typed parts (`evals[-1]` is the final evaluation)."""
     record: RunRecord = {
         "kind": "train",
@@ -166,5 +168,6 @@ def run_record(preset: Preset, train: TrainConfig, *, kernel: str, precision: Pr
         **(parallel or {}),
         **(memory or {}),
         **({"ac_compression": ac_compression} if ac_compression else {}),
+        **({"embeddings": embeddings} if embeddings else {}),
     }
     return record

@@ -36,6 +36,8 @@ from ..data.loader import EventDataset, make_loader
 from ..data.manifest import verified_shards
 from ..data.sampler import BalancedDistributedBatchSampler
 from ..data.shards import dataset_dir, ensure_dataset, shard_paths
+from ..interop.sharders import use_torchrec_tables
+from ..interop.tables import engine_parameters
 from ..env import resolve_device
 from ..mfu.flops import sample_cost_coefficients, step_flops
 from ..mfu.profile import time_breakdown
@@ -140,19 +142,24 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
         apply_plan(model, {name: "compressed" for name in ac_blocks(model)}, compression=compression)
     if train.compile:
         compile_model(model, activation_memory_budget=train.ac_budget if train.ac == "pt2" else None)
+    if train.embeddings == "torchrec":   # TorchRec's tables (sharded by DMP over the ranks), gemref's dense layers
+        use_torchrec_tables(model, lr=train.lr, sharding=train.torchrec_sharding,
+                            batch_size=max(1, train.batch_size // (parallel.world if parallel else 1)))
     if parallel is not None:
-        parallelize(model, train, parallel, device)
+        parallelize(model, train, parallel, device, ignored=model.tables if train.embeddings == "torchrec" else None)
     return model, kernel, report
 
 
 def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW; embedding tables get no weight decay (rows a batch does not touch keep their values).
+    """AdamW; embedding tables get no weight decay (rows a batch does not touch keep their values);
+    TorchRec's tables are left to its own optimizer (gemref/interop/tables.py).
 
     The fused implementation (one kernel over all parameters of a group) where every
     parameter is floating point on CPU or CUDA: on CPU torch's default is a Python loop of
     ~10 ops per parameter, and fused matches it within fp32 rounding (tests/test_optimizer.py;
     `gemref bench step_profile` shows the optimizer's share of a step). Elsewhere torch's default."""
-    params = list(model.named_parameters())
+    engine = engine_parameters(model)    # TorchRec tables: updated by TorchRec's own optimizer
+    params = [(n, p) for n, p in model.named_parameters() if id(p) not in engine]
     tables = [p for n, p in params if n.startswith("tables.")]
     dense = [p for n, p in params if not n.startswith("tables.")]
     fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for _, p in params)

@@ -40,6 +40,7 @@ from ..data.loader import make_loader
 from ..data.sampler import StepBatches
 from ..errors import UsageError
 from ..files import to_jsonable, write_json
+from ..interop.tables import engine_record
 from ..mfu.memory import track_peak_memory
 from ..mfu.meter import run_peak, summary
 from ..mfu.timing import StepRecord
@@ -211,7 +212,8 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
                         summary=summary(ranks, peak, warmup, device_type=s.device.type,
                                         threads=torch.get_num_threads()),
                         steps=ranks[0], losses=[r.loss for r in results], evals=evals,
-                        parallel=parallel, memory=memory, ac_compression=ac_compression)
+                        parallel=parallel, memory=memory, ac_compression=ac_compression,
+                        embeddings=engine_record(s.model))
     if json_path and s.rank == 0:
         write_json(json_path, record)
     return record
