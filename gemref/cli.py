@@ -2,7 +2,10 @@
 
 Each subcommand prints a readable table and, with `--json PATH`, writes its record. A user
 mistake (a bad flag, value or path: argparse's errors and gemref.errors.UsageError) prints one
-line on stderr and exits 2; any other error is a bug and keeps its traceback (exit 1).
+line on stderr and exits 2; any other error is a bug and keeps its traceback (exit 1). SIGINT
+(Ctrl-C) or SIGTERM stops a command cleanly: its children are killed (the launcher's ranks,
+the notebooks' kernels), temporary files removed, folder locks released, and it prints one
+line and exits 130 (SIGINT) or 143 (SIGTERM) (gemref/parallel/interrupt.py).
 
 Subcommands live in gemref/commands/ (one module each; see its docstring for the contract).
 Registering one is one line in COMMANDS. Only the subcommand being run is configured, so
@@ -20,6 +23,7 @@ from typing import Callable
 
 from .options import data_dir
 from .errors import UsageError
+from .parallel.interrupt import Interrupted, signals_raise
 
 COMMANDS = (
     "gemref.commands.data",
@@ -104,10 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "data", None):      # the env var reaches spawned ranks and notebook kernels
         os.environ["GEMREF_DATA_DIR"] = os.path.abspath(args.data)
     try:
-        return int(args.func(args) or 0)
+        with signals_raise():
+            return int(args.func(args) or 0)
     except UsageError as e:
         print(f"{command_parser.prog}: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
+    except Interrupted as e:
+        print(f"{command_parser.prog}: {e}", file=sys.stderr)
+        return e.exit_code
     finally:
         if saved is None:
             os.environ.pop("GEMREF_DATA_DIR", None)

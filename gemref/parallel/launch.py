@@ -24,7 +24,9 @@ Nothing may hang: a rank that raises fails the call with that rank's error (a Us
 stays a UsageError, so the CLI exits 2 with one line; a ValueError stays a ValueError, with
 the rank's traceback in its message); a rank that dies kills the
 others; past `timeout_s` every rank is killed and TimeoutError raised. Backends are
-checked before any process starts (gemref/parallel/comm.py).
+checked before any process starts (gemref/parallel/comm.py). Nothing outlives the call: each
+spawned rank leads its own process group and dies with its parent (gemref/parallel/interrupt.py),
+and however the call ends (an error, Ctrl-C, SIGTERM) every rank's group is killed and reaped.
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ from ..env import resolve_device
 from ..errors import UsageError, user_input
 from ..options import check_local_ranks
 from . import comm
+from .interrupt import kill_group, own_group, start_blocked
 from .mesh import check_world, local_device
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -99,7 +102,8 @@ def shutdown() -> None:
 
 
 def _rank_entry(rank: int, fn: Callable, world: int, port: int, backend: str, timeout_s: float,
-                out_dir: str, args: tuple) -> None:
+                out_dir: str, args: tuple, parent: int) -> None:
+    own_group(parent)
     os.environ.update(OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -153,8 +157,9 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
         raise ValueError(f"ranks must be >= 1, got {world}")
     with tempfile.TemporaryDirectory(prefix="gemref-ranks-") as tmp:
         out = Path(tmp)
-        ctx = mp.start_processes(_rank_entry, args=(fn, world, free_port(), backend, timeout_s, tmp, args),
-                                 nprocs=world, join=False, start_method="spawn")
+        with start_blocked():
+            ctx = mp.start_processes(_rank_entry, args=(fn, world, free_port(), backend, timeout_s, tmp, args,
+                                                        os.getpid()), nprocs=world, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         try:
             while not ctx.join(timeout=0.5):
@@ -166,8 +171,10 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
             raise _rank_failure(out, ctx.processes, e) from None
         finally:
             for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
+                if p.exitcode is None:      # alive, not reaped: its pid (and group) is still its own
+                    kill_group(p.pid)       # the group too: what the rank started (data workers)
+            for p in ctx.processes:
+                p.join(timeout=10)
         return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(world)]
 
 

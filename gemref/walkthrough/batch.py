@@ -7,6 +7,11 @@ notebook and the cell; a parameter a notebook does not declare in its `parameter
 value of another type than the declared default's, or a grid/profile file that is missing
 or not valid YAML is a UsageError naming it, raised before the first notebook runs.
 
+An executed copy is written as a hidden partial file and renamed when papermill finishes (a
+failing notebook's copy included); an interrupted batch (Ctrl-C, SIGTERM: gemref/cli.py)
+kills the notebook's kernel with its process group (the ranks it spawned die with it) and
+removes the partial copy, so each executed copy is complete or absent.
+
 Each row records the notebook's wall seconds and CPU seconds (its kernel and every process the
 kernel waited for, e.g. spawned ranks: the time it costs whatever else the machine runs). A
 profile may set `budget_s` (CPU seconds per notebook) and `budgets: {notebook: seconds}`; after
@@ -20,6 +25,8 @@ import io
 import json
 import logging
 import resource
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +34,14 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..files import atomic_write_text, write_json
+from ..parallel.interrupt import children, kill_group
 from .metrics import read_metrics
 from .params import NOTEBOOK_DIR, check_params, declared_parameters, expand_grid, load_profile, profile_params, select_notebooks
 from ..report import format_table
 
+
+
+KERNEL_CLEANUP_S = 30      # an interrupted batch waits this long for papermill to let its killed kernel go
 
 
 class _DropPapermillNoise(logging.Filter):
@@ -48,31 +59,67 @@ def execute(notebook: Path, out_path: Path, params: dict, *, progress: bool = Fa
 
     check_params(notebook.stem, params, declared_parameters(notebook))
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    partial = out_path.with_name(f".{out_path.stem}.partial.ipynb")
     noise, loggers = _DropPapermillNoise(), [logging.getLogger("papermill"), logging.getLogger("papermill.translators")]
     for lg in loggers:
         lg.addFilter(noise)
     try:
-        papermill.execute_notebook(str(notebook), str(out_path), parameters=params,
-                                   cwd=str(notebook.parent), progress_bar=progress,
-                                   kernel_name="python3", config=kernel_config())
+        with tempfile.TemporaryDirectory(prefix="gemref-kernel-") as sockets:
+            _without_signals(lambda: papermill.execute_notebook(
+                str(notebook), str(partial), parameters=params, cwd=str(notebook.parent), progress_bar=progress,
+                kernel_name="python3", config=kernel_config(sockets)))
+        partial.replace(out_path)
     except PapermillExecutionError as e:
+        partial.replace(out_path)
         if e.ename == "UsageError":     # a parameter value the notebook refused: the user's mistake (exit 2)
             raise UsageError(f"notebook {notebook.stem}: {_failing_cell(out_path)} refused a parameter: "
                              f"{e.evalue} (executed copy: {out_path})") from None
         raise NotebookFailure(notebook.stem, f"{_failing_cell(out_path)} raised {e.ename}: {e.evalue} "
                                              f"(executed copy: {out_path})") from None
+    except BaseException:          # interrupted, or papermill failed: no half-written copy
+        partial.unlink(missing_ok=True)
+        raise
     finally:
         for lg in loggers:
             lg.removeFilter(noise)
     return read_metrics(out_path)
 
 
-def kernel_config():
+def _without_signals(run):
+    """run() in a worker thread while this (main) thread waits: papermill's event loop cannot
+    install its own SIGINT/SIGTERM handlers there, so gemref's stay in charge (gemref/cli.py).
+    Interrupted meanwhile, this thread kills the kernel it started with its process group,
+    lets papermill clean up (a bounded wait) and re-raises."""
+    before, outcome = children(), {}
+
+    def target():
+        try:
+            outcome["value"] = run()
+        except BaseException as e:     # handed to the main thread
+            outcome["error"] = e
+
+    worker = threading.Thread(target=target, name="papermill", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.5)
+    except BaseException:
+        for pid in children() - before:
+            kill_group(pid)
+        worker.join(KERNEL_CLEANUP_S)
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def kernel_config(sockets: str):
     """The kernel talks to papermill over local IPC sockets, not TCP (nothing to eavesdrop on,
-    and no "Kernel is running over TCP without encryption" warning on every run)."""
+    and no "Kernel is running over TCP without encryption" warning on every run), made in the
+    folder `sockets` (absolute: a killed kernel leaves them there, not in the notebook's folder)."""
     from traitlets.config import Config
 
-    return Config({"KernelManager": {"transport": "ipc"}})
+    return Config({"KernelManager": {"transport": "ipc", "ip": str(Path(sockets, "kernel"))}})
 
 
 @dataclass

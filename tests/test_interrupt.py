@@ -1,0 +1,150 @@
+"""Ctrl-C and SIGTERM end a long command cleanly (issue 27): the real `gemref` command in a
+subprocess, signalled mid-run, exits 130/143 with one line on stderr (no traceback, no leaked
+semaphores), leaves no process it started alive (ranks, notebook kernels and theirs) and no
+half-written output (gemref/parallel/interrupt.py, gemref/parallel/launch.py, gemref/cli.py,
+gemref/walkthrough/batch.py)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gemref.parallel.interrupt import Interrupted, signals_raise
+
+ROOT = Path(__file__).resolve().parents[1]
+RANK = "spawn_main"        # in a spawned rank's command line
+
+
+def _processes() -> dict[int, tuple[int, str, str]]:
+    """{pid: (parent pid, state, command line)} of every process."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                out[int(entry.name)] = (int(stat[1]), stat[0], cmd)
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """{pid: command line} of every living process below `pid`."""
+    procs, found, grew = _processes(), {pid}, True
+    while grew:
+        new = {p for p, (parent, _, _) in procs.items() if parent in found} - found
+        found |= new
+        grew = bool(new)
+    return {p: procs[p][2] for p in found - {pid}}
+
+
+def alive(pids) -> list[int]:
+    procs = _processes()
+    return [p for p in pids if p in procs and procs[p][1] != "Z"]
+
+
+def interrupt(args: list[str], sig: int, *, ranks: int, settle_s: float, group: bool = False):
+    """Start `gemref ARGS`, wait (bounded) until `ranks` spawned ranks run below it, `settle_s`
+    more, then send `sig` to it (`group`: to its whole process group, as a terminal's Ctrl-C
+    does). Returns (exit code, stderr lines, {pid: command} below it then, those still alive 15 s
+    after it ended: killed, so a failing test leaves none running)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "gemref", *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while sum(RANK in cmd for cmd in descendants(proc.pid).values()) < ranks:
+            assert proc.poll() is None, f"ended before it was interrupted: {proc.stderr.read()}"
+            assert time.monotonic() < deadline, "no ranks started within 180 s"
+            time.sleep(0.2)
+        time.sleep(settle_s)
+        below = descendants(proc.pid)
+        assert proc.poll() is None, f"ended before it was interrupted: {proc.stderr.read()}"
+        (os.killpg if group else os.kill)(proc.pid, sig)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)      # what is left of its session (nothing, when it works)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    deadline = time.monotonic() + 15         # the resource tracker leaves once its parent has gone
+    while alive(below) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    survivors = {p: below[p] for p in alive(below)}
+    for pid in survivors:                    # reported below; not left running on a failure
+        os.kill(pid, signal.SIGKILL)
+    return proc.returncode, err.splitlines(), below, survivors
+
+
+def check_clean(code, lines, below, survivors, command: str, sig: int) -> None:
+    assert code == 128 + sig, lines
+    assert lines == [f"gemref {command}: interrupted by {signal.Signals(sig).name}"], "\n".join(lines)
+    assert len(below) >= 2
+    assert survivors == {}
+
+
+def check_outputs(folder: Path) -> None:
+    """Every file written is whole: no temporary or partial file left, every JSON parses."""
+    for path in folder.rglob("*"):
+        assert not path.name.endswith((".tmp", ".partial.ipynb")), path
+        if path.suffix in (".json", ".ipynb"):
+            json.loads(path.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_train_on_ranks_stops_cleanly(tmp_path, tiny_dataset, sig):
+    out = tmp_path / "run.json"
+    code, lines, below, survivors = interrupt(["train", "--preset", "tiny", "--ranks", "2", "--steps", "1000", "--quiet",
+                                    "--json", str(out)], sig, ranks=2, settle_s=6)
+    check_clean(code, lines, below, survivors, "train", sig)
+    assert not out.exists()
+    check_outputs(tmp_path)
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_the_terminal_reaches_the_parent_only(tmp_path, tiny_dataset):
+    """The whole foreground group gets SIGINT while the ranks still import: none of them prints."""
+    code, lines, below, survivors = interrupt(["train", "--preset", "tiny", "--ranks", "2", "--steps", "1000", "--quiet"],
+                                   signal.SIGINT, ranks=2, settle_s=0.5, group=True)
+    check_clean(code, lines, below, survivors, "train", signal.SIGINT)
+
+
+@pytest.mark.slow
+def test_waterfall_on_ranks_stops_cleanly(tmp_path, tiny_dataset):
+    out = tmp_path / "waterfall"
+    code, lines, below, survivors = interrupt(["waterfall", "--preset", "tiny", "--ranks", "2", "--out", str(out),
+                                    "--json", str(tmp_path / "waterfall.json")], signal.SIGINT, ranks=2, settle_s=4)
+    check_clean(code, lines, below, survivors, "waterfall", signal.SIGINT)
+    assert not (tmp_path / "waterfall.json").exists()
+    check_outputs(tmp_path)
+
+
+@pytest.mark.slow
+def test_notebooks_run_kills_the_kernel_and_its_ranks(tmp_path, tiny_dataset):
+    out = tmp_path / "nb"
+    code, lines, below, survivors = interrupt(["notebooks", "run", "07_fsdp_2d", "--out", str(out)], signal.SIGTERM,
+                                   ranks=2, settle_s=2)
+    check_clean(code, lines, below, survivors, "notebooks run", signal.SIGTERM)
+    assert any("ipykernel" in cmd for cmd in below.values())
+    check_outputs(tmp_path)
+    assert not (out / "07_fsdp_2d.ipynb").exists()
+
+
+def test_signals_raise_turns_sigterm_into_interrupted_once_and_restores_handlers():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupted) as caught:
+        with signals_raise():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+    assert caught.value.exit_code == 143 and str(caught.value) == "interrupted by SIGTERM"
+    assert isinstance(caught.value, KeyboardInterrupt)      # what `except Exception` must not swallow
+    assert signal.getsignal(signal.SIGTERM) is before
