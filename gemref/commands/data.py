@@ -62,11 +62,13 @@ def run_generate(args: argparse.Namespace) -> int:
 
     from ..data.shards import dataset_dir, generate_dataset
     from ..files import write_json
+    from ..parallel.locks import folder_lock
     from ..report import format_table
 
     preset = data_config(args.preset, args.set)
     out = Path(args.out) if args.out else Path(check_output_dir(str(dataset_dir(preset)), "data folder"))
-    manifest = generate_dataset(preset.model, preset.data, out, progress=not args.quiet)
+    with folder_lock(out, "--out" if args.out else "data folder"):     # one writer per dataset folder
+        manifest = generate_dataset(preset.model, preset.data, out, progress=not args.quiet)
     rows = [{"split": split, "shards": len(sh), "rows": sum(s["rows"] for s in sh),
              "tokens": sum(s["tokens"] for s in sh),
              "click_rate": sum(s["click_rate"] * s["rows"] for s in sh) / sum(s["rows"] for s in sh)}

@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    from ..parallel.locks import folder_lock
     from ..walkthrough.batch import NotebookFailure, run_notebooks
     from ..walkthrough.params import load_grid, parse_params, select_notebooks
     from ..files import write_json
@@ -44,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out or check_output_dir(f"artifacts/notebooks/{args.profile}-{stamp}", "--out"))
     try:
-        rows = run_notebooks(args.profile, out, names=args.notebooks, params=params, grid=grid)
+        with folder_lock(out, "--out"):
+            rows = run_notebooks(args.profile, out, names=args.notebooks, params=params, grid=grid)
     except NotebookFailure as e:
         print(f"gemref notebooks: {e}", file=sys.stderr)
         return 1
@@ -62,13 +64,15 @@ def build(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..files import write_json
+    from ..parallel.locks import folder_lock
     from ..walkthrough.batch import read_summary
     from ..walkthrough.book import build_book
     from ..walkthrough.batch import NotebookFailure
 
     out = Path(args.out or check_output_dir(f"artifacts/book/{args.profile}", "--out"))
     try:
-        build_book(args.profile, out, names=args.notebooks or None)
+        with folder_lock(out, "--out"):      # one writer per folder (another build, a waterfall)
+            build_book(args.profile, out, names=args.notebooks or None)
     except NotebookFailure as e:
         print(f"gemref notebooks build: {e}", file=sys.stderr)
         return 1

@@ -94,8 +94,11 @@ def _print_parallel(record: RunRecord) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from contextlib import nullcontext
+
     from ..data.folder import dataset_preset
     from ..parallel.launch import torchrun_world
+    from ..parallel.locks import folder_lock
     from ..report import fmt, format_table
     from ..report.figures import run_figure, save_figure
     from ..report.rows import run_row
@@ -112,9 +115,11 @@ def run(args: argparse.Namespace) -> int:
     preset = dataset_preset(base, args.dataset, train)   # the preset's checks of the config against its data
     out = Path(args.out) if args.out else None
     json_path = args.json or (out / "run.json" if out else None)
+    ckpt_lock = folder_lock(train.checkpoint_dir, "--checkpoint-dir") if train.checkpoint_dir else nullcontext()
     try:
-        records = launch_runs(preset, [train], ranks=args.ranks, device=args.device, json_path=json_path,
-                              progress=not args.quiet)
+        with ckpt_lock:           # one run writes a checkpoint folder at a time
+            records = launch_runs(preset, [train], ranks=args.ranks, device=args.device, json_path=json_path,
+                                  progress=not args.quiet)
     except NonFiniteError as e:       # the run's outcome (lr, data), not a bug in gemref: one line, exit 1
         print(f"gemref train: error: {e}", file=sys.stderr)
         return 1

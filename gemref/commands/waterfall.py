@@ -38,18 +38,24 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..report import format_table, markdown_table
-    from ..files import atomic_write_text, write_json
-    from ..report.figures import save_figure, waterfall_breakdown_figure, waterfall_figure
-    from ..waterfall import (BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, check_options, notes, run_waterfall,
-                             table_rows)
-
     from ..data.folder import dataset_preset
+    from ..parallel.locks import folder_lock
+    from ..waterfall import check_options
 
     preset = dataset_preset(get_preset(args.preset), args.dataset)
     options = check_options([name.strip() for name in args.options.split(",") if name.strip()])
     device = device_of(args.device).type
     out = Path(args.out)
+    with folder_lock(out, "--out"):         # one writer per folder (a notebooks build, another waterfall)
+        return _run(args, preset, options, device, out)
+
+
+def _run(args: argparse.Namespace, preset, options: tuple[str, ...], device: str, out) -> int:
+    from ..report import format_table, markdown_table
+    from ..files import atomic_write_text, write_json
+    from ..report.figures import save_figure, waterfall_breakdown_figure, waterfall_figure
+    from ..waterfall import BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, notes, run_waterfall, table_rows
+
     record = run_waterfall(preset, device=device, ranks=args.ranks, windows=args.windows,
                            steps_per_window=args.steps_per_window, warmup=args.warmup,
                            window_warmup=args.window_warmup, max_retries=args.max_retries,

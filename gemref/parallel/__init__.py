@@ -12,6 +12,8 @@
     checkpoint.py   atomic distributed checkpoints (torch.distributed.checkpoint)
     checkpoint_files.py  what is on disk in a checkpoint folder, checked without unpickling
     launch.py       local spawned ranks and torchrun's environment
+    interrupt.py    SIGINT/SIGTERM as an exception; children in their own group, killed with it
+    locks.py        one writer per folder (fcntl.flock), the second one refused
 
 gemref/train/compose.py composes them with the other switches; launch.py starts ranks (the one launcher).
 This file imports nothing: `import gemref.parallel` stays cheap, and each submodule pulls in

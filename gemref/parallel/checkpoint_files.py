@@ -23,6 +23,7 @@ from ..errors import UsageError
 from ..config import Preset, TrainConfig
 from ..data.manifest import sha256_file
 from ..files import atomic_write_text
+from .locks import LOCK_NAME
 
 FORMAT = "gemref-checkpoint/1"
 OWNER, MANIFEST = "owner.json", "checkpoint.json"
@@ -126,7 +127,8 @@ def claim_folder(root: Path, identity: dict, overwrite: bool, step: int) -> None
         except ValueError as e:
             foreign = str(e)
     else:
-        foreign = "it is not empty and has no owner.json" if any(root.iterdir()) else None
+        foreign = ("it is not empty and has no owner.json"       # the folder lock's file aside
+                   if any(p.name != LOCK_NAME for p in root.iterdir()) else None)
     ours = [(s, p) for s, p in complete_checkpoints(root) if s >= step] if not foreign else []
     if foreign or ours:
         if foreign:
