@@ -42,7 +42,8 @@ test: venv
 # kernels too (under TRITON_INTERPRET=1 on a CPU: slow, tens of minutes).
 test-kernels: venv
 	HYPOTHESIS_PROFILE=thorough OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 tests/test_attention_kernels.py \
-		tests/test_attention_plan.py tests/test_attention_triton.py tests/test_attention_triton_schedule.py
+		tests/test_attention_cpu_fused.py tests/test_attention_plan.py tests/test_attention_triton.py \
+		tests/test_attention_triton_schedule.py
 
 clean:
 	rm -rf artifacts .pytest_cache

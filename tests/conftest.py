@@ -7,7 +7,10 @@ Hypothesis profiles, chosen by the environment variable HYPOTHESIS_PROFILE:
             on the luck of the draw;
   thorough  at least 1000 examples for every property that does not fix its own count
             (`make test-kernels`: every kernel property, Triton under the interpreter too),
-            with fresh random draws each run: the profile that explores.
+            with fresh random draws each run: the profile that explores. A case it finds
+            that the bounds must cover is kept as an explicit `@example` of the property
+            (e.g. GELU_TAIL_CASES in test_attention_kernels.py), so every ci run draws it too:
+            `make test` runs the ci sample, the fixed draws plus those found cases.
 No deadline in either (timings on a shared CI machine vary). The number of examples each
 counted property ran is printed at the end of the session.
 """
