@@ -129,14 +129,24 @@ def test_waterfall_on_ranks_stops_cleanly(tmp_path, tiny_dataset):
 
 
 @pytest.mark.slow
-def test_notebooks_run_kills_the_kernel_and_its_ranks(tmp_path, tiny_dataset):
+def test_a_bench_on_ranks_stops_cleanly(tmp_path, tiny_dataset):
+    code, lines, below, survivors = interrupt(
+        ["bench", "balance", "--ranks", "2", "--batch", "32", "--preset", "tiny", "--measure",
+         "--steps-per-policy", "1000", "--json", str(tmp_path / "bench.json")], signal.SIGTERM, ranks=2, settle_s=4)
+    check_clean(code, lines, below, survivors, "bench balance", signal.SIGTERM)
+    assert not (tmp_path / "bench.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("action, sig, executed", [("run", signal.SIGTERM, "nb"), ("build", signal.SIGINT, "nb/executed")])
+def test_notebooks_kill_the_kernel_and_its_ranks(tmp_path, tiny_dataset, action, sig, executed):
     out = tmp_path / "nb"
-    code, lines, below, survivors = interrupt(["notebooks", "run", "07_fsdp_2d", "--out", str(out)], signal.SIGTERM,
-                                   ranks=2, settle_s=2)
-    check_clean(code, lines, below, survivors, "notebooks run", signal.SIGTERM)
+    code, lines, below, survivors = interrupt(["notebooks", action, "07_fsdp_2d", "--out", str(out)], sig,
+                                              ranks=2, settle_s=2)
+    check_clean(code, lines, below, survivors, f"notebooks {action}", sig)
     assert any("ipykernel" in cmd for cmd in below.values())
     check_outputs(tmp_path)
-    assert not (out / "07_fsdp_2d.ipynb").exists()
+    assert not (tmp_path / executed / "07_fsdp_2d.ipynb").exists()
 
 
 def test_signals_raise_turns_sigterm_into_interrupted_once_and_restores_handlers():
