@@ -7,7 +7,7 @@
   * A child gemref starts (a spawned rank, gemref/parallel/launch.py) calls `own_group()`
     first: it leads its own process group (a Ctrl-C at the terminal reaches the parent only)
     and is killed when its parent dies, however it dies. Children started inside
-    `start_blocked()` ignore SIGINT from their first instruction.
+    `starting_children()` ignore SIGINT from their first instruction.
   * `kill_group(pid)` kills a child and everything in its process group (a rank's data
     workers; a notebook kernel and what it started, gemref/walkthrough/batch.py, which finds
     its kernel with `children()`).
@@ -64,10 +64,11 @@ def signals_raise() -> Iterator[None]:
 
 
 @contextmanager
-def start_blocked() -> Iterator[None]:
-    """Start children inside this block: they start with SIGINT ignored (a disposition exec keeps;
-    a blocked mask it does not), so a Ctrl-C at the terminal while they import cannot print their
-    tracebacks. This process holds SIGINT/SIGTERM back meanwhile and gets them when the block ends."""
+def starting_children() -> Iterator[None]:
+    """Start children inside this block: they start with SIGINT ignored (an ignored disposition
+    survives exec; multiprocessing's spawned children do not keep a blocked mask), so a Ctrl-C
+    at the terminal while they import prints no traceback of theirs. This process holds
+    SIGINT/SIGTERM back meanwhile and gets them when the block ends."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -51,7 +51,7 @@ from ..env import resolve_device
 from ..errors import UsageError, user_input
 from ..options import check_local_ranks
 from . import comm
-from .interrupt import kill_group, own_group, start_blocked
+from .interrupt import kill_group, own_group, starting_children
 from .mesh import check_world, local_device
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -157,7 +157,7 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
         raise ValueError(f"ranks must be >= 1, got {world}")
     with tempfile.TemporaryDirectory(prefix="gemref-ranks-") as tmp:
         out = Path(tmp)
-        with start_blocked():
+        with starting_children():
             ctx = mp.start_processes(_rank_entry, args=(fn, world, free_port(), backend, timeout_s, tmp, args,
                                                         os.getpid()), nprocs=world, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
