@@ -84,4 +84,6 @@ def test_train_on_two_ranks_with_torchrec_records_the_plan(data_root, tmp_path, 
     for entry in engine["plan"].values():
         assert entry["kernel"] == "fused" and set(entry["ranks"]) <= {0, 1} and entry["ranks"]
     assert all(map(lambda x: x == x and x < 10, record["loss_curve"]))
+    from gemref.model import GEMRef
+    assert record["parameters"] == sum(p.numel() for p in GEMRef(get_preset("tiny").model).parameters())
     assert "TorchRec plan" in capsys.readouterr().out

@@ -62,13 +62,21 @@ def rank_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None)
 
 
 def global_parameters(model: nn.Module) -> int:
-    """Parameters of the whole model, however it is sharded (a table-wise table counts on every rank)."""
+    """Parameters of the whole model, however it is sharded (a table-wise table counts on every rank,
+    TorchRec's sharded tables at their full size)."""
+    import math
+
     from .sparse import ShardedEmbedding
 
-    total = 0
+    total, counted = 0, set()
     for module in model.modules():
+        if id(module) in counted:
+            continue
         if isinstance(module, ShardedEmbedding):
             total += module.num_embeddings * module.embedding_dim
+        elif hasattr(module, "_dmp_wrapped_module"):   # TorchRec's DMP: its state_dict holds the whole tables
+            total += sum(math.prod(v.size()) for v in module.state_dict().values())
+            counted.update(id(m) for m in module.modules())
         else:
             total += sum(p.numel() for p in module.parameters(recurse=False))
     return total
