@@ -33,9 +33,8 @@ WIDE = dict(long_len=300, head_dims=HEAD_DIMS, logit_scales=LOGIT_SCALES, tile_l
 # one bf16 rounding (2^-8 relative; 2^-7 allowed) plus an absolute allowance per tensor,
 # the largest of a fraction of the case's scale, the absolute floor of the precision the
 # kernel computes in (BF16_BASELINE_DTYPE; gemref.attention.testing.error_floor: the case's
-# scale can be 0) and twice the error of the plain reference
-# kernel run in that precision (the
-# FlashAttention rule "no worse than twice the naive kernel"). The baseline covers what no
+# scale can be 0) and twice the error of the plain reference kernel run in that precision
+# (the FlashAttention rule "no worse than twice the naive kernel"). The baseline covers what no
 # fixed fraction can: float32 gelu is exactly 0 below s ~ -5.7 (1 + erf cancels), so a case
 # whose every result is tiny is off by ~100% of its scale in any float32 kernel.
 # cpu_jagged computes in float32 (fraction: <= 1.2e-6 of the scale seen in 300 cases at
