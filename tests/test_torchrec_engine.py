@@ -13,7 +13,9 @@ from gemref.config import TrainConfig, get_preset, override
 from gemref.data.batches import batch_with_lengths
 from gemref.errors import UsageError
 
-pytest.importorskip("torchrec", reason="TorchRec is not installed (requirements-nodeps.txt)")
+from gemref.interop.lib import available
+
+needs_torchrec = pytest.mark.skipif(not available(), reason="TorchRec is not installed (requirements-nodeps.txt)")
 
 
 @pytest.mark.parametrize("changes, names", [
@@ -35,6 +37,7 @@ def test_the_cli_refuses_torchrec_with_native_sharding_in_one_line(capsys):
     assert len(err.splitlines()) == 1 and "embeddings='torchrec'" in err and "sparse_sharding='row'" in err, err
 
 
+@needs_torchrec
 @pytest.mark.parametrize("jagged", [False, True])
 def test_one_process_torchrec_step_equals_native_with_adagrad_tables(jagged):
     from gemref.interop.tables import ADAGRAD_EPS, engine_record, uses_torchrec
@@ -71,6 +74,7 @@ def test_one_process_torchrec_step_equals_native_with_adagrad_tables(jagged):
         torch.testing.assert_close(results["torchrec"][1][name], w, rtol=1e-5, atol=1e-6, msg=name)
 
 
+@needs_torchrec
 @pytest.mark.multiproc
 def test_train_on_two_ranks_with_torchrec_records_the_plan(data_root, tmp_path, capsys):
     out = tmp_path / "run.json"

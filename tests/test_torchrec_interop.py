@@ -16,12 +16,13 @@ from gemref.data.batches import batch_with_lengths
 from gemref.errors import UsageError
 from gemref.interop import lib
 
-pytest.importorskip("torchrec", reason="TorchRec is not installed (requirements-nodeps.txt)")
-from gemref.interop.kjt import batch_to_kjt, feature_keys, kjt_to_batch  # noqa: E402
-from model_cases import skewed_lengths  # noqa: E402
+from gemref.interop.kjt import batch_to_kjt, feature_keys, kjt_to_batch
+from model_cases import skewed_lengths
 
 CFG = get_preset("tiny").model
-KJT = lib.torchrec().KeyedJaggedTensor
+HAVE_TORCHREC = lib.available()
+KJT = lib.torchrec().KeyedJaggedTensor if HAVE_TORCHREC else None
+needs_torchrec = pytest.mark.skipif(not HAVE_TORCHREC, reason="TorchRec is not installed (requirements-nodeps.txt)")
 
 
 def assert_batches_equal(a, b) -> None:
@@ -34,6 +35,7 @@ def assert_kjts_equal(a, b) -> None:
     assert torch.equal(a.values(), b.values()) and torch.equal(a.lengths(), b.lengths())
 
 
+@needs_torchrec
 @settings(max_examples=60)
 @given(skewed_lengths(CFG.max_len, max_size=12), st.integers(0, 2**16))
 def test_batch_to_kjt_to_batch_is_exact(lengths, seed):
@@ -46,6 +48,7 @@ def test_batch_to_kjt_to_batch_is_exact(lengths, seed):
     assert_batches_equal(kjt_to_batch(kjt, batch.dense, batch.labels), batch)
 
 
+@needs_torchrec
 @settings(max_examples=60)
 @given(skewed_lengths(CFG.max_len, max_size=12), st.integers(0, 2**16), st.randoms(use_true_random=False))
 def test_kjt_to_batch_to_kjt_is_exact_in_any_key_order(lengths, seed, rnd):
@@ -60,6 +63,7 @@ def test_kjt_to_batch_to_kjt_is_exact_in_any_key_order(lengths, seed, rnd):
     assert_kjts_equal(batch_to_kjt(back), canonical)
 
 
+@needs_torchrec
 def test_history_jagged_tensor_feeds_gdpa_directly():
     from gemref.attention import gdpa
     batch = batch_with_lengths(CFG, [0, 5, 1, 17, 0, 3])
@@ -72,6 +76,7 @@ def test_history_jagged_tensor_feeds_gdpa_directly():
     assert out.shape == (batch.num_tokens, 2, 8) and torch.equal(out, ref)
 
 
+@needs_torchrec
 def test_mismatched_inputs_are_value_errors_naming_what_differs():
     batch = batch_with_lengths(CFG, [2, 0, 3])
     kjt = batch_to_kjt(batch)
