@@ -50,9 +50,9 @@ def alive(pids) -> list[int]:
     return [p for p in pids if p in procs and procs[p][1] != "Z"]
 
 
-def interrupt(args: list[str], sig: int, *, ranks: int, settle_s: float, group: bool = False):
-    """Start `gemref ARGS`, wait (bounded) until `ranks` spawned ranks run below it, `settle_s`
-    more, then send `sig` to it (`group`: to its whole process group, as a terminal's Ctrl-C
+def interrupt(args: list[str], sig: int, *, ranks: int, settle_s: float, group: bool = False, ready=None):
+    """Start `gemref ARGS`, wait (bounded) until `ranks` spawned ranks run below it (or until
+    `ready()` is true), `settle_s` more, then send `sig` to it (`group`: to its whole process group, as a terminal's Ctrl-C
     does). Returns (exit code, stderr lines, {pid: command} below it then, those still alive 15 s
     after it ended: killed, so a failing test leaves none running)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -60,9 +60,9 @@ def interrupt(args: list[str], sig: int, *, ranks: int, settle_s: float, group: 
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
-        while sum(RANK in cmd for cmd in descendants(proc.pid).values()) < ranks:
+        while not (ready() if ready else sum(RANK in cmd for cmd in descendants(proc.pid).values()) >= ranks):
             assert proc.poll() is None, f"ended before it was interrupted: {proc.stderr.read()}"
-            assert time.monotonic() < deadline, "no ranks started within 180 s"
+            assert time.monotonic() < deadline, "not ready within 180 s"
             time.sleep(0.2)
         time.sleep(settle_s)
         below = descendants(proc.pid)
@@ -84,10 +84,10 @@ def interrupt(args: list[str], sig: int, *, ranks: int, settle_s: float, group: 
     return proc.returncode, err.splitlines(), below, survivors
 
 
-def check_clean(code, lines, below, survivors, command: str, sig: int) -> None:
+def check_clean(code, lines, below, survivors, command: str, sig: int, children: int = 2) -> None:
     assert code == 128 + sig, lines
     assert lines == [f"gemref {command}: interrupted by {signal.Signals(sig).name}"], "\n".join(lines)
-    assert len(below) >= 2
+    assert len(below) >= children
     assert survivors == {}
 
 
@@ -147,6 +147,16 @@ def test_notebooks_kill_the_kernel_and_its_ranks(tmp_path, tiny_dataset, action,
     assert any("ipykernel" in cmd for cmd in below.values())
     check_outputs(tmp_path)
     assert not (tmp_path / executed / "07_fsdp_2d.ipynb").exists()
+
+
+@pytest.mark.slow
+def test_an_interrupted_data_generation_leaves_no_dataset(tmp_path):
+    out = tmp_path / "ds"
+    code, lines, below, survivors = interrupt(
+        ["data", "generate", "--preset", "tiny", "--set", "n_train=400000", "--quiet", "--out", str(out)],
+        signal.SIGINT, ranks=0, settle_s=0.5, ready=lambda: any(out.glob("train-*.parquet")))
+    check_clean(code, lines, below, survivors, "data generate", signal.SIGINT, children=0)
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]       # no shard, no manifest, no temporary file
 
 
 def test_signals_raise_turns_sigterm_into_interrupted_once_and_restores_handlers():

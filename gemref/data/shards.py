@@ -1,6 +1,7 @@
 """Generated datasets on disk: Parquet shards per split plus manifest.json.
 
-`generate_dataset` writes them (each file atomically, via a temp file and rename);
+`generate_dataset` writes them (each file atomically, via a temp file and rename; the manifest
+last, so an interrupted generation leaves no dataset: it removes the shards it wrote);
 `ensure_dataset` reuses a folder whose manifest matches the config and whose shards pass the
 manifest's checks (gemref/data/manifest.py), and regenerates it otherwise: these folders are
 gemref's own cache, a deterministic function of the config. (A dataset folder given with
@@ -70,6 +71,17 @@ def generate_dataset(model: ModelConfig, data: DataConfig, out_dir: str | Path, 
     out = Path(out_dir)
     check_disk_space(model, data, out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "manifest.json").unlink(missing_ok=True)     # no dataset here until the new manifest is written
+    written: list[Path] = []
+    try:
+        return _generate(model, data, out, written, progress)
+    except BaseException:          # interrupted or failed: the shards of this call go too (complete or absent)
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+
+
+def _generate(model: ModelConfig, data: DataConfig, out: Path, written: list[Path], progress: bool) -> dict:
     teacher = Teacher.create(model, data)
     splits: dict[str, list[dict]] = {}
     train_lengths = []
@@ -84,6 +96,7 @@ def generate_dataset(model: ModelConfig, data: DataConfig, out_dir: str | Path, 
         try:
             pq.write_table(samples_to_table(s, model.n_sparse), tmp, compression="zstd")
             os.replace(tmp, path)
+            written.append(path)
         finally:
             Path(tmp).unlink(missing_ok=True)
         if split == "train":
