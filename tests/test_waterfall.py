@@ -390,15 +390,25 @@ def test_with_local_balances_rung_5_locally_and_unknown_options_list_the_valid_o
     assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2, ("local",))).balance == "local"
     assert check_options(["window", "local"]) == ("local", "window")        # WITH_OPTIONS' order
     assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2, ("shared",))).balance == "shared"
-    assert list(WITH_OPTIONS) == ["local", "shared", "compressed_ac", "window"]
-    with pytest.raises(UsageError, match="unknown waterfall option.s. 'fast'; valid: local, shared, compressed_ac, window"):
+    assert list(WITH_OPTIONS) == ["local", "shared", "compressed_ac", "window", "torchrec"]
+    with pytest.raises(UsageError, match="unknown waterfall option.s. 'fast'; valid: local, shared, compressed_ac, window, "
+                                         "torchrec"):
         run_waterfall(TINY, options=("local", "fast"))
 
 
 def test_cli_with_an_unknown_option_exits_2_with_one_line(capsys):
     assert main(["waterfall", "--preset", "tiny", "--with", "local,fast"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "valid: local, shared, compressed_ac, window" in err[0], err
+    assert len(err) == 1 and "valid: local, shared, compressed_ac, window, torchrec" in err[0], err
+
+
+def test_with_torchrec_shards_rung_6s_tables_with_torchrec_instead_of_gemrefs_rows():
+    fsdp = {rung.key: rung for rung in LADDER}["fsdp_2d"]
+    cpu = torch.device("cpu")
+    native = fsdp.configure(TINY.train, Context(TINY, cpu, 2))
+    torchrec = fsdp.configure(TINY.train, Context(TINY, cpu, 2, ("torchrec",)))
+    assert (native.embeddings, native.sparse_sharding, native.mesh) == ("native", "row", "1x2")
+    assert (torchrec.embeddings, torchrec.sparse_sharding, torchrec.mesh) == ("torchrec", "none", "1x2")
 
 
 def test_with_window_sets_a_quarter_of_max_len_on_every_rung():

@@ -18,7 +18,9 @@ checkpointed, which recomputes the most), and its AutoAC then has "compressed" a
 option per block (ac_compress, gemref/autoac/regions.py). Full checkpointing still frees more
 bytes per block than compression, so the plain rung may reach a larger batch; the waterfall
 shows which buys more throughput. `window` windows every rung's sequence attention
-(ModelConfig.window = max_len // WINDOW_FRACTION; `preset_with`).
+(ModelConfig.window = max_len // WINDOW_FRACTION; `preset_with`). `torchrec` runs rung 6's
+tables as TorchRec modules sharded by DistributedModelParallel (gemref/interop/) beside FSDP2
+on the dense layers, instead of gemref's readable row sharding (parallel/sparse.py).
 """
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ WITH_OPTIONS: dict[str, str] = {
     "compressed_ac": "rung 4's batch search and AutoAC with saved activations stored as MXFP8 (a larger batch "
                      "without recompute)",
     "window": "sequence attention sees only the last max_len/4 events (ModelConfig.window), every rung",
+    "torchrec": "rung 6 shards the embedding tables with TorchRec's DistributedModelParallel (its planner's plan; "
+                "tables on fused exact Adagrad, fbgemm's CPU kernels have no Adam) instead of gemref's row sharding",
 }
 COMPRESSED_AC_FORMAT = "mxfp8"   # TrainConfig.ac_compress of rung 4 with --with compressed_ac
 WINDOW_FRACTION = 4              # --with window: window = max_len // WINDOW_FRACTION events
@@ -165,7 +169,8 @@ CONFIGURE: dict[str, Callable[[TrainConfig, Context], "TrainConfig | str"]] = {
     "autoac": _autoac,
     "load_balance": _needs_ranks(lambda t, c: override(t, balance=next((p for p in ("local", "shared") if p in c.options),
                                                                        "kk"))),
-    "fsdp_2d": _needs_ranks(lambda t, c: override(t, mesh=f"1x{c.ranks}", sparse_sharding="row")),
+    "fsdp_2d": _needs_ranks(lambda t, c: override(t, mesh=f"1x{c.ranks}", sparse_sharding="row")
+                            if "torchrec" not in c.options else override(t, mesh=f"1x{c.ranks}", embeddings="torchrec")),
     "low_precision": _low_precision,
 }
 LADDER: list[Rung] = [Rung(spec, CONFIGURE[spec.key]) for spec in RUNGS]
