@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["GEMREF_DATA_DIR"] = os.path.abspath(args.data)
     try:
         with signals_raise():
+            from .env import check_environment   # every knob, before any command's work (imports torch)
+
+            check_environment()
             return int(args.func(args) or 0)
     except UsageError as e:
         print(f"{command_parser.prog}: error: {_one_line(str(e))}", file=sys.stderr)

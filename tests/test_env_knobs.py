@@ -77,3 +77,11 @@ def test_valid_values_are_read(monkeypatch, name, value, read, expected):
 def test_every_knob_a_record_names_is_checked_or_has_its_own_reader():
     assert set(env.KNOBS) - set(env.CHECKS) == {"GEMREF_GDPA", "TRITON_INTERPRET"}
     assert set(GARBAGE) == set(env.CHECKS) | {"GEMREF_GDPA"}
+
+
+@pytest.mark.parametrize("name", sorted(env.CHECKS))
+def test_a_command_that_never_resolves_a_device_checks_the_environment_too(monkeypatch, tmp_path, capsys, name):
+    set_garbage(monkeypatch, tmp_path, name, "")              # refused by every kind of knob
+    assert cli.main(["data", "check", str(tmp_path / "no-such-folder")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gemref data check: error: ") and name in err and err.count("\n") == 1, err
