@@ -1,0 +1,153 @@
+"""gemref's meter on a model it did not define: model FLOPs, peak, MFU and op classes of any
+nn.Module's training step (chapter 13; the model need not be a GEMRef nor have a ModelConfig).
+
+`measure(model, loss_fn, batches, optimizer, lengths_of=...)` runs one training step per batch
+(`loss_fn(model, batch).backward()`, then `optimizer.step()` in an "optimizer" region) through
+gemref's one step timer (timing.py `timed_step`) and returns a `ForeignRecord`:
+  * model FLOPs per step = 3 x the forward's FLOPs as torch's FlopCounterMode counts them on the
+    batch as it is (its REAL lengths; PaLM's backward = 2 x forward, docs/design.md), counted
+    after the step, outside the clock. gdpa's kernels register FLOP formulas of their EXECUTED
+    work (tiles, recompute); here their forward ops count as model FLOPs instead, 4HD per allowed
+    (query, key) pair of the real lengths (gemref/attention/flops.py). That holds when the
+    attention runs as a gemref custom op (kernel cpu_fused, cpu_jagged or triton; "auto" on
+    CPU); a kernel made of aten matmuls (reference, sdpa) is counted at what those ran (padding).
+  * executed FLOPs per step = FlopCounterMode over one forward + backward (the kernels' own
+    formulas), also outside the clock; gradients it leaves are cleared.
+  * the peak (peak.py `peak_flops`), and MFU, local MFU and scaling from meter.py `figures`:
+    one process, so local MFU divides by the steps' own time and scaling = compute / wall.
+  * seconds per op class (op_classes.py) of one more step run under the profiler; what no op
+    accounts for (Python, gaps) goes to "other", so the classes sum to that profiled step.
+
+gemref's switches on such a model (tests/test_foreign_model.py, chapter 13):
+  * jagged attention: the model calls `gemref.attention.gdpa` on a KeyedJaggedTensor's
+    JaggedTensor values/offsets (gemref/interop/example_model.py);
+  * torch.compile of a region: gemref/compile.py `CompiledRegion(name, fn, CompileStats(), owner)`
+    wraps any of the model's own methods (dim 0 dynamic); `compile_model` itself only knows
+    GEMRef's blocks. A region first called under FlopCounterMode is never compiled after it
+    (torch 2.13: dynamo gives up on the frame), so `measure` counts a step's FLOPs after it ran.
+  * AutoAC does not apply: gemref/autoac finds its blocks as `model.layers[i].sequence |
+    interaction | cross` (`ac_blocks`, an AttributeError otherwise), profiles them on a
+    JaggedBatch through `step.forward_loss` and prices them with `model.cfg`'s analytic FLOPs;
+    a foreign model has none of these. torch.utils.checkpoint on the user's own regions is the
+    manual alternative.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+from torch.autograd.profiler import record_function
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..attention import attention_model_flops
+from ..data.jagged import offsets_to_lengths
+from .flops import count_with_flop_counter
+from .meter import Figures, figures
+from .peak import Peak, peak_flops
+from .timing import StepFlops, StepRecord, timed_step
+
+GDPA_FORWARD_OPS = ("cpu_fused_fwd", "cpu_jagged_fwd", "gdpa_triton_fwd")   # torch.ops.gemref.<name>
+
+
+def _gdpa_model_flops(q, k, v, q_offsets, kv_offsets, activation, causal, window, *args, out_val=None, **kwargs) -> int:
+    """Model FLOPs of one gdpa forward op: the real lengths' allowed pairs (window 0: none)."""
+    return attention_model_flops(offsets_to_lengths(q_offsets), offsets_to_lengths(kv_offsets), q.shape[1],
+                                 q.shape[2], bool(causal), int(window) or None)
+
+
+_gdpa_model_flops._get_raw = True      # FlopCounterMode passes the op's raw arguments
+
+
+def model_flop_mapping() -> dict:
+    """{gdpa forward op: its model-FLOP formula}, for the ops this process has registered."""
+    return {getattr(torch.ops.gemref, n): _gdpa_model_flops for n in GDPA_FORWARD_OPS
+            if hasattr(torch.ops.gemref, n)}
+
+
+def count_model_flops(model: nn.Module, loss_fn: Callable, batch) -> int:
+    """Model FLOPs of one training step on `batch`: 3 x the forward's (module doc)."""
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=model_flop_mapping()) as counter:
+        loss_fn(model, batch)
+    return 3 * int(counter.get_total_flops())
+
+
+def count_executed_flops(model: nn.Module, loss_fn: Callable, batch) -> int:
+    """FLOPs the kernels ran in one forward + backward on `batch` (their own formulas)."""
+    executed = count_with_flop_counter(lambda: loss_fn(model, batch).backward())
+    model.zero_grad(set_to_none=True)
+    return executed
+
+
+@dataclass
+class _Batch:
+    """What timed_step reads of a batch: the user's batch, its lengths, samples and tokens."""
+
+    inputs: object
+    lengths: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.numel()
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+
+@dataclass
+class ForeignRecord:
+    """What `measure` found (seconds, FLOPs, FLOP/s; one process)."""
+
+    steps: list[StepRecord]            # the timed steps (warm-up excluded), in order
+    figures: Figures                   # meter.py: mfu (E2E), local_mfu, scaling_ratio, hfu, ...
+    peak: Peak                         # one device's peak FLOP/s and where it comes from
+    model_flops_per_step: float        # median over the timed steps
+    executed_flops_per_step: float
+    op_seconds: dict[str, float]       # the profiled step by op class; sums to profiled_step_s
+    profiled_step_s: float             # that step's time (profiler overhead included)
+    losses: list[float]
+
+    @property
+    def mfu(self) -> float | None:
+        return self.figures["mfu"]
+
+
+def measure(model: nn.Module, loss_fn: Callable[[nn.Module, object], torch.Tensor], batches: Iterable,
+            optimizer: torch.optim.Optimizer, *, lengths_of: Callable[[object], torch.Tensor],
+            device: torch.device | str = "cpu", dtype: str = "fp32", warmup: int = 1,
+            peak: Peak | None = None) -> ForeignRecord:
+    """Train `model` one step per batch and meter it (module doc). `lengths_of(batch)`: (B,) real
+    history lengths (samples and tokens of the record). The first `warmup` steps are not
+    timed figures; the last batch runs once more under the profiler. `dtype`: the peak's
+    ("fp32" or "bf16"); `peak` overrides the lookup."""
+    device = torch.device(device)
+    peak = peak if peak is not None else peak_flops(device, dtype)
+
+    def run(b: _Batch) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model, b.inputs)
+        loss.backward()
+        with record_function("optimizer"):
+            optimizer.step()
+        return loss.detach()
+
+    steps, losses, last = [], [], None
+    for batch in batches:
+        last = _Batch(batch, torch.as_tensor(lengths_of(batch), dtype=torch.int64).cpu())
+        record, loss, _ = timed_step(lambda: last, run, device, lambda _: StepFlops(
+            count_model_flops(model, loss_fn, batch), count_executed_flops(model, loss_fn, batch), 0))
+        steps.append(record)
+        losses.append(float(loss))
+    if len(steps) <= warmup:
+        raise ValueError(f"{len(steps)} batch(es) for warmup={warmup}: give at least {warmup + 1}")
+    profiled, _, _ = timed_step(lambda: last, run, device, lambda _: StepFlops(0, 0, 0), op_classes=True)
+    ops = dict(profiled.op_seconds)
+    ops["other"] += max(0.0, profiled.step_s - sum(ops.values()))
+    timed = steps[warmup:]
+    return ForeignRecord(timed, figures([timed], peak.flops, device_type=device.type,
+                                        threads=torch.get_num_threads()), peak,
+                         statistics.median(s.model_flops for s in timed),
+                         statistics.median(s.executed_flops for s in timed), ops, profiled.step_s, losses)

@@ -1,0 +1,157 @@
+"""gemref/mfu/foreign.py on models gemref did not define: the TorchRec example ranker
+(gemref/interop/example_model.py) and a plain torch module. The FLOPs oracle is hand
+arithmetic of the example's linears and attention on drawn jagged lengths (no meter code);
+MFU is checked against hand arithmetic of the record's FLOPs, times and peak; padded and
+jagged lengths meter differently; the op classes sum to the profiled step; the switches
+(jagged gdpa, a compiled region) apply and AutoAC refuses, as documented. Tests that need
+TorchRec skip without it; the plain-module test runs everywhere."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from gemref.interop import lib
+from gemref.mfu.foreign import count_model_flops, measure
+from gemref.mfu.op_classes import CLASSES
+from gemref.mfu.peak import Peak
+
+HAVE_TORCHREC = lib.available()
+needs_torchrec = pytest.mark.skipif(not HAVE_TORCHREC, reason="TorchRec is not installed (requirements-nodeps.txt)")
+PEAK = Peak(1e11, "a made-up peak for the arithmetic", "fp32")    # FLOP/s; skips the CPU probe
+D, HEADS, F, N_DENSE, HIDDEN = 32, 2, 2, 4, 64                   # the example's defaults
+
+
+def oracle_step_flops(lengths: list[int]) -> int:
+    """3 x the example's forward matmul FLOPs, by hand (its module doc)."""
+    T, B = sum(lengths), len(lengths)
+    linears = 2 * T * D * 3 * D + 2 * T * D * D + 2 * T * D * 2 * D + 2 * B * D * D
+    head_in = (F + 2) * D + N_DENSE
+    linears += 2 * B * head_in * HIDDEN + 2 * B * HIDDEN * 1
+    self_pairs = sum(L * (L + 1) // 2 for L in lengths)           # causal, diagonal included
+    cross_pairs = sum(lengths)                                    # one ad query per sample
+    attention = 2 * 2 * D * (self_pairs + cross_pairs)           # QK^T and PV, 2 H D per pair each (H D = d)
+    return 3 * (linears + attention)
+
+
+def drawn_lengths(seed: int, batch: int = 12, max_len: int = 48) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, max_len + 1, (batch,), generator=g)
+    lengths[0] = 0                                                # an empty history
+    return [int(x) for x in lengths]
+
+
+def example(kernel: str = "auto", seed: int = 0):
+    from gemref.interop.example_model import ExampleRanker
+    torch.manual_seed(seed)
+    return ExampleRanker(kernel=kernel)
+
+
+@needs_torchrec
+@pytest.mark.parametrize("kernel", ["cpu_fused", "cpu_jagged"])
+def test_model_flops_are_the_hand_count_on_real_lengths(kernel):
+    from gemref.interop.example_model import example_batch, example_loss
+    model = example(kernel)
+    for seed in range(3):
+        lengths = drawn_lengths(seed)
+        assert count_model_flops(model, example_loss, example_batch(lengths, seed=seed)) == oracle_step_flops(lengths)
+
+
+@needs_torchrec
+def test_gdpa_registers_executed_flops_which_the_meter_replaces_by_model_flops():
+    """FlopCounterMode alone sees gdpa's kernel formula (executed work: tiles); the meter counts
+    the real lengths' pairs instead."""
+    from gemref.interop.example_model import example_batch, example_loss
+    model, lengths = example("cpu_fused"), drawn_lengths(7)
+    batch = example_batch(lengths)
+    with torch.no_grad(), FlopCounterMode(display=False) as plain:
+        example_loss(model, batch)
+    by_op = {str(op): n for op, n in plain.get_flop_counts()["Global"].items()}
+    assert by_op.get("gemref.cpu_fused_fwd", 0) > 0, by_op
+    assert 3 * plain.get_total_flops() > count_model_flops(model, example_loss, batch) == oracle_step_flops(lengths)
+
+
+@needs_torchrec
+def test_padded_and_jagged_lengths_meter_differently():
+    from gemref.interop.example_model import example_batch, example_loss
+    model, lengths = example(), drawn_lengths(3)
+    padded = [max(lengths)] * len(lengths)
+    jagged_flops = count_model_flops(model, example_loss, example_batch(lengths))
+    padded_flops = count_model_flops(model, example_loss, example_batch(padded))
+    assert jagged_flops == oracle_step_flops(lengths) < padded_flops == oracle_step_flops(padded)
+
+
+def check_record(record, lengths: list[list[int]] | None) -> None:
+    """MFU by hand from the record's FLOPs, times and peak; op classes summing to the profiled step."""
+    steps = record.steps
+    flops = sum(s.model_flops for s in steps)
+    wall = sum(s.wall_s for s in steps)
+    compute = sum(s.wall_s - s.data_s for s in steps)             # one process: the steps' own time
+    fig = record.figures
+    assert fig["mfu"] == pytest.approx(flops / (wall * PEAK.flops), rel=1e-12)
+    assert fig["local_mfu"] == pytest.approx(flops / (compute * PEAK.flops), rel=1e-12)
+    assert fig["scaling_ratio"] == pytest.approx(compute / wall, rel=1e-12)
+    assert fig["mfu"] == pytest.approx(fig["local_mfu"] * fig["scaling_ratio"], rel=1e-12)
+    if lengths is not None:
+        assert [s.model_flops for s in steps] == [oracle_step_flops(ls) for ls in lengths]
+        assert [s.tokens for s in steps] == [sum(ls) for ls in lengths]
+    assert all(s.executed_flops > 0 for s in steps)
+    assert set(record.op_seconds) == set(CLASSES) and min(record.op_seconds.values()) >= 0
+    assert sum(record.op_seconds.values()) == pytest.approx(record.profiled_step_s, rel=1e-9)
+    assert record.op_seconds["gemm"] > 0 and record.op_seconds["optimizer"] > 0
+
+
+@needs_torchrec
+def test_measure_gives_flops_mfu_and_op_classes_of_the_example():
+    from gemref.interop.example_model import example_batch, example_lengths, example_loss
+    model = example()
+    lengths = [drawn_lengths(s) for s in range(4)]
+    batches = [example_batch(ls, seed=s) for s, ls in enumerate(lengths)]
+    record = measure(model, example_loss, batches, torch.optim.Adam(model.parameters(), 1e-3),
+                     lengths_of=example_lengths, warmup=1, peak=PEAK)
+    check_record(record, lengths[1:])
+    assert record.op_seconds["attention"] > 0                    # gdpa's custom op ran, on the KJT's offsets
+    assert len(record.losses) == 4 and all(l == l for l in record.losses)
+
+
+@needs_torchrec
+def test_a_compiled_region_keeps_the_flops_and_compiles_once():
+    """gemref/compile.py's CompiledRegion on the example's dense region (its `mix` method)."""
+    from gemref.compile import CompiledRegion, CompileStats
+    from gemref.interop.example_model import example_batch, example_lengths, example_loss
+    model, stats = example(), CompileStats()
+    model.mix = CompiledRegion("mix", model.mix, stats, model)
+    lengths = [drawn_lengths(s, batch=8) for s in range(3)]
+    batches = [example_batch(ls, seed=s) for s, ls in enumerate(lengths)]
+    record = measure(model, example_loss, batches, torch.optim.Adam(model.parameters(), 1e-3),
+                     lengths_of=example_lengths, peak=PEAK)
+    check_record(record, lengths[1:])
+    assert stats.graphs >= 1 and stats.recompiles == 0, stats
+
+
+@needs_torchrec
+def test_autoac_cannot_take_the_foreign_model():
+    """AutoAC's blocks are GEMRef's (`layers.{i}.sequence|interaction|cross`): nothing to plan here."""
+    from gemref.autoac.solver import ac_blocks, apply_plan
+    model = example()
+    with pytest.raises(AttributeError, match="layers"):
+        ac_blocks(model)
+    with pytest.raises(AttributeError, match="layers"):
+        apply_plan(model, {"tower": "full"})
+
+
+def test_measure_meters_a_plain_torch_module_without_torchrec():
+    """Any nn.Module: linears only, hand-counted (batch B of width 16 -> 32 -> 1)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    batches = [(torch.randn(b, 16), torch.rand(b)) for b in (8, 24, 40)]
+    loss_fn = lambda m, batch: nn.functional.mse_loss(m(batch[0]).squeeze(1), batch[1])
+    record = measure(model, loss_fn, batches, torch.optim.SGD(model.parameters(), 0.1),
+                     lengths_of=lambda batch: torch.ones(batch[0].shape[0], dtype=torch.int64), peak=PEAK)
+    check_record(record, None)
+    assert [s.model_flops for s in record.steps] == [3 * (2 * b * 16 * 32 + 2 * b * 32) for b in (24, 40)]
+    assert [s.samples for s in record.steps] == [24, 40]
+    with pytest.raises(ValueError, match="at least 2"):
+        measure(model, loss_fn, batches[:1], torch.optim.SGD(model.parameters(), 0.1),
+                lengths_of=lambda batch: torch.ones(1), peak=PEAK)
