@@ -66,6 +66,13 @@ EXPECT = {
     "12_real_data": lambda m: (m["seeds"] >= 2 and m["ne_like_fast_sd"] >= 0 and (
         m["dataset"] != "MovieLens-100K" or (m["ne_like_logistic"] < m["ne_like_constant"] and m["ne_like_fast"] < 1
                                              and m["auc_like_fast"] > 0.6))),
+    # a TorchRec model gemref did not define: counted FLOPs = the hand count, padding costs FLOPs, MFU = local x scaling,
+    # op classes sum to the profiled step, a compiled region compiles once, AutoAC refuses it
+    "13_bring_your_own_model": lambda m: (m["padded_over_jagged"] > 1 and 0 < m["mfu"] < 1
+                                          and abs(m["mfu"] - m["local_mfu"] * m["scaling_ratio"]) <= 1e-9
+                                          and m["op_classes_sum_to_step"] and m["kernels_agree_on_flops"]
+                                          and m["attention_pct"] > 0 and m["autoac_refused"]
+                                          and m["compiled_recompiles"] in (None, 0)),
     "11_scale_projection": lambda m: (0 < m["baseline_mfu"] < m["full_ladder_mfu"] < 1 and m["bandwidth_monotonic"]
                                       and m["imbalance_round_robin"] > m["imbalance_balanced"] >= 1
                                       and m["table_sync_gain"] >= 1
