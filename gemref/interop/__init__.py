@@ -5,5 +5,7 @@ missing or broken TorchRec is a one-line `UsageError`, so the native path never 
   * `kjt.py`: JaggedBatch <-> KeyedJaggedTensor, lossless both ways;
   * `tables.py`: a GEMRef's tables as one EmbeddingCollection + one EmbeddingBagCollection
     (`TrainConfig.embeddings="torchrec"`, swapped in by train/compose.py from outside);
-  * `sharders.py`: TorchRec's planner, CPU sharders, DistributedModelParallel over the ranks.
+  * `sharders.py`: TorchRec's planner, CPU sharders, DistributedModelParallel over the ranks;
+  * `example_model.py`: EXAMPLE ONLY, a small TorchRec ranker as a user would bring it, which
+    gemref/mfu/foreign.py meters (chapter 13); nothing in gemref builds it.
 """
