@@ -4,7 +4,7 @@ arithmetic of the example's linears and attention on drawn jagged lengths (no me
 MFU is checked against hand arithmetic of the record's FLOPs, times and peak; padded and
 jagged lengths meter differently; the op classes sum to the profiled step; the switches
 (jagged gdpa, a compiled region) apply and AutoAC refuses, as documented. Tests that need
-TorchRec skip without it; the plain-module test runs everywhere."""
+TorchRec skip without it; the plain-module tests (any nn.Module; gdpa windowed) run everywhere."""
 from __future__ import annotations
 
 import pytest
@@ -155,3 +155,28 @@ def test_measure_meters_a_plain_torch_module_without_torchrec():
     with pytest.raises(ValueError, match="at least 2"):
         measure(model, loss_fn, batches[:1], torch.optim.SGD(model.parameters(), 0.1),
                 lengths_of=lambda batch: torch.ones(1), peak=PEAK)
+
+
+@pytest.mark.parametrize("kernel,window", [("cpu_jagged", None), ("cpu_jagged", 5), ("cpu_fused", None)])
+def test_gdpa_in_a_plain_module_counts_the_allowed_pairs(kernel, window):
+    """A module of one Linear and one causal gdpa call, no TorchRec: the sliding window's pairs
+    by hand, sum over positions i of min(i + 1, W)."""
+    d, heads = 16, 2
+
+    class Tower(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(d, 3 * d)
+
+        def forward(self, x, offsets):
+            from gemref.attention import gdpa
+            q, k, v = self.qkv(x).view(x.shape[0], 3, heads, d // heads).unbind(1)
+            return gdpa(q, k, v, offsets, causal=True, window=window, kernel=kernel)
+
+    lengths = drawn_lengths(11, batch=6, max_len=20)
+    offsets = torch.tensor([0] + lengths).cumsum(0)
+    T = sum(lengths)
+    batch = (torch.randn(T, d), offsets)
+    loss_fn = lambda m, b: m(*b).square().mean()
+    pairs = sum(min(i + 1, window or L) for L in lengths for i in range(L))
+    assert count_model_flops(Tower(), loss_fn, batch) == 3 * (2 * T * d * 3 * d + 2 * 2 * d * pairs)
