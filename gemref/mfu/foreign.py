@@ -120,9 +120,9 @@ def measure(model: nn.Module, loss_fn: Callable[[nn.Module, object], torch.Tenso
             device: torch.device | str = "cpu", dtype: str = "fp32", warmup: int = 1,
             peak: Peak | None = None) -> ForeignRecord:
     """Train `model` one step per batch and meter it (module doc). `lengths_of(batch)`: (B,) real
-    history lengths (samples and tokens of the record). The first `warmup` steps are not
-    timed figures; the last batch runs once more under the profiler. `dtype`: the peak's
-    ("fp32" or "bf16"); `peak` overrides the lookup."""
+    history lengths (the record's samples and tokens). The first `warmup` steps are left out of
+    the figures; the last batch trains once more, under the profiler. `dtype`: the peak's
+    ("fp32" or "bf16"); `peak` overrides the lookup (FLOP/s)."""
     device = torch.device(device)
     peak = peak if peak is not None else peak_flops(device, dtype)
 
