@@ -23,6 +23,8 @@ needs_torchrec = pytest.mark.skipif(not available(), reason="TorchRec is not ins
     ({"torchrec_sharding": "row_wise"}, ("torchrec_sharding='row_wise'", "embeddings='torchrec'")),
     ({"embeddings": "torchrec", "checkpoint_dir": "ck", "checkpoint_every": 1}, ("embeddings='torchrec'", "checkpoint_dir")),
     ({"embeddings": "tensorflow"}, ("embeddings='tensorflow'", "native, torchrec")),
+    ({"embeddings": "torchrec", "torchrec_sharding": "grid_shard"},
+     ("torchrec_sharding='grid_shard'", "auto, table_wise, row_wise, column_wise, table_row_wise, data_parallel")),
 ])
 def test_impossible_combinations_are_usage_errors_naming_both(changes, names):
     with pytest.raises(UsageError) as e:
@@ -35,6 +37,14 @@ def test_the_cli_refuses_torchrec_with_native_sharding_in_one_line(capsys):
                  "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "embeddings='torchrec'" in err and "sparse_sharding='row'" in err, err
+
+
+@pytest.mark.parametrize("flag", [["--torchrec-sharding", "grid_shard"], ["--set", "torchrec_sharding=grid_shard"]])
+def test_the_cli_refuses_an_unknown_torchrec_sharding_listing_the_valid_ones(flag, capsys):
+    assert main(["train", "--preset", "tiny", "--embeddings", "torchrec", *flag, "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "grid_shard" in err, err
+    assert all(name in err for name in ("table_row_wise", "data_parallel", "column_wise")), err
 
 
 @needs_torchrec

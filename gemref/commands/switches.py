@@ -63,7 +63,7 @@ HELP = {
     "embeddings": "embedding engine: native tables, or TorchRec's EmbeddingCollection/EmbeddingBagCollection "
                   "(sharded by DistributedModelParallel with --ranks)",
     "torchrec_sharding": "with --embeddings torchrec and ranks: auto (TorchRec's planner) or one sharding type "
-                         "for every table",
+                         "for every table (table_row_wise: the bag tables; sequence tables then row_wise)",
 }
 CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
     "kernel": _kernels,

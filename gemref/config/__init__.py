@@ -22,7 +22,8 @@ LENGTH_PROFILES = ("skewed", "uniform", "fixed")
 BALANCE_POLICIES = ("none", "round_robin", "lpt", "kk", "local", "shared")   # gemref/balance/ (none: equal counts)
 SPARSE_SHARDINGS = ("none", "row", "table")               # gemref/parallel/sparse.py
 EMBEDDING_ENGINES = ("native", "torchrec")                # gemref/interop/tables.py
-TORCHREC_SHARDINGS = ("auto", "table_wise", "row_wise", "column_wise")   # every table, EC and EBC alike
+# every table, EC and EBC alike (table_row_wise: bags only, sequence tables row_wise; gemref/interop/sharders.py)
+TORCHREC_SHARDINGS = ("auto", "table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
 BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/comm.py
 AC_MODES = ("none", "full", "auto", "pt2")
 # Saved activations stored compressed (gemref/autoac/compress.py FORMATS; a test keeps them equal):

@@ -3,16 +3,20 @@ type, DistributedModelParallel, and the plan as a record.
 
 The stock CPU sharders leave row_wise and table_row_wise out of the EmbeddingBagCollection's
 list; ours list table_wise, row_wise, column_wise and table_row_wise (bags) and table_wise,
-row_wise, column_wise (sequence tables), all with compute kernel `fused` (the only CPU kernel of
-a model-parallel table). data_parallel is left out: its tables would need the dense layers'
-all-reduce and optimizer, which here never see the tables. `sharding="auto"` lets
+row_wise, column_wise (sequence tables: TorchRec has no table_row_wise for an
+EmbeddingCollection, so `sharding="table_row_wise"` puts the sequence tables row_wise), all with
+compute kernel `fused` (the only CPU kernel of a model-parallel table). `sharding="auto"` lets
 EmbeddingShardingPlanner choose per table on a CPU Topology of the world; a named type
-constrains every table to it. DMP shards the tables module only (init_data_parallel=False):
-gemref's own DDP/FSDP wraps the dense layers and ignores the tables. As everywhere in gemref,
-gradients are summed over ranks (each loss is divided by the global batch): TorchRec's
-all-to-all backward would divide them by the world size, so that is switched off (a TorchRec
-process-wide setting). DMP initialises the sharded tables afresh; the model's weights are
-copied back into each rank's shards (`load_full_weights`).
+constrains every table to it. data_parallel is listed only when named: every rank then holds
+every table whole, no fused optimizer (bags: TorchRec's compute kernel `dense`; sequence tables:
+plain EmbeddingCollection replicas under DDP, `replicate_sequence_tables` says why), trained by
+`sum_then_adagrad`.
+DMP shards the tables module only (init_data_parallel=False): gemref's own DDP/FSDP wraps the
+dense layers and ignores the tables. As everywhere in gemref, gradients are summed over ranks
+(each loss is divided by the global batch): TorchRec's all-to-all backward would divide them by
+the world size, so that is switched off (a TorchRec process-wide setting). DMP initialises the
+sharded tables afresh; the model's weights are copied back into each rank's shards
+(`load_full_weights`).
 """
 from __future__ import annotations
 
@@ -28,22 +32,37 @@ from .tables import ADAGRAD_EPS, ENGINE_ATTR, TABLE_OPTIMIZER, TorchRecTables, w
 
 BAG_SHARDINGS = ("table_wise", "row_wise", "column_wise", "table_row_wise")
 SEQUENCE_SHARDINGS = ("table_wise", "row_wise", "column_wise")
+DATA_PARALLEL = "data_parallel"
 
 
-def sharders(lr: float) -> list:
-    """An EBC and an EC sharder listing our CPU sharding types, fused exact Adagrad at `lr`."""
+def sequence_sharding(sharding: str) -> str:
+    """The sharding type a named `sharding` gives the EmbeddingCollection's (sequence) tables:
+    the same, except table_row_wise, which TorchRec offers bags only -> row_wise."""
+    return "row_wise" if sharding == "table_row_wise" else sharding
+
+
+def compute_kernel(sharding: str) -> str:
+    """`dense` for data_parallel tables (plain replicated weights), `fused` (fbgemm TBE) otherwise."""
+    return "dense" if sharding == DATA_PARALLEL else "fused"
+
+
+def sharders(lr: float, sharding: str = "auto") -> list:
+    """An EBC and an EC sharder listing our CPU sharding types (plus data_parallel when `sharding`
+    names it), fused exact Adagrad at `lr` for the model-parallel ones."""
     torchrec()
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
+    extra = [DATA_PARALLEL] if sharding == DATA_PARALLEL else []
+
     class BagSharder(EmbeddingBagCollectionSharder):
         def sharding_types(self, compute_device_type: str) -> list[str]:
-            return list(BAG_SHARDINGS)
+            return list(BAG_SHARDINGS) + extra
 
     class SequenceSharder(EmbeddingCollectionSharder):
         def sharding_types(self, compute_device_type: str) -> list[str]:
-            return list(SEQUENCE_SHARDINGS)
+            return list(SEQUENCE_SHARDINGS) + extra
 
     fused = {"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": lr, "eps": ADAGRAD_EPS}
     return [BagSharder(fused_params=dict(fused)), SequenceSharder(fused_params=dict(fused))]
@@ -57,9 +76,11 @@ def plan_tables(tables: TorchRecTables, sharding: str, batch_size: int, shard_wi
     world = dist.get_world_size(group)
     constraints = None
     if sharding != "auto":
-        names = [n for n, _ in tables.ec.embeddings.named_children()] + \
-            [n for n, _ in tables.ebc.embedding_bags.named_children()]
-        constraints = {n: ParameterConstraints(sharding_types=[sharding], compute_kernels=["fused"]) for n in names}
+        kernel = [compute_kernel(sharding)]
+        constraints = {n: ParameterConstraints(sharding_types=[sequence_sharding(sharding)], compute_kernels=kernel)
+                       for n, _ in tables.ec.embeddings.named_children()}
+        constraints.update({n: ParameterConstraints(sharding_types=[sharding], compute_kernels=kernel)
+                            for n, _ in tables.ebc.embedding_bags.named_children()})
     planner_log = logging.getLogger("torchrec.distributed.planner")
     level = planner_log.level
     planner_log.setLevel(logging.ERROR)   # its advice on GPU topologies and dry runs does not apply here
@@ -84,15 +105,76 @@ def plan_record(plan) -> dict:
     return out
 
 
+def local_shards(value) -> list[tuple[tuple[int, int], torch.Tensor]]:
+    """[((row, col) offset, tensor)] this rank holds of one table's state_dict value: a
+    ShardedTensor's local shards, or the whole table (offset (0, 0)) for a data_parallel table."""
+    if isinstance(value, torch.Tensor) and not hasattr(value, "local_shards"):
+        return [((0, 0), value)]
+    return [(tuple(s.metadata.shard_offsets), s.tensor) for s in value.local_shards()]
+
+
 def load_full_weights(sharded: nn.Module, full: dict) -> None:
     """Copy each table's full (rows, dim) weight into this rank's shards: DMP initialises the
     sharded tables afresh, so the weights the model was built with are put back."""
     with torch.no_grad():
         for key, value in sharded.state_dict().items():
             weight = full[key.removeprefix("_dmp_wrapped_module.")]
-            for shard in value.local_shards():
-                (r, c), t = shard.metadata.shard_offsets, shard.tensor
+            for (r, c), t in local_shards(value):
                 t.copy_(weight[r:r + t.shape[0], c:c + t.shape[1]])
+
+
+def sum_then_adagrad(sharded: nn.Module, pg, lr: float) -> int:
+    """Train data_parallel tables as gemref trains replicated ones; returns how many DDP wrappers
+    got the hook (0 without data_parallel tables).
+
+    TorchRec wraps each data_parallel lookup in its own DDP, which AVERAGES gradients over the
+    ranks and leaves the step to the user's optimizer. This comm hook replaces both: it all-reduces
+    each bucket with SUM (gemref's convention), then takes one exact Adagrad step (lr, ADAGRAD_EPS:
+    sum += g^2, w -= lr g / (sqrt(sum) + eps), torch's Adagrad without decay) on the bucket's table
+    weights and zeroes their gradients, inside the backward, as the fused kernel does for the other
+    sharding types. Same update as the fused kernel's on the same summed gradient; what differs:
+    the weights are plain replicated tensors (every rank holds every table, plus a full-size
+    fp32 state sum) updated by these torch ops, not fbgemm's TBE, and the state is not in
+    TorchRec's fused optimizer."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    # a sharded collection keeps its lookups in a plain list (`_lookups`), out of modules()' reach
+    found = [m for m in sharded.modules()] + [lookup for m in sharded.modules() for lookup in getattr(m, "_lookups", [])]
+    wrappers = list({id(m): m for m in found if isinstance(m, DistributedDataParallel)}.values())
+    state_sums = {id(p): torch.zeros_like(p, memory_format=torch.preserve_format)
+                  for ddp in wrappers for p in ddp.parameters()}
+
+    def hook(_, bucket):
+        fut = dist.all_reduce(bucket.buffer(), group=pg, async_op=True).get_future()
+
+        def step(done):
+            buffer = done.value()[0]      # all_reduce is in place: the bucket's gradients see the sum
+            with torch.no_grad():
+                for p, g in zip(bucket.parameters(), bucket.gradients()):
+                    total = state_sums[id(p)].addcmul_(g, g)
+                    p.addcdiv_(g, total.sqrt().add_(ADAGRAD_EPS), value=-lr)
+            return buffer.zero_()
+        return fut.then(step)
+
+    for ddp in wrappers:
+        ddp.register_comm_hook(None, hook)
+    setattr(sharded, "dp_state_sums", state_sums)
+    return len(wrappers)
+
+
+def replicate_sequence_tables(sharded: nn.Module, pg) -> None:
+    """data_parallel sequence tables: the EmbeddingCollection, left out of DMP's plan, wrapped in
+    torch's DDP (which sum_then_adagrad then hooks like TorchRec's own data_parallel lookups).
+
+    TorchRec's data_parallel EmbeddingCollection runs compute kernel `dense`, fbgemm's
+    DenseTableBatchedEmbeddingBagsCodegen with PoolingMode.NONE, and fbgemm-gpu-cpu 1.8.0's CPU
+    op ignores NONE: 5 ids in 3 bags come back as 3 pooled rows, not 5, and the EC's output split
+    fails. The replicas here are the EC's own nn.Embedding tables: the same weights on every rank,
+    the same summed gradient and Adagrad step."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    inner = sharded._dmp_wrapped_module
+    inner.ec = DistributedDataParallel(inner.ec, process_group=pg, gradient_as_bucket_view=True)
 
 
 def use_torchrec_tables(model: nn.Module, *, lr: float, sharding: str = "auto", batch_size: int = 1,
@@ -119,13 +201,21 @@ def use_torchrec_tables(model: nn.Module, *, lr: float, sharding: str = "auto", 
 
     set_gradient_division(False)   # gemref sums gradients over ranks; TorchRec's default divides by the world
 
-    pg, shard_with = group or dist.group.WORLD, sharders(lr)
+    pg, shard_with = group or dist.group.WORLD, sharders(lr, sharding)
     plan = plan_tables(tables, sharding, batch_size, shard_with, pg)
+    replicated = {}
+    if sharding == DATA_PARALLEL:   # the sequence tables stay plain EC replicas (replicate_sequence_tables)
+        del plan.plan["ec"]
+        replicated = {f"ec.{n}": {"sharding": DATA_PARALLEL, "kernel": "torch", "ranks": list(range(dist.get_world_size(pg)))}
+                      for n, _ in tables.ec.embeddings.named_children()}
     full = {k: v.detach().clone() for k, v in tables.state_dict().items()}
     model.tables = DistributedModelParallel(tables, env=ShardingEnv.from_process_group(pg), device=device,
                                             plan=plan, sharders=shard_with, init_data_parallel=False)
     load_full_weights(model.tables, full)
-    record["plan"] = plan_record(plan)
+    if replicated:
+        replicate_sequence_tables(model.tables, pg)
+    sum_then_adagrad(model.tables, pg, lr)
+    record["plan"] = dict(sorted({**plan_record(plan), **replicated}.items()))
     record["sharding"] = sharding
     setattr(model, ENGINE_ATTR, record)
     with_torchrec_embed(model)
