@@ -43,8 +43,13 @@ import torch._functorch.config
 import torch.fx.experimental._config as fx_config
 from torch import Tensor, nn
 
+from .config import COMPILE_REGIONS
 from .model import ranking_loss
 
+# region kind -> (block, method) of every GEMLayer; COMPILE_REGIONS (gemref/config) adds "loss"
+REGION_KINDS = {"sequence.project": ("sequence", "project"), "sequence.mix": ("sequence", "mix"),
+                "interaction": ("interaction", "forward"), "cross.project": ("cross", "project"),
+                "cross.mix": ("cross", "mix")}
 _STATS: "weakref.WeakKeyDictionary[nn.Module, CompileStats]" = weakref.WeakKeyDictionary()
 
 
@@ -59,7 +64,8 @@ class CompileStats:
     loss: Callable[..., Tensor] | None = None   # the compiled loss region
 
     def as_record(self) -> dict:
-        return {"regions": len(self.regions), "graphs": self.graphs, "recompiles": self.recompiles,
+        return {"regions": len(self.regions), "kinds": sorted({n.split(".", 2)[-1] if n.startswith("layers.") else n
+                                                               for n in self.regions}), "graphs": self.graphs, "recompiles": self.recompiles,
                 "compile_s": self.compile_seconds, "compile_s_by_region": dict(self.region_seconds),
                 "activation_memory_budget": self.activation_memory_budget}
 
@@ -101,10 +107,11 @@ class CompiledRegion:
     keys unchanged (checkpoints and FSDP see the same model).
     """
 
-    def __init__(self, name: str, fn: Callable, stats: CompileStats, owner: nn.Module | None = None):
+    def __init__(self, name: str, fn: Callable, stats: CompileStats, owner: nn.Module | None = None,
+                 backend: Callable | None = None):
         self.name = name
         self.fn = fn
-        self.compiled = torch.compile(fn, backend=inductor_backend(stats.activation_memory_budget))
+        self.compiled = torch.compile(fn, backend=backend or inductor_backend(stats.activation_memory_budget))
         self.stats = stats
         self.owner = owner
         self.modes_seen: set[tuple[bool, bool]] = set()
@@ -130,9 +137,12 @@ class CompiledRegion:
         return out
 
 
-def compile_model(model: nn.Module, *, activation_memory_budget: float | None = None) -> CompileStats:
+def compile_model(model: nn.Module, *, activation_memory_budget: float | None = None,
+                  regions: "tuple[str, ...] | None" = None) -> CompileStats:
     """Compile GEMRef's blocks in place, region by region; returns (and registers) the stats.
 
+    `regions`: the region kinds to compile (COMPILE_REGIONS names: REGION_KINDS and "loss";
+    None: all of them); the others stay eager (e.g. a `plan_regions` plan: the kinds that won).
     Apply after activation checkpointing (gemref/autoac/solver.py) and before FSDP: a checkpointed
     interaction block is then compiled with its checkpoint inside the graph, while the
     checkpoint of a sequence or cross block wraps its compiled regions and eager attention.
@@ -141,19 +151,21 @@ def compile_model(model: nn.Module, *, activation_memory_budget: float | None = 
         raise ValueError("model is already compiled")
     if activation_memory_budget is not None and not 0.0 < activation_memory_budget <= 1.0:
         raise ValueError(f"activation_memory_budget must be in (0, 1], got {activation_memory_budget}")
+    chosen = COMPILE_REGIONS if regions is None else tuple(regions)
+    if unknown := [r for r in chosen if r not in COMPILE_REGIONS]:
+        raise ValueError(f"unknown region kind(s) {unknown}; valid: {', '.join(COMPILE_REGIONS)}")
     stats = CompileStats(activation_memory_budget=activation_memory_budget)
     for i, layer in enumerate(model.layers):
-        for block_name in ("sequence", "cross"):
+        for kind, (block_name, method) in REGION_KINDS.items():
+            if kind not in chosen:
+                continue
             block = getattr(layer, block_name)
-            for method in ("project", "mix"):
-                region = CompiledRegion(f"layers.{i}.{block_name}.{method}", getattr(block, method),
-                                        stats, block)
-                setattr(block, method, region)
-        region = CompiledRegion(f"layers.{i}.interaction", layer.interaction.forward, stats, layer.interaction)
-        if hasattr(region.fn, "gemref_ac"):       # checkpointed (gemref/autoac/solver.py): keep it visible
-            region.gemref_ac = region.fn.gemref_ac
-        layer.interaction.forward = region
-    stats.loss = CompiledRegion("loss", ranking_loss, stats, model)
+            region = CompiledRegion(f"layers.{i}.{kind}", getattr(block, method), stats, block)
+            if hasattr(region.fn, "gemref_ac"):   # checkpointed (gemref/autoac/solver.py): keep it visible
+                region.gemref_ac = region.fn.gemref_ac
+            setattr(block, method, region)
+    if "loss" in chosen:
+        stats.loss = CompiledRegion("loss", ranking_loss, stats, model)
     _STATS[model] = stats
     return stats
 
@@ -169,9 +181,6 @@ def loss_function(model: nn.Module) -> Callable[..., Tensor]:
     return stats.loss if stats is not None and stats.loss is not None else ranking_loss
 
 
-REGION_KINDS = {"sequence.project": ("sequence", "project"), "sequence.mix": ("sequence", "mix"),
-                "interaction": ("interaction", "forward"), "cross.project": ("cross", "project"),
-                "cross.mix": ("cross", "mix")}
 
 
 def region_inputs(model: nn.Module, forward: Callable[[], Any]) -> dict[str, tuple]:
@@ -199,6 +208,67 @@ def run_region(fn: Callable, args: tuple) -> None:
     """Forward and backward of one region (the sum of its outputs as the loss)."""
     outs = fn(*args)
     sum(o.float().sum() for o in (outs if isinstance(outs, tuple) else (outs,))).backward()
+
+
+PLAN_MARGIN = 0.03     # a region kind is compiled only if compiled is this much faster (median) than eager
+PLAN_REPS = 7          # interleaved forward+backward calls per variant and region when planning
+
+
+@dataclass
+class RegionPlan:
+    """Which region kinds to compile: those whose compiled forward+backward beat eager by more
+    than `margin` on the model's own inputs; `rows` has each kind's measurement."""
+
+    kept: tuple[str, ...]
+    rows: list[dict]
+    margin: float
+
+    def regions_text(self) -> str:
+        """TrainConfig.compile_regions of this plan ("" when no region wins)."""
+        return ",".join(self.kept)
+
+
+def plan_regions(model: nn.Module, batch: Any, *, reps: int = PLAN_REPS, margin: float = PLAN_MARGIN) -> RegionPlan:
+    """Measure every region kind of layer 0 and the loss, eager against compiled,
+    forward+backward on the inputs `model(batch)` hands them; keep the kinds whose median
+    compiled time is below (1 - margin) x eager's.
+
+    `model` is an eager GEMRef (left unchanged); each kind is compiled afresh with its own
+    backend (so no graph is shared with a later `compile_model`), dim 0 dynamic as there. The
+    calls alternate eager/compiled (A B A B, gemref/mfu/timing.interleaved), after one warm-up
+    call each, so a change in the machine's load hits both. Rows: region, eager_ms, compiled_ms
+    (medians, milliseconds), speedup (eager/compiled), compile_s (seconds), kept.
+    """
+    import statistics
+
+    from .mfu.timing import interleaved, stopwatch
+
+    if reps < 1 or not 0.0 <= margin < 1.0:
+        raise ValueError(f"need reps >= 1 and margin in [0, 1), got {reps}, {margin}")
+    logits: list[Tensor] = []
+    inputs = region_inputs(model, lambda: logits.append(model(batch)))
+    inputs["loss"] = (logits[0].detach().float().requires_grad_(True), batch.labels)
+    fns = {kind: getattr(getattr(model.layers[0], block), method) for kind, (block, method) in REGION_KINDS.items()}
+    fns["loss"] = ranking_loss
+    rows = []
+    for kind in COMPILE_REGIONS:
+        stats = CompileStats()
+        region = CompiledRegion(kind, fns[kind], stats, model, backend=inductor_backend.__wrapped__(None))  # own graphs
+        variants = {"eager": fns[kind], "compiled": region}
+
+        def timed(variant: str, _kind=kind, _variants=variants) -> float:
+            with stopwatch(inputs[_kind][0].device) as elapsed:
+                run_region(_variants[variant], inputs[_kind])
+            return elapsed[0]
+
+        start = time.perf_counter()
+        run_region(region, inputs[kind])                  # compiles (forward and backward)
+        compile_s = time.perf_counter() - start
+        samples = interleaved({v: (lambda k, v=v: timed(v)) for v in variants}, reps, warmup=1, alternate=True)
+        eager, compiled = (statistics.median(samples[v]) for v in ("eager", "compiled"))
+        rows.append({"region": kind, "eager_ms": 1e3 * eager, "compiled_ms": 1e3 * compiled,
+                     "speedup": eager / compiled, "compile_s": compile_s, "kept": compiled < (1 - margin) * eager})
+    return RegionPlan(tuple(r["region"] for r in rows if r["kept"]), rows, margin)
 
 
 _FUSED = r"\b(cpp_fused_\w+|triton_\w+_fused_\w+)\s*=\s*async_compile"

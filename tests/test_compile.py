@@ -117,3 +117,66 @@ def test_bench_compile_command(data_root, tmp_path):
     assert record["ratio"] == compiled["vs_eager"] > 0 and eager["vs_eager"] == 1.0
     assert {r["region"] for r in record["regions"]} == {"sequence.project", "sequence.mix", "interaction",
                                                         "cross.project", "cross.mix"}
+
+
+def test_only_the_named_region_kinds_are_compiled_and_the_rest_stay_eager():
+    eager, compiled = model_pair()
+    stats = compile_model(compiled, regions=("sequence.mix", "cross.mix"))
+    kinds = {n.split(".", 2)[-1] for n in stats.regions}
+    assert kinds == {"sequence.mix", "cross.mix"} and len(stats.regions) == 2 * CFG.n_layers
+    for layer in compiled.layers:     # the eager ones are the modules' own bound methods
+        assert layer.sequence.project.__func__ is type(layer.sequence).project
+        assert layer.interaction.forward.__func__ is type(layer.interaction).forward
+        assert type(layer.sequence.mix).__name__ == "CompiledRegion"
+    assert stats.loss is None
+    assert_same_step(eager, compiled, batch_with_lengths(CFG, [5, 9, 2, 30], seed=0))
+    with pytest.raises(ValueError, match="unknown region"):
+        compile_model(model_pair()[1], regions=("sequence.mlp",))
+
+
+def test_region_kinds_and_the_config_names_agree():
+    from gemref.compile import REGION_KINDS
+    from gemref.config import COMPILE_REGIONS
+
+    assert (*REGION_KINDS, "loss") == COMPILE_REGIONS
+
+
+@pytest.mark.parametrize("text", ["", "sequence.mix,sequence.mix", "attention", "all,loss", "sequence.mix,"])
+def test_a_bad_compile_regions_is_a_usage_error(text):
+    from gemref.errors import UsageError
+
+    with pytest.raises(UsageError, match="compile_regions"):
+        override(TINY.train, compile=True, compile_regions=text)
+
+
+def test_compile_regions_without_compile_is_refused():
+    from gemref.errors import UsageError
+
+    with pytest.raises(UsageError, match="read only with compile"):
+        override(TINY.train, compile_regions="loss")
+    assert override(TINY.train, compile=True, compile_regions="loss ,sequence.mix").compile_regions
+
+
+def test_the_region_plan_keeps_exactly_the_kinds_below_its_margin(monkeypatch):
+    """plan_regions measures every kind (eager and compiled, forward+backward) and keeps a kind iff
+    its compiled median is below (1 - margin) x eager's: checked on the rows it reports."""
+    from gemref.compile import plan_regions
+
+    eager, _ = model_pair()
+    batch = batch_with_lengths(CFG, [5, 9, 2, 30], seed=0)
+    before = {n: p.detach().clone() for n, p in eager.named_parameters()}
+    plan = plan_regions(eager, batch, reps=2, margin=0.03)
+    assert [r["region"] for r in plan.rows] == ["sequence.project", "sequence.mix", "interaction",
+                                                 "cross.project", "cross.mix", "loss"]
+    for r in plan.rows:
+        assert r["eager_ms"] > 0 and r["compiled_ms"] > 0 and r["compile_s"] > 0
+        assert r["kept"] == (r["compiled_ms"] < 0.97 * r["eager_ms"])
+        assert abs(r["speedup"] - r["eager_ms"] / r["compiled_ms"]) < 1e-9
+    assert plan.kept == tuple(r["region"] for r in plan.rows if r["kept"])
+    assert plan.regions_text() == ",".join(plan.kept)
+    assert all(type(getattr(getattr(eager.layers[0], b), m)).__name__ == "method"
+               for b, m in [("sequence", "project"), ("interaction", "forward")])   # the model is left eager
+    for n, p in eager.named_parameters():
+        assert torch.equal(p, before[n]), n
+    with pytest.raises(ValueError, match="margin"):
+        plan_regions(eager, batch, margin=1.0)

@@ -20,11 +20,14 @@ def test_trend(values, words):
     assert trend(values) == words
 
 
-def _steps(eager, compiled):
-    return {"rows": [{"variant": "eager", "steps_s": eager, "median_step_s": sorted(eager)[len(eager) // 2]},
-                     {"variant": "compiled", "steps_s": compiled, "compile_s": 3.0, "graphs": 6,
-                      "recompiles_after_warmup": 0, "median_step_s": sorted(compiled)[len(compiled) // 2]}],
-            "ratio": sorted(c / e for c, e in zip(compiled, eager))[len(eager) // 2]}
+def _steps(eager, compiled, planned=None):
+    def row(name, s):
+        return {"variant": name, "steps_s": s, "compile_s": 3.0, "graphs": 6, "recompiles_after_warmup": 0,
+                "median_step_s": sorted(s)[len(s) // 2], "regions": "sequence.mix",
+                "vs_eager": sorted(c / e for c, e in zip(s, eager))[len(eager) // 2]}
+    rows = [{"variant": "eager", "steps_s": eager, "median_step_s": sorted(eager)[len(eager) // 2], "vs_eager": 1.0},
+            row("compiled", compiled)] + ([row("planned", planned)] if planned else [])
+    return {"rows": rows, "ratio": rows[1]["vs_eager"]}
 
 
 def test_compile_findings_say_which_way_each_region_went():
@@ -35,6 +38,18 @@ def test_compile_findings_say_which_way_each_region_went():
     assert "1 slower (b 0.70x)" in faster[2] and "0.30-0.30 ms" in faster[3]
     slower = compile_findings(_steps([1.0, 1.0, 1.0], [1.3, 1.25, 1.35]), regions[1:2], 12)
     assert "slower." in slower[1] and "0 of 1 ran faster" in slower[2]
+
+
+def test_compile_findings_judge_the_plans_variant_and_name_what_it_keeps():
+    regions = [{"region": "a", "speedup": 1.4, "eager_ms": 2.0, "kept": True},
+               {"region": "b", "speedup": 0.7, "eager_ms": 0.3, "kept": False}]
+    wins = compile_findings(_steps([1.0] * 3, [1.1, 1.2, 1.15], planned=[0.8, 0.85, 0.82]), regions, 3)
+    assert "every region compiled" in wins[1] and "slower." in wins[1]
+    assert "only the plan's regions compiled (sequence.mix)" in wins[2] and wins[2].endswith("faster.")
+    assert "compiles a and leaves b eager" in wins[4]
+    none = compile_findings(_steps([1.0] * 3, [1.1, 1.2, 1.15]), [{**r, "kept": False} for r in regions], 3)
+    assert len([line for line in none if line.startswith("Training step")]) == 1
+    assert "compiles nothing and leaves a, b eager" in none[3]
 
 
 def _sweep(selective, full, auto_step, full_step):

@@ -13,7 +13,7 @@ import torch
 
 from gemref.waterfall import ladder
 from gemref.cli import main
-from gemref.config import get_preset
+from gemref.config import get_preset, override
 from gemref.errors import UsageError
 from gemref.mfu.op_classes import CLASSES, classify_cpu, op_class
 from gemref.mfu.timing import StepRecord
@@ -434,3 +434,32 @@ def test_with_compressed_ac_rung_4_trains_with_compressed_saved_activations(data
     assert "C" in autoac["config"]["train"]["ac_plan"]      # the plan the parent solved, handed to the rank as is
     assert notes(rec)[0] == f"with compressed_ac: {WITH_OPTIONS['compressed_ac']}"
     assert json.loads((tmp_path / "rung1_autoac.json").read_text())["row"]["config"]["train"]["ac_compress"] == "mxfp8"
+
+
+def test_the_compile_rung_compiles_the_plans_regions_or_says_why_none(monkeypatch):
+    """Rung 3 runs the region plan once (at the per-rank batch, one thread per rank as a rank
+    has) and hands the ranks its kinds; with no winner the rung does not apply and says how
+    each kind did."""
+    from gemref.compile import RegionPlan
+    from gemref.waterfall import rungs
+
+    seen = {}
+
+    def fake_plan(model, batch, rows):
+        def plan(m, b):
+            seen.update(rows=len(b.lengths), threads=torch.get_num_threads())
+            return RegionPlan(tuple(r["region"] for r in rows if r["kept"]), rows, 0.03)
+        return plan
+
+    compile_rung = {rung.key: rung for rung in LADDER}["compile"]
+    start = override(TINY.train, jagged=True, kernel="auto", batch_size=8)
+    rows = [{"region": "sequence.mix", "speedup": 1.2, "kept": True}, {"region": "loss", "speedup": 0.5, "kept": False}]
+    monkeypatch.setattr(rungs, "plan_regions", fake_plan(None, None, rows))
+    threads = torch.get_num_threads()
+    out = compile_rung.configure(start, Context(TINY, torch.device("cpu"), 2))
+    assert out.compile and out.compile_regions == "sequence.mix"
+    assert seen == {"rows": 4, "threads": 1} and torch.get_num_threads() == threads
+    lost = [{**r, "kept": False} for r in rows]
+    monkeypatch.setattr(rungs, "plan_regions", fake_plan(None, None, lost))
+    why = compile_rung.configure(start, Context(TINY, torch.device("cpu"), 2))
+    assert why.startswith("n/a here: no compiled region beats eager") and "sequence.mix 1.20x, loss 0.50x" in why

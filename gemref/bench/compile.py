@@ -8,9 +8,12 @@ vs_eager (the median over batches of compiled/eager step time on the same batch:
 differ in rows and longest history, so their times spread more than the variants differ),
 MFU of each, graphs compiled, and recompiles after warm-up.
 
-Then the dense regions alone (attention runs the same kernel in both, so this is what
-compile changes): forward+backward time of each region kind of layer 0, eager vs compiled,
-medians of --region-reps calls on the first batch's shapes.
+First, the region plan (gemref/compile.py plan_regions; attention runs the same kernel
+either way, so this is what compile changes): forward+backward time of each region kind of
+layer 0 and of the loss, eager vs compiled, medians of --region-reps interleaved calls on the
+first batch; the kinds compiled faster by more than the plan's margin are kept. The steps then
+compare three variants: eager, every region compiled, and only the plan's regions compiled
+(what the waterfall's compile rung runs).
 """
 from __future__ import annotations
 
@@ -24,68 +27,59 @@ import torch
 from ..options import add_dataset_arg, add_device_arg, int_at_least, output_file, positive_int
 from ..config import PRESETS
 from ..data.folder import dataset_preset
-from ..compile import REGION_KINDS, compile_stats, region_inputs, run_region
+from ..compile import RegionPlan, compile_stats, plan_regions
+from ..config import override
 from ..mfu.meter import percentile
-from ..mfu.timing import interleaved, stopwatch
+from ..mfu.timing import interleaved
 from ..report import format_table
 from ..files import write_json
 from ..env import versions
-from ..train import forward_loss
+from ..train import build_model
 from .autoac import Bench, Trainer, make_bench, run_mfu, strategy_model
 
 STEP_COLUMNS = ("variant", "median_step_s", "p10_step_s", "p90_step_s", "vs_eager", "mfu", "compile_s", "graphs",
-                "recompiles_after_warmup")
+                "recompiles_after_warmup", "regions")
 
 
-def compare_steps(b: Bench) -> dict:
+def region_plan(b: Bench, reps: int = 5) -> RegionPlan:
+    """The region plan on the bench's first batch (gemref/compile.py plan_regions)."""
+    return plan_regions(strategy_model(b, "none", compiled=False), b.batches[0], reps=reps)
+
+
+def compare_steps(b: Bench, planned: tuple[str, ...] | None = None) -> dict:
     """Interleaved training steps of an eager and a compiled model on the same batches
-    (gemref/mfu/timing.py interleaved, alternating who goes first)."""
+    (gemref/mfu/timing.py interleaved, alternating who goes first); with `planned` (region
+    kinds), a third model compiles only those ("planned"). Every ratio is paired per batch."""
     models = {"eager": strategy_model(b, "none", compiled=False), "compiled": strategy_model(b, "none", compiled=True)}
+    if planned:
+        models["planned"] = build_model(b.preset, override(b.train, compile=True, ac="none", ac_budget=1.0, ac_plan="",
+                                                           ac_compress="none", compile_regions=",".join(planned)),
+                                        b.device)[0]
     trainers = {name: Trainer(b, model) for name, model in models.items()}
-    stats = compile_stats(models["compiled"])
-    after_warmup = []
+    stats = {name: compile_stats(model) for name, model in models.items() if name != "eager"}
+    after_warmup: dict = {}
 
     def step(name: str, k: int):
         if k == b.warmup and not after_warmup:          # the first timed round: compilation is behind us
-            after_warmup.append((stats.graphs, stats.recompiles))
+            after_warmup.update({n: (s.graphs, s.recompiles) for n, s in stats.items()})
         return trainers[name].step(b.batches[k])
 
     records = interleaved({name: (lambda k, name=name: step(name, k)) for name in trainers},
                           len(b.batches) - b.warmup, warmup=b.warmup, alternate=True)
     seconds = {name: [r.step_s for r in rs] for name, rs in records.items()}
-    after_warmup = after_warmup[0]
     rows = []
     for name, s in seconds.items():
-        rows.append({"variant": name, "median_step_s": statistics.median(s), "p10_step_s": percentile(s, 0.1),
-                     "p90_step_s": percentile(s, 0.9), "mfu": run_mfu(b, records[name]), "steps_s": s})
-    paired = statistics.median(c / e for c, e in zip(seconds["compiled"], seconds["eager"]))
-    rows[0]["vs_eager"], rows[1]["vs_eager"] = 1.0, paired
-    rows[1].update(compile_s=stats.compile_seconds, graphs=stats.graphs,
-                   recompiles_after_warmup=stats.recompiles - after_warmup[1],
-                   graphs_after_warmup=stats.graphs - after_warmup[0])
-    return {"rows": rows, "ratio": paired,
-            "compile": stats.as_record(), "models": models}
-
-
-def compare_regions(b: Bench, models: dict, reps: int = 5) -> list[dict]:
-    """Forward+backward seconds of each region kind (layer 0), eager vs compiled, interleaved."""
-    eager = models["eager"]
-    inputs = region_inputs(eager, lambda: forward_loss(eager, b.batches[0], b.autocast))
-    rows = []
-    for name, (block_name, method) in REGION_KINDS.items():
-        def timed(variant: str, name=name, block_name=block_name, method=method) -> float:
-            fn = getattr(getattr(models[variant].layers[0], block_name), method)
-            with stopwatch(b.device) as elapsed:
-                run_region(fn, inputs[name])
-            return elapsed[0]
-
-        samples = interleaved({v: (lambda k, v=v: timed(v)) for v in ("eager", "compiled")}, reps, warmup=1)
-        timing = {v: statistics.median(t) for v, t in samples.items()}
-        stats = compile_stats(models["compiled"])
-        rows.append({"region": name, "eager_ms": 1e3 * timing["eager"], "compiled_ms": 1e3 * timing["compiled"],
-                     "speedup": timing["eager"] / timing["compiled"],
-                     "compile_s": stats.region_seconds.get(name) if stats else None})
-    return rows
+        row = {"variant": name, "median_step_s": statistics.median(s), "p10_step_s": percentile(s, 0.1),
+               "p90_step_s": percentile(s, 0.9), "mfu": run_mfu(b, records[name]), "steps_s": s,
+               "vs_eager": statistics.median(c / e for c, e in zip(s, seconds["eager"]))}
+        if name in stats:
+            row.update(compile_s=stats[name].compile_seconds, graphs=stats[name].graphs,
+                       recompiles_after_warmup=stats[name].recompiles - after_warmup[name][1],
+                       graphs_after_warmup=stats[name].graphs - after_warmup[name][0],
+                       regions=",".join(stats[name].as_record()["kinds"]))
+        rows.append(row)
+    return {"rows": rows, "ratio": rows[1]["vs_eager"], "planned_ratio": rows[2]["vs_eager"] if planned else None,
+            "compile": stats["compiled"].as_record(), "models": models}
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -107,13 +101,18 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     b = make_bench(dataset_preset(args.preset, args.dataset), batch_size=args.batch_size,
                    steps=args.steps_per_variant, warmup=args.warmup, device=args.device)
-    steps = compare_steps(b)
-    regions = compare_regions(b, steps.pop("models"), args.region_reps)
+    plan = region_plan(b, args.region_reps)
+    steps = compare_steps(b, plan.kept)
+    steps.pop("models")
+    regions = plan.rows
     where = f"{b.preset.name}, jagged, kernel {b.s.kernel}, batch {b.train.batch_size}, {b.device.type} " \
             f"({torch.get_num_threads()} threads)"
     print(format_table(steps["rows"], STEP_COLUMNS, title=f"eager vs compiled training steps: {where}"))
-    print(format_table(regions, title="dense regions alone (forward + backward, layer 0)"))
-    print(f"compiled/eager step time {steps['ratio']:.3f}; compile {steps['compile']['compile_s']:.1f} s once; "
+    print(format_table(regions, title=f"the region plan: each region alone, forward + backward (layer 0), kept if "
+                                      f"compiled is > {plan.margin:.0%} faster"))
+    print(f"compiled/eager step time {steps['ratio']:.3f}, the plan's regions only "
+          + (f"{steps['planned_ratio']:.3f} ({plan.regions_text()})" if plan.kept else "n/a (no region won)")
+          + f"; compile {steps['compile']['compile_s']:.1f} s once; "
           f"recompiles after warm-up: {steps['rows'][1]['recompiles_after_warmup']}")
     if args.json:
         write_json(args.json, {"kind": "bench_compile", "preset": b.preset.name,
@@ -122,6 +121,6 @@ def run(args) -> int:
                                "device": {"type": b.device.type, "threads": torch.get_num_threads(),
                                           "machine": platform.machine()},
                                "versions": versions(),
-                               **steps, "regions": regions})
+                               **steps, "regions": regions, "plan": list(plan.kept), "plan_margin": plan.margin})
         print(f"wrote {args.json}")
     return 0

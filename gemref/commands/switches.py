@@ -39,6 +39,8 @@ HELP = {
     "jagged": "rung 1: keep histories jagged instead of padding to max_len",
     "kernel": "rung 2: gdpa kernel (jagged layout; auto picks the fastest that runs here)",
     "compile": "rung 3: torch.compile, block by block",
+    "compile_regions": "with --compile: the region kinds to compile, comma-separated (the rest stay eager): all, or "
+                       "sequence.project, sequence.mix, interaction, cross.project, cross.mix, loss",
     "ac": "rung 4: activation checkpointing (auto = AutoAC; pt2 = torch's activation_memory_budget, "
           "needs --compile)",
     "ac_budget": "auto/pt2: activation memory budget, a fraction in (0, 1] of the no-checkpoint bytes",

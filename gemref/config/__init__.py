@@ -26,6 +26,8 @@ EMBEDDING_ENGINES = ("native", "torchrec")                # gemref/interop/table
 TORCHREC_SHARDINGS = ("auto", "table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
 BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/comm.py
 AC_MODES = ("none", "full", "auto", "pt2")
+# torch.compile's region kinds (gemref/compile.py REGION_KINDS, plus the loss): TrainConfig.compile_regions
+COMPILE_REGIONS = ("sequence.project", "sequence.mix", "interaction", "cross.project", "cross.mix", "loss")
 # Saved activations stored compressed (gemref/autoac/compress.py FORMATS; a test keeps them equal):
 # with ac "none" every block's dense regions, with ac "auto" one more option AutoAC weighs per block.
 AC_COMPRESSIONS = ("none", "fp8_tensor", "fp8_block", "mxfp8")
@@ -175,6 +177,7 @@ class TrainConfig:
     jagged: bool = False        # rung 1: keep histories jagged instead of padding to max_len
     kernel: str = "reference"   # rung 2: gdpa kernel (reference = naive materialised)
     compile: bool = False       # rung 3: torch.compile, block by block (gemref/compile.py)
+    compile_regions: str = "all"  # with compile: the region kinds compiled (COMPILE_REGIONS, comma-separated); the rest eager
     ac: str = "none"            # rung 4: activation checkpointing: none, full, auto (AutoAC), pt2
     ac_budget: float = 1.0      # auto/pt2: activation memory budget, fraction of the no-AC bytes
     ac_compress: str = "none"   # saved activations as FP8/MX (AC_COMPRESSIONS): ac none = every block, auto = an option
@@ -256,9 +259,26 @@ class TrainConfig:
                              "(per block kind, one letter per layer: - none, S selective, F full, C compressed)")
         if "C" in self.ac_plan and self.ac_compress == "none":
             raise UsageError("ac_plan compresses blocks (C): set ac_compress to the format (e.g. mxfp8)")
+        if self.compile_regions != "all":
+            parse_compile_regions(self.compile_regions)
+            if not self.compile:
+                raise UsageError(f"compile_regions={self.compile_regions!r} is read only with compile=True")
         if self.ac == "pt2" and not self.compile:
             raise UsageError("ac='pt2' (PyTorch 2's activation memory budget) acts inside compiled "
                              "regions: it needs compile=True")
+
+
+def parse_compile_regions(text: str) -> tuple[str, ...]:
+    """The region kinds `text` names ("all", or COMPILE_REGIONS comma-separated), in COMPILE_REGIONS
+    order; an unknown, repeated or missing name is a UsageError listing the valid ones."""
+    if text == "all":
+        return COMPILE_REGIONS
+    names = [n.strip() for n in text.split(",")]
+    bad = [n for n in names if n not in COMPILE_REGIONS]
+    if bad or not names or len(set(names)) != len(names):
+        raise UsageError(f"compile_regions={text!r}: give 'all' or distinct names among "
+                         f"{', '.join(COMPILE_REGIONS)}, comma-separated")
+    return tuple(n for n in COMPILE_REGIONS if n in names)
 
 
 DATA_FIELDS = ("item_vocab", "action_vocab", "time_buckets", "sparse_vocab", "n_dense")   # a dataset's, in a ModelConfig

@@ -28,7 +28,7 @@ from ..autoac.regions import auto_checkpoint_regions
 from ..autoac.solver import ac_blocks, applied_plan, apply_plan, parse_plan
 from ..balance import SampleCost
 from ..compile import compile_model
-from ..config import DatasetFolder, Preset, TrainConfig, get_preset
+from ..config import DatasetFolder, Preset, TrainConfig, get_preset, parse_compile_regions
 from ..data.batches import representative_batch
 from ..data.folder import check_lengths, check_unchanged
 from ..data.jagged import JaggedBatch
@@ -141,7 +141,8 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     elif compression is not None:   # no checkpointing: every block keeps its saved activations compressed
         apply_plan(model, {name: "compressed" for name in ac_blocks(model)}, compression=compression)
     if train.compile:
-        compile_model(model, activation_memory_budget=train.ac_budget if train.ac == "pt2" else None)
+        compile_model(model, activation_memory_budget=train.ac_budget if train.ac == "pt2" else None,
+                      regions=parse_compile_regions(train.compile_regions))
     if train.embeddings == "torchrec":   # TorchRec's tables (sharded by DMP over the ranks), gemref's dense layers
         use_torchrec_tables(model, lr=train.lr, sharding=train.torchrec_sharding,
                             batch_size=max(1, train.batch_size // (parallel.world if parallel else 1)))

@@ -28,8 +28,9 @@ RUNGS: tuple[RungSpec, ...] = (
              "histories stay jagged (values + offsets): no FLOPs on padding", "gemref/model/layout.py"),
     RungSpec(2, "fused_attention", "2 + flash/GDPA", "--kernel auto",
              "Flash (softmax) / GDPA (pointwise) kernels on jagged sequences", "gemref/attention/"),
-    RungSpec(3, "compile", "3 + compile", "--compile",
-             "regional `torch.compile`, shape-generic for jagged batches", "gemref/compile.py"),
+    RungSpec(3, "compile", "3 + compile", "--compile --compile-regions PLAN",
+             "regional `torch.compile` of the region kinds measured faster than eager here, shape-generic "
+             "for jagged batches", "gemref/compile.py"),
     RungSpec(4, "autoac", "4 + AutoAC, larger batch", "--ac auto",
              "AutoAC: checkpoint what a memory budget requires, spend the memory on a larger batch",
              "gemref/autoac/solver.py"),

@@ -33,6 +33,7 @@ from ..autoac.compress import CompressionSpec
 from ..autoac.profile import find_batch_size, step_bytes
 from ..autoac.regions import auto_checkpoint_regions
 from ..autoac.solver import ac_blocks, apply_plan, remove_plan
+from ..compile import plan_regions
 from ..config import Preset, TrainConfig, override
 from ..data.batches import representative_batch
 from ..errors import UsageError
@@ -122,6 +123,27 @@ def _largest_compressed_batch(model, batch_of, budget: int, low: int, high: int)
     return low
 
 
+def _compile(train: TrainConfig, ctx: Context) -> TrainConfig | str:
+    """Compile the region kinds that win: each measured eager against compiled on the batch each
+    rank runs, with the threads a rank has (gemref.compile.plan_regions), once, here; the ranks
+    get the plan in compile_regions. No winner: the rung does not apply (every region would
+    only add its call overhead), and says by how much each lost."""
+    per_rank = max(1, train.batch_size // ctx.ranks)
+    model = build_model(ctx.preset, train, ctx.device)[0]
+    batch = representative_batch(ctx.preset, per_rank, ctx.device, seed=train.seed)
+    threads = torch.get_num_threads()
+    if ctx.device.type == "cpu" and ctx.ranks > 1:
+        torch.set_num_threads(1)               # as a rank runs (gemref/parallel/launch.py)
+    try:
+        found = plan_regions(model, batch)
+    finally:
+        torch.set_num_threads(threads)
+    if not found.kept:
+        return ("n/a here: no compiled region beats eager by " + f"{found.margin:.0%} on this device ("
+                + ", ".join(f"{r['region']} {r['speedup']:.2f}x" for r in found.rows) + ")")
+    return override(train, compile=True, compile_regions=found.regions_text())
+
+
 def _autoac(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     """Keep the activation memory the previous rung's step used at the batch each rank runs,
     let AutoAC checkpoint just enough that a larger batch fits in it
@@ -165,7 +187,7 @@ CONFIGURE: dict[str, Callable[[TrainConfig, Context], "TrainConfig | str"]] = {
     "baseline": lambda t, c: override(t, jagged=False, kernel="reference", mesh=f"{c.ranks}x1", balance="none"),
     "jagged": lambda t, c: override(t, jagged=True),
     "fused_attention": lambda t, c: override(t, kernel="auto"),
-    "compile": lambda t, c: override(t, compile=True),
+    "compile": _compile,
     "autoac": _autoac,
     "load_balance": _needs_ranks(lambda t, c: override(t, balance=next((p for p in ("local", "shared") if p in c.options),
                                                                        "kk"))),

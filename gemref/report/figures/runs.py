@@ -75,15 +75,15 @@ def mx_blocks_figure(exponent, sqnr_db, title: str = "MXFP8: one scale per 32 va
 
 
 def compile_steps_figure(steps: dict, title: str = "eager vs compiled: step time and compile time") -> go.Figure:
-    """Per-step times of both variants (left) and compile time against the median step (right);
-    `steps` from gemref.bench.compile.compare_steps."""
+    """Per-step times of every variant (left) and each compiled variant's compile time against
+    the median steps (right); `steps` from gemref.bench.compile.compare_steps."""
     fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4],
                         subplot_titles=("timed training steps", "one-off compile vs one step"))
     for row in steps["rows"]:
         fig.add_trace(go.Scatter(y=row["steps_s"], mode="lines+markers", name=row["variant"]), row=1, col=1)
-    compiled = steps["rows"][1]
-    labels = ["compile (once)", "eager step", "compiled step"]
-    values = [compiled["compile_s"], steps["rows"][0]["median_step_s"], compiled["median_step_s"]]
+    labels = [f"compile {r['variant']} (once)" for r in steps["rows"] if "compile_s" in r] \
+        + [f"{r['variant']} step" for r in steps["rows"]]
+    values = [r["compile_s"] for r in steps["rows"] if "compile_s" in r] + [r["median_step_s"] for r in steps["rows"]]
     fig.add_trace(go.Bar(x=labels, y=values, text=[f"{v:.3g} s" for v in values], showlegend=False), row=1, col=2)
     fig.update_xaxes(title_text="timed step", row=1, col=1)
     fig.update_yaxes(title_text="seconds", row=1, col=1)
