@@ -268,6 +268,7 @@ def plan_regions(model: nn.Module, batch: Any, *, reps: int = PLAN_REPS, margin:
         eager, compiled = (statistics.median(samples[v]) for v in ("eager", "compiled"))
         rows.append({"region": kind, "eager_ms": 1e3 * eager, "compiled_ms": 1e3 * compiled,
                      "speedup": eager / compiled, "compile_s": compile_s, "kept": compiled < (1 - margin) * eager})
+    model.zero_grad(set_to_none=True)                    # the timing runs left gradients on the weights
     return RegionPlan(tuple(r["region"] for r in rows if r["kept"]), rows, margin)
 
 
