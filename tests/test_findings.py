@@ -1,8 +1,8 @@
 """gemref/walkthrough/findings.py: the sentences follow the measurements, whichever way they went."""
 import pytest
 
-from gemref.walkthrough.findings import (autoac_findings, compile_findings, ladder_findings, ratio_verdict,
-                                         tail_findings, trend)
+from gemref.walkthrough.findings import (autoac_findings, compile_findings, engines_findings, ladder_findings,
+                                         ratio_verdict, tail_findings, trend)
 
 
 @pytest.mark.parametrize("ratio, low, high, verdict", [
@@ -86,3 +86,45 @@ def test_tail_findings_follow_the_series():
     up = tail_findings([0.6, 1.8], [1.2, 1.6], [1.0, 1.0])[0]
     down = tail_findings([1.8, 0.6], [1.6, 1.2], [1.0, 1.0])[0]
     assert "round robin's straggler factor rises" in up and "falls" in down
+
+
+def _engines(trec_over_native, refusal="DMPCollection only supports CUDA or MTIA", windows=3):
+    """compare_sharded's result with every TorchRec variant at `trec_over_native` x its pair's time
+    (paired windows +-10%), gemref's tables at 100 B per rank and AdamW's 200."""
+    def row(variant, engine, sharding, baseline, weights, ratio):
+        return {"variant": variant, "engine": engine, "sharding": sharding, "baseline": baseline, "windows": windows,
+                "vs_native": ratio, "vs_min": ratio * 0.9, "vs_max": ratio * 1.1, "table_bytes_per_rank": weights,
+                "table_opt_bytes_per_rank": [(2 if engine == "native" else 1) * w for w in weights]}
+    r = trec_over_native
+    return {"rows": [row("native row", "native", "row", "native row", [100, 100], 1.0),
+                     row("TorchRec row_wise", "torchrec", "row_wise", "native row", [100, 100], r),
+                     row("native table", "native", "table", "native table", [120, 80], 1.0),
+                     row("TorchRec table_wise", "torchrec", "table_wise", "native table", [150, 50], r),
+                     row("TorchRec planner", "torchrec", "auto", "native row", [125, 75], r)],
+            "plan": {"ec.item": {"sharding": "row_wise", "ranks": [0, 1]},
+                     "ebc.sparse_0": {"sharding": "table_wise", "ranks": [0]}},
+            "dmp_collection_cpu": refusal}
+
+
+def test_engines_findings_flip_with_the_measured_times():
+    quick = engines_findings(_engines(0.5), readable_lines=46)
+    assert quick[0].startswith("TorchRec row_wise against native row: 2.00x its speed (paired windows "
+                               "1.82x..2.22x): faster; the same table weights on its fullest rank (100 vs 100 B) "
+                               "and 0.50x")
+    assert "TorchRec table_wise against native table" in quick[1] and "1.25x the table weights" in quick[1]
+    assert "row_wise for 1 table (ec.item); table_wise for 1 table (ebc.sparse_0)" in quick[3]
+    assert "1.25x the mean rank's table weights, 1.25x gemref's row-wise fullest rank" in quick[3]
+    assert "were faster in 3 of 3 pairs here" in quick[4] and "(46 lines of torch.distributed)" in quick[4]
+    assert "refused a CPU device ('DMPCollection only supports CUDA or MTIA')" in quick[4]
+    slow = engines_findings(_engines(2.0, refusal=None))
+    assert "0.50x its speed (paired windows 0.45x..0.56x): slower" in slow[0]
+    assert "faster in none of the 3 pairs here, so the readable tables cost no step time" in slow[4]
+    assert "did not refuse a CPU device" in slow[4] and "lines of torch.distributed" not in slow[4]
+    even = engines_findings(_engines(0.99))
+    assert "no measurable difference" in even[0] and "faster in none of the 3 pairs" in even[4]
+
+
+def test_engines_findings_judge_one_window_by_the_noise_band():
+    one = engines_findings(_engines(0.97, windows=1))      # 1.03x: inside +-5% without a measured spread
+    assert "1.03x its speed (one window): no measurable difference" in one[0]
+    assert "faster." not in one[0]

@@ -5,6 +5,7 @@ What a notebook imports (`from gemref.walkthrough import ...`):
     show_table, predicted, show                                     display.py
     e2e_mfu_calculator, memory_calculator                           calculators.py
     the sentences about this run's results                          findings.py
+    engine_rows, plan_rows, engines_figure (gemref's tables vs TorchRec's)   engines.py
     record_metrics                                                  metrics.py
 
 Behind `gemref notebooks run|build`:

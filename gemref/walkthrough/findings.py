@@ -160,3 +160,56 @@ def tail_findings(sigmas: Sequence[float], round_robin: Sequence[float], balance
             f"factor {trend(round_robin)} ({', '.join(f'{v:.2f}' for v in round_robin)}), the balanced one "
             f"{trend(balanced)} ({', '.join(f'{v:.2f}' for v in balanced)}); what balancing removes "
             f"(round robin / balanced) {trend(gaps)} ({', '.join(f'{v:.2f}x' for v in gaps)})."]
+
+
+def engines_findings(result: dict, readable_lines: int | None = None) -> list[str]:
+    """Chapter 07: each TorchRec variant against its native pair (speed by its paired windows,
+    table weights on the fullest rank, table optimizer state over all ranks), what TorchRec's
+    planner chose, and what the run says about keeping gemref's readable tables; `result` from
+    gemref.bench.embeddings.compare_sharded, `readable_lines` the length of gemref's ShardedEmbedding."""
+    rows = {r["variant"]: r for r in result["rows"]}
+    out, faster = [], []
+    for r in result["rows"]:
+        if r["engine"] == "native":
+            continue
+        base = rows[r["baseline"]]
+        speed = 1 / r["vs_native"]
+        lo, hi = (1 / r["vs_max"], 1 / r["vs_min"]) if r["windows"] > 1 else (None, None)   # one window: no spread
+        verdict = ratio_verdict(speed, lo, hi)
+        paired = f" (paired windows {_x(lo)}..{_x(hi)})" if lo is not None else " (one window)"
+        if verdict == "faster":
+            faster.append(r["variant"])
+        mine, theirs = max(r["table_bytes_per_rank"]), max(base["table_bytes_per_rank"])
+        held = ("the same table weights on its fullest rank" if mine == theirs else
+                f"{mine / theirs:.2f}x the table weights on its fullest rank")
+        state = sum(r["table_opt_bytes_per_rank"]) / sum(base["table_opt_bytes_per_rank"])
+        out.append(f"{r['variant']} against {base['variant']}: {_x(speed)} its speed{paired}: {verdict}; {held} "
+                   f"({mine:,} vs {theirs:,} B) and {state:.2f}x its table optimizer state over all ranks.")
+    planner = next((r for r in result["rows"] if r["sharding"] == "auto"), None)
+    if planner is not None and result.get("plan"):
+        chose: dict[str, list[str]] = {}
+        for table, entry in result["plan"].items():
+            chose.setdefault(entry["sharding"], []).append(table)
+        weights = planner["table_bytes_per_rank"]
+        row_wise = max(rows[planner["baseline"]]["table_bytes_per_rank"])
+        out.append("TorchRec's planner chose " + "; ".join(f"{kind} for {len(t)} table{'s' * (len(t) > 1)} "
+                                                           f"({', '.join(t)})" for kind, t in chose.items())
+                   + f": its fullest rank holds {max(weights) / (sum(weights) / len(weights)):.2f}x the mean rank's "
+                   f"table weights, {max(weights) / row_wise:.2f}x gemref's row-wise fullest rank.")
+    pairs = sum(r["engine"] != "native" for r in result["rows"])
+    if faster:
+        why = (f"TorchRec's fused kernels (lookup, backward and optimizer in fbgemm) were faster in {len(faster)} of "
+               f"{pairs} pairs here ({', '.join(faster)}); gemref keeps its readable tables anyway")
+    else:
+        why = (f"TorchRec was faster in none of the {pairs} pairs here, so the readable tables cost no step time on "
+               "this run; gemref keeps them")
+    size = f" ({readable_lines} lines of torch.distributed)" if readable_lines else ""
+    why += (f": ShardedEmbedding{size} is code a reader can step through, trains its tables with AdamW like the dense "
+            "layers, saves DCP checkpoints, and runs the 2D layout (shard within a group, replicate across) on CPU "
+            "gloo ranks.")
+    refusal = result.get("dmp_collection_cpu")
+    why += (f" TorchRec's own 2D path, DMPCollection, refused a CPU device ({refusal!r}): on CPU only "
+            "DistributedModelParallel, sharding over every rank, runs." if refusal else
+            " This TorchRec's DMPCollection did not refuse a CPU device.")
+    out.append(why)
+    return out
