@@ -21,6 +21,7 @@ sharded tables afresh; the model's weights are copied back into each rank's shar
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 
 import torch
@@ -33,6 +34,7 @@ from .tables import ADAGRAD_EPS, ENGINE_ATTR, TABLE_OPTIMIZER, TorchRecTables, w
 BAG_SHARDINGS = ("table_wise", "row_wise", "column_wise", "table_row_wise")
 SEQUENCE_SHARDINGS = ("table_wise", "row_wise", "column_wise")
 DATA_PARALLEL = "data_parallel"
+DP_STATE = "dp_adagrad_state"   # on the DMP: [(weight, Adagrad state sum)] of sum_then_adagrad's tables
 
 
 def sequence_sharding(sharding: str) -> str:
@@ -141,8 +143,8 @@ def sum_then_adagrad(sharded: nn.Module, pg, lr: float) -> int:
     # a sharded collection keeps its lookups in a plain list (`_lookups`), out of modules()' reach
     found = [m for m in sharded.modules()] + [lookup for m in sharded.modules() for lookup in getattr(m, "_lookups", [])]
     wrappers = list({id(m): m for m in found if isinstance(m, DistributedDataParallel)}.values())
-    state_sums = {id(p): torch.zeros_like(p, memory_format=torch.preserve_format)
-                  for ddp in wrappers for p in ddp.parameters()}
+    params = {id(p): p for ddp in wrappers for p in ddp.parameters()}
+    state_sums = {pid: torch.zeros_like(p, memory_format=torch.preserve_format) for pid, p in params.items()}
 
     def hook(_, bucket):
         fut = dist.all_reduce(bucket.buffer(), group=pg, async_op=True).get_future()
@@ -158,7 +160,7 @@ def sum_then_adagrad(sharded: nn.Module, pg, lr: float) -> int:
 
     for ddp in wrappers:
         ddp.register_comm_hook(None, hook)
-    setattr(sharded, "dp_state_sums", state_sums)
+    setattr(sharded, DP_STATE, [(params[pid], total) for pid, total in state_sums.items()])
     return len(wrappers)
 
 
@@ -220,3 +222,70 @@ def use_torchrec_tables(model: nn.Module, *, lr: float, sharding: str = "auto", 
     setattr(model, ENGINE_ATTR, record)
     with_torchrec_embed(model)
     return record
+
+
+def _table_of(key: str) -> str:
+    """"ec.item" from a state_dict key such as "_dmp_wrapped_module.ec.module.embeddings.item.weight"."""
+    parts = key.split(".")
+    return f"{'ec' if 'ec' in parts else 'ebc'}.{parts[-2]}"
+
+
+def _nbytes(t) -> tuple[int, int]:
+    """(bytes this rank holds, bytes of the whole tensor) of a ShardedTensor or a plain tensor."""
+    if hasattr(t, "local_shards"):
+        whole = math.prod(t.size()) * torch.empty((), dtype=t.metadata().tensor_properties.dtype).element_size()
+        return sum(s.tensor.numel() * s.tensor.element_size() for s in t.local_shards()), whole
+    return t.numel() * t.element_size(), t.numel() * t.element_size()
+
+
+def table_rank_bytes(model: nn.Module) -> dict[str, dict[str, int]]:
+    """This rank's TorchRec table bytes per placement (the plan's sharding type: row_wise,
+    table_wise, ..., data_parallel, unsharded): {"params", "grads", "optimizer",
+    "unsharded_params", "unsharded_optimizer"}, in bytes.
+
+    params: the local shards of each table (a ShardedTensor's local_shards(); a data_parallel or
+    unsharded table whole); optimizer: the Adagrad state sum kept for them (fused kernel:
+    momentum1's local shards; data_parallel: sum_then_adagrad's sums; one process: torch's
+    in-backward Adagrad "sum"; the step counters are not counted); grads: gradients the tables
+    hold (none under the fused kernel, which applies them in the backward). `unsharded_*`: the
+    whole tables', as one process would hold them."""
+    record = getattr(model, ENGINE_ATTR)
+    placement = {name: entry["sharding"] for name, entry in record["plan"].items()}
+    out: dict[str, dict[str, int]] = {}
+
+    def row(table: str) -> dict[str, int]:
+        return out.setdefault(placement[table], {"params": 0, "grads": 0, "optimizer": 0,
+                                                 "unsharded_params": 0, "unsharded_optimizer": 0})
+
+    tables = model.tables
+    for key, value in tables.state_dict().items():
+        local, full = _nbytes(value)
+        r = row(_table_of(key))
+        r["params"] += local
+        r["unsharded_params"] += full
+    dp_state = getattr(tables, DP_STATE, [])
+    for p, total in dp_state:   # data_parallel: TorchRec's flat weights or the EC's, every rank holds all
+        r = out.setdefault(DATA_PARALLEL, {k: 0 for k in ("params", "grads", "optimizer", "unsharded_params",
+                                                          "unsharded_optimizer")})
+        r["grads"] += 0 if p.grad is None else p.grad.numel() * p.grad.element_size()
+        r["optimizer"] += total.numel() * total.element_size()
+        r["unsharded_optimizer"] += total.numel() * total.element_size()
+    for name, p in tables.named_parameters():
+        if p.grad is not None and placement[_table_of(name)] != DATA_PARALLEL:   # DP: counted above (the
+            # EBC's per-table slices are views of its flat weight's gradient)
+            row(_table_of(name))["grads"] += p.grad.numel() * p.grad.element_size()
+        for opt in getattr(p, "_in_backward_optimizers", []):   # one process: torch's Adagrad
+            state = opt.state.get(p, {}).get("sum")
+            if state is not None:
+                r = row(_table_of(name))
+                r["optimizer"] += state.numel() * state.element_size()
+                r["unsharded_optimizer"] += state.numel() * state.element_size()
+    if hasattr(tables, "fused_optimizer"):
+        for key, state in tables.fused_optimizer.state_dict()["state"].items():
+            for name, value in state.items():
+                if name.endswith("momentum1"):
+                    local, full = _nbytes(value)
+                    r = row(_table_of(key))
+                    r["optimizer"] += local
+                    r["unsharded_optimizer"] += full
+    return out

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from ..interop.tables import engine_parameters, uses_torchrec
+
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
@@ -37,13 +39,27 @@ def rank_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None)
     Optimizer state tensors with as many elements as their parameter count with it (under
     its placement); smaller ones (AdamW's step) are itemised as "optimizer scalars".
     A table-wise sharded table is held whole by its owner (a plain tensor), so it shows
-    as "replicated" there and is absent elsewhere.
+    as "replicated" there and is absent elsewhere. TorchRec's tables (embeddings="torchrec")
+    count the shards this rank holds and their Adagrad state, under their plan's sharding type
+    as placement (gemref/interop/sharders.py `table_rank_bytes`).
     """
     rows: dict[tuple[str, str], dict] = defaultdict(lambda: {"params": 0, "grads": 0, "optimizer": 0,
                                                              "unsharded_params": 0})
     scalars = 0
     unsharded_optimizer = 0
+    engine: set[int] = set()
+    if uses_torchrec(model):
+        from ..interop.sharders import table_rank_bytes
+
+        engine = engine_parameters(model)
+        for pl, v in table_rank_bytes(model).items():
+            row = rows[("tables", pl)]
+            for k in ("params", "grads", "optimizer", "unsharded_params"):
+                row[k] += v[k]
+            unsharded_optimizer += v["unsharded_optimizer"]
     for name, p in model.named_parameters():
+        if id(p) in engine:
+            continue
         row = rows[("tables" if name.startswith("tables.") else "dense", placement(p))]
         row["params"] += _nbytes(p)
         row["grads"] += _nbytes(p.grad)
