@@ -463,3 +463,18 @@ def test_the_compile_rung_compiles_the_plans_regions_or_says_why_none(monkeypatc
     monkeypatch.setattr(rungs, "plan_regions", fake_plan(None, None, lost))
     why = compile_rung.configure(start, Context(TINY, torch.device("cpu"), 2))
     assert why.startswith("n/a here: no compiled region beats eager") and "sequence.mix 1.20x, loss 0.50x" in why
+
+
+def test_the_best_rung_profile_script_accounts_for_the_best_rungs_step(record, tmp_path, capsys):
+    from scripts.best_rung_profile import main as profile_main
+
+    rows, out = record
+    assert profile_main([str(out / "waterfall.json"), "--json", str(tmp_path / "p.json")]) == 0
+    prof = json.loads((tmp_path / "p.json").read_text())
+    best = max((r for r in rows["rungs"] if r.get("mfu") is not None), key=lambda r: r["mfu"])
+    assert prof["title"] == best["rung"] and prof["rung"] == best["key"] and "what 'other' is" in capsys.readouterr().out
+    other = next(c for c in prof["classes"] if c["class"] == "other")
+    assert sum(o["ms_per_step"] for o in prof["other_ops"]) == pytest.approx(other["ms_per_step"], rel=1e-6)
+    (tmp_path / "bad.json").write_text("{}")
+    assert profile_main([str(tmp_path / "bad.json"), "--json", str(tmp_path / "q.json")]) == 2
+    assert not (tmp_path / "q.json").exists()
