@@ -48,14 +48,20 @@ EXPECT = {
                            and m["fp32_loss_drop"] > m["loss_band_tolerance"] > 0),
     "07_fsdp_2d": lambda m: (m["max_rel_loss_diff"] <= 1e-5 and abs(m["ddp_fraction"] - 1) <= 0.05
                              and all(abs(m[k] - 1) <= 0.05 for k in ("fsdp_x_shards", "hsdp_x_shards", "sparse_x_shards"))
-                             and m["table_wise_imbalance"] >= 1 and m["projected_fsdp_gb"] < m["projected_ddp_gb"]),
+                             and m["table_wise_imbalance"] >= 1 and m["projected_fsdp_gb"] < m["projected_ddp_gb"]
+                             # TorchRec beside gemref's tables: both engines timed, DMPCollection refuses a CPU
+                             and all(m[k] > 0 for k in ("torchrec_row_vs_native", "torchrec_table_vs_native",
+                                                         "torchrec_planner_vs_native_row"))
+                             and m["torchrec_planner_max_table_bytes"] > 0 and m["native_row_max_table_bytes"] > 0
+                             and m["dmp_collection_refused_cpu"]),
     "08_communication": lambda m: (abs(m["bytes_ratio"] - 1) <= 0.05 and 0 < m["reshard_false_saving"] < 1
                                    and 0 <= m["overlapped_share_rank0"] <= 1
                                    and m["hsdp_comm_share_at_max"] < m["fsdp_comm_share_at_max"]
                                    and m["ncclx_vs_nccl_step"] < 1),
     "04_torch_compile": lambda m: (m["recompiles_after_warmup"] == 0 and m["graphs"] > 0 and m["fused_kernels"] > 0
                                    and m["eager_step_s"] > 0 and m["compiled_step_s"] > 0
-                                   and 0 < m["mfu_compiled"] < 1),
+                                   and 0 < m["mfu_compiled"] < 1 and 0 <= m["regions_planned"] <= 6
+                                   and (m["regions_planned"] == 0) == (m["planned_over_eager"] is None)),
     "05_autoac": lambda m: (m["auto_fits_every_budget"] and m["auto_prediction_error"] < 0.05
                             and m["auto_over_full_recompute_at_half"] <= 0.5 and m["full_recompute_pct"] > 0
                             and m["autoac_batch"] > m["no_ac_batch"] >= 1 and m["joint_no_worse_than_uniform"]
