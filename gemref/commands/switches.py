@@ -66,6 +66,9 @@ HELP = {
                   "(sharded by DistributedModelParallel with --ranks)",
     "torchrec_sharding": "with --embeddings torchrec and ranks: auto (TorchRec's planner) or one sharding type "
                          "for every table (table_row_wise: the bag tables; sequence tables then row_wise)",
+    "torchrec_2d": "with --embeddings torchrec and --mesh RxS (R, S >= 2): TorchRec's 2D sparse parallel "
+                   "(DMPCollection): tables sharded over each S-rank row of the mesh, replicated over the R rows, "
+                   "replicas averaged after every step; CUDA only",
 }
 CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
     "kernel": _kernels,

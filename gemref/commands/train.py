@@ -45,6 +45,9 @@ def plan_ranks(train: TrainConfig, ranks: int | None, torchrun: int | None, devi
     ranks, backend, transport) are gemref/parallel/launch.py's preflight; the rank count
     against the machine (the same check the preflight makes) comes first, so that a count this
     machine cannot run is named before anything derived from it."""
+    if train.torchrec_2d and device_type != "cuda":   # before any rank starts: DMPCollection asserts CUDA
+        from ..interop.sharders import two_d_refusal
+        raise UsageError(two_d_refusal(device_type))
     mesh = parse_mesh(train.mesh)
     world = ranks if ranks is not None else torchrun
     if world is None:

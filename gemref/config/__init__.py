@@ -197,6 +197,7 @@ class TrainConfig:
     precision_min_dim: int = 64     # Linear layers with min(in, out) below this stay high precision
     embeddings: str = "native"      # embedding engine: native nn.Embedding tables or TorchRec (EC/EBC, DMP)
     torchrec_sharding: str = "auto"  # embeddings torchrec with ranks: auto (TorchRec's planner) or one sharding type
+    torchrec_2d: bool = False        # embeddings torchrec, mesh RxS: TorchRec's DMPCollection (CUDA only)
 
     def _check_embeddings(self) -> None:
         """The TorchRec engine shards its tables itself: the native table sharding and checkpoints
@@ -210,6 +211,16 @@ class TrainConfig:
             raise UsageError(f"torchrec_sharding={self.torchrec_sharding!r} is read only with embeddings='torchrec'")
         if self.embeddings == "torchrec" and self.checkpoint_dir:
             raise UsageError("embeddings='torchrec' does not save checkpoints yet: drop checkpoint_dir")
+        if self.torchrec_2d:
+            mesh = parse_mesh(self.mesh)
+            if self.embeddings != "torchrec":
+                raise UsageError("torchrec_2d is TorchRec's 2D sparse parallel: it needs embeddings='torchrec'")
+            if mesh.replicate < 2 or mesh.shard < 2:
+                raise UsageError(f"torchrec_2d shards the tables over each S-rank group of a mesh RxS and "
+                                 f"replicates them over the R groups: it needs R >= 2 and S >= 2, got mesh={self.mesh}")
+            if self.torchrec_sharding == "data_parallel":
+                raise UsageError("torchrec_2d with torchrec_sharding='data_parallel' would replicate the tables "
+                                 "inside each sharding group too: pick a model-parallel type (or auto)")
 
     def __post_init__(self) -> None:
         check_field_types(self)

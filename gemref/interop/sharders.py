@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..errors import UsageError
 from .lib import torchrec
 from .tables import ADAGRAD_EPS, ENGINE_ATTR, TABLE_OPTIMIZER, TorchRecTables, with_torchrec_embed
 
@@ -70,12 +71,15 @@ def sharders(lr: float, sharding: str = "auto") -> list:
     return [BagSharder(fused_params=dict(fused)), SequenceSharder(fused_params=dict(fused))]
 
 
-def plan_tables(tables: TorchRecTables, sharding: str, batch_size: int, shard_with: list, group=None):
-    """TorchRec's ShardingPlan for `tables` over the process group (every rank gets rank 0's plan)."""
+def plan_tables(tables: TorchRecTables, sharding: str, batch_size: int, shard_with: list, group=None, *,
+                world: int | None = None, device_type: str = "cpu"):
+    """TorchRec's ShardingPlan for `tables` on `world` ranks of `device_type` (default: the
+    process group's size, CPU). In a process group every rank gets rank 0's plan; without one
+    the plan is made here alone (what a test of the 2D plan does)."""
     torchrec()
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 
-    world = dist.get_world_size(group)
+    world = world or dist.get_world_size(group)
     constraints = None
     if sharding != "auto":
         kernel = [compute_kernel(sharding)]
@@ -89,12 +93,49 @@ def plan_tables(tables: TorchRecTables, sharding: str, batch_size: int, shard_wi
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"torchrec\.distributed\.planner")
-            planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device="cpu",
+            planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device=device_type,
                                                                  local_world_size=world),
                                                batch_size=batch_size, constraints=constraints, debug=False)
+            if group is None and not dist.is_initialized():
+                return planner.plan(tables, shard_with)
             return planner.collective_plan(tables, shard_with, group or dist.group.WORLD)
     finally:
         planner_log.setLevel(level)
+
+
+def two_d_refusal(device_type: str) -> str | None:
+    """Why torchrec_2d cannot run on `device_type` (one line), or None on CUDA."""
+    if device_type == "cuda":
+        return None
+    return (f"torchrec_2d: TorchRec's DMPCollection (2D sparse parallel) needs CUDA (torchrec 1.8.0 asserts a cuda "
+            f"or mtia device); this run is on {device_type}: drop --torchrec-2d (plain DMP shards over every rank)")
+
+
+def dmp_collection_groups(world: int, shard: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(sharding groups, replica groups) of gemref's mesh RxS (R = world / shard), as DMPCollection
+    builds them with use_inter_host_allreduce=True: sharding group g is ranks [g S, (g+1) S) (a
+    row of gemref's mesh, its FSDP shard dim), replica group j is ranks j, j + S, j + 2S, ... (a
+    column: the same shard of every sharding group)."""
+    if shard < 1 or world % shard:
+        raise ValueError(f"world {world} is not a multiple of the sharding group size {shard}")
+    return ([list(range(g * shard, (g + 1) * shard)) for g in range(world // shard)],
+            [list(range(j, world, shard)) for j in range(shard)])
+
+
+def dmp_collection_kwargs(world: int, shard: int) -> dict:
+    """The group arguments DMPCollection (torchrec 1.8.0) takes for gemref's mesh RxS: world_size
+    R*S, sharding_group_size S, and use_inter_host_allreduce=True, which makes its sharding groups
+    the contiguous rows of gemref's mesh (its default, False, strides them: group g = g, g + R, ...)."""
+    dmp_collection_groups(world, shard)
+    return {"world_size": world, "sharding_group_size": shard, "use_inter_host_allreduce": True}
+
+
+def sync_replicas(model: nn.Module) -> None:
+    """After an optimizer step under torchrec_2d: DMPCollection.sync() averages (ReduceOp.AVG) each
+    table shard's weights and Adagrad state over its replica group. A no-op for other engines."""
+    tables = getattr(model, "tables", None)
+    if hasattr(tables, "sync") and getattr(model, ENGINE_ATTR, {}).get("two_d"):
+        tables.sync()
 
 
 def plan_record(plan) -> dict:
@@ -180,11 +221,26 @@ def replicate_sequence_tables(sharded: nn.Module, pg) -> None:
 
 
 def use_torchrec_tables(model: nn.Module, *, lr: float, sharding: str = "auto", batch_size: int = 1,
-                        group=None) -> dict:
+                        group=None, two_d_shard: int | None = None) -> dict:
     """Swap `model.tables` for TorchRecTables (same weights) and, in a process group, shard them
-    with DMP over all its ranks. Returns the record of the engine: optimizer and per-table plan."""
+    with DMP over all its ranks, or with `two_d_shard` = S, TorchRec's 2D sparse parallel
+    (DMPCollection): the tables sharded over each S-rank sharding group (`dmp_collection_groups`)
+    on a plan made for S ranks, replicated over the R = world / S groups, the replicas averaged
+    by `sync_replicas` after every optimizer step. Returns the record of the engine: optimizer
+    and per-table plan (2D: the plan of the first sharding group, ranks 0..S-1).
+
+    The 2D path was NOT run here (no GPU; DMPCollection asserts CUDA): its arguments, groups and
+    plan are tested on CPU (tests/test_torchrec_2d.py), the construction, forward and sync are not.
+    Its training differs from the 1D engine's by design: each sharding group's fused Adagrad
+    applies the gradient of that group's ranks only, and sync() averages the R replicas' weights
+    and state, so a table row moves by about the mean of R partial updates, not by the update
+    of the summed gradient (gemref's convention elsewhere)."""
     tables = TorchRecTables(model.tables)
     device = next(tables.parameters()).device
+    if two_d_shard is not None:
+        refusal = two_d_refusal(device.type)
+        if refusal:
+            raise UsageError(refusal)
     record = {"engine": "torchrec", "optimizer": TABLE_OPTIMIZER, "lr": lr, "eps": ADAGRAD_EPS}
     if group is None and not dist.is_initialized():
         from torch.distributed.optim import _apply_optimizer_in_backward
@@ -204,6 +260,21 @@ def use_torchrec_tables(model: nn.Module, *, lr: float, sharding: str = "auto", 
     set_gradient_division(False)   # gemref sums gradients over ranks; TorchRec's default divides by the world
 
     pg, shard_with = group or dist.group.WORLD, sharders(lr, sharding)
+    if two_d_shard is not None:
+        from torchrec.distributed.model_parallel import DMPCollection
+
+        plan = plan_tables(tables, sharding, batch_size, shard_with, pg, world=two_d_shard, device_type=device.type)
+        record["plan"] = plan_record(plan)        # before DMPCollection remaps it to this rank's group
+        full = {k: v.detach().clone() for k, v in tables.state_dict().items()}
+        model.tables = DMPCollection(module=tables, device=device, plan=plan, global_pg=pg, sharders=shard_with,
+                                     init_data_parallel=False,
+                                     **dmp_collection_kwargs(dist.get_world_size(pg), two_d_shard))
+        load_full_weights(model.tables, full)
+        record.update(sharding=sharding, two_d={"sharding_group_size": two_d_shard,
+                                                "world_size": dist.get_world_size(pg)})
+        setattr(model, ENGINE_ATTR, record)
+        with_torchrec_embed(model)
+        return record
     plan = plan_tables(tables, sharding, batch_size, shard_with, pg)
     replicated = {}
     if sharding == DATA_PARALLEL:   # the sequence tables stay plain EC replicas (replicate_sequence_tables)

@@ -36,7 +36,7 @@ from ..data.loader import EventDataset, make_loader
 from ..data.manifest import verified_shards
 from ..data.sampler import BalancedDistributedBatchSampler
 from ..data.shards import dataset_dir, ensure_dataset, shard_paths
-from ..interop.sharders import use_torchrec_tables
+from ..interop.sharders import sync_replicas, use_torchrec_tables
 from ..interop.tables import engine_parameters
 from ..env import resolve_device
 from ..mfu.flops import sample_cost_coefficients, step_flops
@@ -91,7 +91,12 @@ class Setup:
         return train_step(self.model, self.optimizer, batch, autocast_dtype=self.precision.autocast_dtype,
                           normalizer=self.normalizer,
                           finish_backward=self.parallel.finish_backward if self.parallel else None,
-                          after_optimizer_step=self.precision.after_optimizer_step)
+                          after_optimizer_step=self.after_optimizer_step)
+
+    def after_optimizer_step(self, model: nn.Module) -> None:
+        """The precision switch's (float8 scales) and, under torchrec_2d, the table replicas' sync."""
+        self.precision.after_optimizer_step(model)
+        sync_replicas(model)
 
     def flops(self, lengths: Tensor):
         """This run's FLOP accounting of a step on batches of these lengths (gemref/mfu/flops.py)."""
@@ -145,7 +150,8 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
                       regions=parse_compile_regions(train.compile_regions))
     if train.embeddings == "torchrec":   # TorchRec's tables (sharded by DMP over the ranks), gemref's dense layers
         use_torchrec_tables(model, lr=train.lr, sharding=train.torchrec_sharding,
-                            batch_size=max(1, train.batch_size // (parallel.world if parallel else 1)))
+                            batch_size=max(1, train.batch_size // (parallel.world if parallel else 1)),
+                            two_d_shard=parallel.shape.shard if train.torchrec_2d and parallel else None)
     if parallel is not None:
         parallelize(model, train, parallel, device, ignored=model.tables if train.embeddings == "torchrec" else None)
     return model, kernel, report
