@@ -39,6 +39,16 @@ def test_the_cli_refuses_torchrec_with_native_sharding_in_one_line(capsys):
     assert len(err.splitlines()) == 1 and "embeddings='torchrec'" in err and "sparse_sharding='row'" in err, err
 
 
+@pytest.mark.parametrize("flags", [["--checkpoint-dir", "ck", "--checkpoint-every", "1"],
+                                   ["--checkpoint-dir", "ck", "--resume"]])
+def test_the_cli_refuses_torchrec_checkpoints_in_one_line(flags, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--preset", "tiny", "--ranks", "2", "--embeddings", "torchrec", *flags, "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not save checkpoints yet" in err and "drop checkpoint_dir" in err, err
+    assert not (tmp_path / "ck").exists()      # refused before anything was written
+
+
 @pytest.mark.parametrize("flag", [["--torchrec-sharding", "grid_shard"], ["--set", "torchrec_sharding=grid_shard"]])
 def test_the_cli_refuses_an_unknown_torchrec_sharding_listing_the_valid_ones(flag, capsys):
     assert main(["train", "--preset", "tiny", "--embeddings", "torchrec", *flag, "--steps", "1"]) == 2

@@ -210,7 +210,8 @@ class TrainConfig:
         if self.embeddings == "native" and self.torchrec_sharding != "auto":
             raise UsageError(f"torchrec_sharding={self.torchrec_sharding!r} is read only with embeddings='torchrec'")
         if self.embeddings == "torchrec" and self.checkpoint_dir:
-            raise UsageError("embeddings='torchrec' does not save checkpoints yet: drop checkpoint_dir")
+            raise UsageError("embeddings='torchrec' does not save checkpoints yet (torch's get_state_dict cannot read "
+                             "TorchRec's sharded tables, nor their fused Adagrad state): drop checkpoint_dir")
         if self.torchrec_2d:
             mesh = parse_mesh(self.mesh)
             if self.embeddings != "torchrec":
