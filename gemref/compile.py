@@ -272,6 +272,35 @@ def plan_regions(model: nn.Module, batch: Any, *, reps: int = PLAN_REPS, margin:
     return RegionPlan(tuple(r["region"] for r in rows if r["kept"]), rows, margin)
 
 
+def call_overhead(reps: int = 50, width: int = 64) -> dict[str, float]:
+    """Seconds a compiled region costs per forward+backward call beyond the work inside it: a
+    trivial region (LayerNorm-free y = x * w + x on one (1, width) row) timed eager and compiled
+    (dim 0 dynamic, gemref's backend), interleaved, medians of `reps` calls each. The difference
+    is the fixed cost (dynamo's guard check, AOTAutograd's forward and backward wrappers, the
+    graph call) that fusion inside a region must win back before the region gains."""
+    import statistics
+
+    from .mfu.timing import interleaved
+
+    def tiny(x: Tensor, w: Tensor) -> Tensor:
+        return x * w + x
+
+    x = torch.randn(1, width, requires_grad=True)
+    w = torch.randn(width, requires_grad=True)
+    region = CompiledRegion("overhead", tiny, CompileStats(), backend=inductor_backend.__wrapped__(None))
+    fns = {"eager": tiny, "compiled": region}
+
+    def timed(name: str) -> float:
+        start = time.perf_counter()
+        run_region(fns[name], (x, w))
+        return time.perf_counter() - start
+
+    run_region(region, (x, w))                            # compiles
+    samples = interleaved({n: (lambda k, n=n: timed(n)) for n in fns}, reps, warmup=2, alternate=True)
+    eager, compiled = (statistics.median(samples[n]) for n in ("eager", "compiled"))
+    return {"eager_s": eager, "compiled_s": compiled, "overhead_s": compiled - eager}
+
+
 _FUSED = r"\b(cpp_fused_\w+|triton_\w+_fused_\w+)\s*=\s*async_compile"
 # the GEMMs a graph leaves to a library: inductor's extern BLAS calls, and gemref's FastLinear ops
 _MATMULS = r"extern_kernels\.(?:mm|addmm|bmm|baddbmm)\b|torch\.ops\.fastlinear\.\w+"

@@ -180,3 +180,11 @@ def test_the_region_plan_keeps_exactly_the_kinds_below_its_margin(monkeypatch):
         assert torch.equal(p, before[n]), n
     with pytest.raises(ValueError, match="margin"):
         plan_regions(eager, batch, margin=1.0)
+
+
+def test_call_overhead_is_the_compiled_minus_the_eager_time_of_one_trivial_region():
+    from gemref.compile import call_overhead
+
+    got = call_overhead(reps=3)
+    assert got["eager_s"] > 0 and got["compiled_s"] > 0
+    assert got["overhead_s"] == got["compiled_s"] - got["eager_s"]

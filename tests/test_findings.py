@@ -47,6 +47,9 @@ def test_compile_findings_judge_the_plans_variant_and_name_what_it_keeps():
     assert "every region compiled" in wins[1] and "slower." in wins[1]
     assert "only the plan's regions compiled (sequence.mix)" in wins[2] and wins[2].endswith("faster.")
     assert "compiles a and leaves b eager" in wins[4]
+    assert "measured here" not in " ".join(wins)
+    costed = compile_findings(_steps([1.0] * 3, [1.1, 1.2, 1.15]), regions, 3, overhead_s=2.5e-4)
+    assert "(measured here: 0.25 ms for a trivial region" in " ".join(costed)
     none = compile_findings(_steps([1.0] * 3, [1.1, 1.2, 1.15]), [{**r, "kept": False} for r in regions], 3)
     assert len([line for line in none if line.startswith("Training step")]) == 1
     assert "compiles nothing and leaves a, b eager" in none[3]

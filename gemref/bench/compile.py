@@ -13,7 +13,8 @@ either way, so this is what compile changes): forward+backward time of each regi
 layer 0 and of the loss, eager vs compiled, medians of --region-reps interleaved calls on the
 first batch; the kinds compiled faster by more than the plan's margin are kept. The steps then
 compare three variants: eager, every region compiled, and only the plan's regions compiled
-(what the waterfall's compile rung runs).
+(what the waterfall's compile rung runs). Before both, the fixed cost of one compiled call
+(gemref/compile.py call_overhead: a trivial region compiled vs eager, forward+backward).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import torch
 from ..options import add_dataset_arg, add_device_arg, int_at_least, output_file, positive_int
 from ..config import PRESETS
 from ..data.folder import dataset_preset
-from ..compile import RegionPlan, compile_stats, plan_regions
+from ..compile import RegionPlan, call_overhead, compile_stats, plan_regions
 from ..config import override
 from ..mfu.meter import percentile
 from ..mfu.timing import interleaved
@@ -101,6 +102,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     b = make_bench(dataset_preset(args.preset, args.dataset), batch_size=args.batch_size,
                    steps=args.steps_per_variant, warmup=args.warmup, device=args.device)
+    overhead = call_overhead()
     plan = region_plan(b, args.region_reps)
     steps = compare_steps(b, plan.kept)
     steps.pop("models")
@@ -113,7 +115,8 @@ def run(args) -> int:
     print(f"compiled/eager step time {steps['ratio']:.3f}, the plan's regions only "
           + (f"{steps['planned_ratio']:.3f} ({plan.regions_text()})" if plan.kept else "n/a (no region won)")
           + f"; compile {steps['compile']['compile_s']:.1f} s once; "
-          f"recompiles after warm-up: {steps['rows'][1]['recompiles_after_warmup']}")
+          f"recompiles after warm-up: {steps['rows'][1]['recompiles_after_warmup']}; a compiled call's fixed cost "
+          f"(a trivial region, forward+backward) {1e3 * overhead['overhead_s']:.3f} ms")
     if args.json:
         write_json(args.json, {"kind": "bench_compile", "preset": b.preset.name,
                                "data": asdict(b.preset.data), "batch_size": b.train.batch_size,
@@ -121,6 +124,7 @@ def run(args) -> int:
                                "device": {"type": b.device.type, "threads": torch.get_num_threads(),
                                           "machine": platform.machine()},
                                "versions": versions(),
-                               **steps, "regions": regions, "plan": list(plan.kept), "plan_margin": plan.margin})
+                               **steps, "regions": regions, "plan": list(plan.kept), "plan_margin": plan.margin,
+                               "call_overhead": overhead})
         print(f"wrote {args.json}")
     return 0

@@ -52,9 +52,10 @@ def _x(r: float) -> str:
     return f"{r:.2f}x"
 
 
-def compile_findings(steps: dict, regions: list[dict], fused_kernels: int) -> list[str]:
+def compile_findings(steps: dict, regions: list[dict], fused_kernels: int, overhead_s: float | None = None) -> list[str]:
     """Chapter 04: compile time, the step-time verdict of every compiled variant, how many regions
-    gained or lost, and which ones the region plan keeps (rows with "kept")."""
+    gained or lost, and which ones the region plan keeps (rows with "kept"); `overhead_s`: the
+    measured fixed cost of one compiled call (gemref.compile.call_overhead), seconds."""
     eager, compiled = steps["rows"][:2]
     out = [f"Compiling {compiled['graphs']} region graphs took {compiled['compile_s']:.1f} s once; "
            f"{compiled['recompiles_after_warmup']} recompiles after warm-up; {fused_kernels} fused kernels."]
@@ -85,8 +86,10 @@ def compile_findings(steps: dict, regions: list[dict], fused_kernels: int) -> li
                    "compiled only where it measured faster, so the regions that lost here run eagerly in the plan's step.")
     if slower:
         short = max(r["eager_ms"] for r in slower)
+        cost = (f" (measured here: {1e3 * overhead_s:.2f} ms for a trivial region, forward+backward; more for a "
+                "region with more inputs)") if overhead_s is not None else ""
         out.append(f"The regions that lost run for {min(r['eager_ms'] for r in slower):.2f}-{short:.2f} ms eagerly: at "
-                   "that size a compiled call's fixed cost (guard checks, the graph's wrapper, autograd's) is "
+                   f"that size a compiled call's fixed cost (guard checks, the graph's wrapper, autograd's){cost} is "
                    "comparable to the element-wise traffic fusion saves.")
     if same or (verdicts[0] != "faster" and not slower):
         out.append("A region that neither gains nor loses is mostly its GEMMs, which are the same library calls "
