@@ -55,7 +55,13 @@ def test_tiny_run_writes_its_record_and_its_gemm_flops_match_the_flop_counter(tm
     classes = {r["class"]: r["ms_per_step"] for r in record["classes"]}
     assert set(classes) == {"gemm", "attention", "elementwise", "optimizer", "communication", "other"}
     assert classes["gemm"] > 0 and classes["attention"] > 0 and classes["optimizer"] > 0
-    assert sum(classes.values()) == pytest.approx(1e3 * record["profiled_step_s"], rel=1e-6)
+    profiled = {r["class"]: r["ms_per_step"] for r in record["classes_profiled"]}
+    assert sum(profiled.values()) == pytest.approx(1e3 * record["profiled_step_s"], rel=1e-6)
+    # the profiler's cost comes out of the classes (none goes negative, none grows), at most the whole gap
+    assert record["profiler_s_per_boundary"] >= 0
+    assert all(0 <= classes[c] <= profiled[c] + 1e-9 for c in classes)
+    gap = max(0.0, record["profiled_step_s"] - record["paired_unprofiled_step_s"])
+    assert sum(profiled.values()) - sum(classes.values()) <= 1e3 * gap * (1 + 1e-9) + 1e-9
     # "other" op by op adds up to the class (the untraced remainder is its last-named row), and
     # holds none of the ops the other classes took
     assert sum(r["ms_per_step"] for r in record["other_ops"]) == pytest.approx(classes["other"], rel=1e-9)
@@ -78,6 +84,34 @@ def test_tiny_run_writes_its_record_and_its_gemm_flops_match_the_flop_counter(tm
                 "fastlinear.forward", "fastlinear.backward"}      # FastLinear's GEMMs count as its custom ops
     gemm = sum(n for op, n in counts.items() if op._qualified_op_name.replace("::", ".") in gemm_ops)
     assert sum(r["gflop_per_step"] for r in record["gemm_shapes"]) * 1e9 == pytest.approx(gemm, rel=1e-9)
+
+
+def test_the_profilers_cost_is_counted_per_event_boundary_and_taken_out_of_each_event():
+    """A hand-built profile: a record_function holding 3 views and 1 mm (which calls
+    resolve_conj on its 3 operands) is 8 events with 7 parent-child links, 15 boundaries; a cost
+    larger than every event empties every class, no cost leaves the profile as it was."""
+    from torch.profiler import record_function
+
+    from gemref.bench.step_profile import classify, event_boundaries, profiler_cost_per_boundary
+    from gemref.mfu.profile import quiet_profile
+
+    x = torch.randn(8, 8)
+    with quiet_profile("cpu") as prof:
+        with record_function("outer"):
+            for _ in range(3):
+                x.view(-1)
+            torch.mm(x, x)
+    events = list(prof.events())
+    assert sorted(e.name for e in events) == ["aten::mm", *["aten::resolve_conj"] * 3, *["aten::view"] * 3, "outer"]
+    assert event_boundaries(events) == 15
+    assert profiler_cost_per_boundary(9, 0.010, 0.001) == pytest.approx(0.009 / 9)
+    assert profiler_cost_per_boundary(9, 0.001, 0.002) == 0.0 == profiler_cost_per_boundary(0, 0.01, 0.0)
+    raw, net, shapes, other = classify(events, 1, per_boundary=0.0)
+    assert net == raw and raw["gemm"] > 0 and {"outer", "aten::view"} <= set(other)
+    assert other["aten::view"]["calls"] == 3
+    raw, net, shapes, other = classify(events, 1, per_boundary=1.0)
+    assert all(v == 0 for v in net.values()) and raw["gemm"] > 0
+    assert all(u["seconds"] == 0 and u["profiled_seconds"] > 0 for u in other.values())
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -30,7 +30,7 @@ def limit_stacks(record: dict) -> dict[str, dict[str, float]]:
     allows (the same arithmetic as the limits: step - GEMM + GEMM at that rate)."""
     classes = {r["class"]: r["ms_per_step"] for r in record["classes"] if r["ms_per_step"] > 0 or r["class"] == "gemm"}
     limits = {r["case"]: r["step_ms"] for r in record["limits"]}
-    scale = limits["step"] / (1e3 * record["profiled_step_s"])
+    scale = limits["step"] / sum(classes.values())       # the classes (profiler's cost out) to the unprofiled step
     rest = {k: v * scale for k, v in classes.items() if k != "gemm"}
     gemm_now = classes["gemm"] * scale
     return {case: {"gemm": ms - (limits["step"] - gemm_now), **rest} for case, ms in limits.items()}
