@@ -112,11 +112,20 @@ def test_bench_compile_command(data_root, tmp_path):
     assert main(["bench", "compile", "--preset", "tiny", "--batch-size", "16", "--steps-per-variant", "2", "--warmup", "1",
                  "--region-reps", "1", "--json", str(out)]) == 0
     record = json.loads(out.read_text())
-    eager, compiled = record["rows"]
+    eager, compiled, *planned = record["rows"]
     assert compiled["recompiles_after_warmup"] == 0 and compiled["graphs_after_warmup"] == 0
     assert record["ratio"] == compiled["vs_eager"] > 0 and eager["vs_eager"] == 1.0
-    assert {r["region"] for r in record["regions"]} == {"sequence.project", "sequence.mix", "interaction",
-                                                        "cross.project", "cross.mix"}
+    assert [r["region"] for r in record["regions"]] == ["sequence.project", "sequence.mix", "interaction",
+                                                        "cross.project", "cross.mix", "loss"]
+    # the third variant compiles exactly the plan's kinds, and exists only when the plan kept some
+    assert record["plan"] == [r["region"] for r in record["regions"] if r["kept"]]
+    if record["plan"]:
+        assert planned[0]["variant"] == "planned" and planned[0]["regions"] == ",".join(sorted(record["plan"]))
+        assert record["planned_ratio"] == planned[0]["vs_eager"] > 0
+    else:
+        assert not planned and record["planned_ratio"] is None
+    assert record["call_overhead"]["overhead_s"] == (record["call_overhead"]["compiled_s"]
+                                                     - record["call_overhead"]["eager_s"])
 
 
 def test_only_the_named_region_kinds_are_compiled_and_the_rest_stay_eager():

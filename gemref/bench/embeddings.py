@@ -20,12 +20,9 @@ planner's own choice (`SHARDED_VARIANTS`), each TorchRec variant paired with a n
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 import os
 import statistics
 import time
-import warnings
 
 import torch
 import torch.distributed as dist
@@ -36,6 +33,7 @@ from ..data.batches import representative_batch
 from ..env import versions
 from ..errors import UsageError
 from ..files import write_json
+from ..interop.lib import quiet_torchrec
 from ..mfu.timing import interleaved
 from ..options import output_file
 from ..parallel.comm import CollectiveRecorder
@@ -107,27 +105,9 @@ def dmp_collection_refusal() -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _quiet_torchrec():
-    """Exactly the two notices TorchRec's sharded modules print on every rank, silenced: torch's
-    FutureWarning that the collectives TorchRec calls (reduce_scatter_tensor, all_gather_into_tensor)
-    have new names, and torch.fx's one-off note on is_fx_tracing, which TorchRec asks."""
-    fx_log = logging.getLogger("torch.fx._symbolic_trace")
-    level = fx_log.level
-    fx_log.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=FutureWarning,
-                                    message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` "
-                                            r"is deprecated")
-            yield
-    finally:
-        fx_log.setLevel(level)
-
-
 def _rank(rank, world, preset_name, per_rank_batch, windows, steps, variants, mesh, seed):
     """variants: (label, engine, sharding) each; every rank's results to rank 0."""
-    with _quiet_torchrec():
+    with quiet_torchrec():
         return _measure(rank, world, preset_name, per_rank_batch, windows, steps, variants, mesh, seed)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import UsageError
 from .dataset import DatasetFolder
-from .values import check_field_types
+from .values import COMPILE_REGIONS, check_field_types, parse_compile_regions
 
 ATTENTION_ACTIVATIONS = (
     "softmax", "silu", "gelu", "gelu_tanh", "relu", "relu2", "leaky_relu", "identity",
@@ -26,8 +26,6 @@ EMBEDDING_ENGINES = ("native", "torchrec")                # gemref/interop/table
 TORCHREC_SHARDINGS = ("auto", "table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
 BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/comm.py
 AC_MODES = ("none", "full", "auto", "pt2")
-# torch.compile's region kinds (gemref/compile.py REGION_KINDS, plus the loss): TrainConfig.compile_regions
-COMPILE_REGIONS = ("sequence.project", "sequence.mix", "interaction", "cross.project", "cross.mix", "loss")
 # Saved activations stored compressed (gemref/autoac/compress.py FORMATS; a test keeps them equal):
 # with ac "none" every block's dense regions, with ac "auto" one more option AutoAC weighs per block.
 AC_COMPRESSIONS = ("none", "fp8_tensor", "fp8_block", "mxfp8")
@@ -278,19 +276,6 @@ class TrainConfig:
         if self.ac == "pt2" and not self.compile:
             raise UsageError("ac='pt2' (PyTorch 2's activation memory budget) acts inside compiled "
                              "regions: it needs compile=True")
-
-
-def parse_compile_regions(text: str) -> tuple[str, ...]:
-    """The region kinds `text` names ("all", or COMPILE_REGIONS comma-separated), in COMPILE_REGIONS
-    order; an unknown, repeated or missing name is a UsageError listing the valid ones."""
-    if text == "all":
-        return COMPILE_REGIONS
-    names = [n.strip() for n in text.split(",")]
-    bad = [n for n in names if n not in COMPILE_REGIONS]
-    if bad or not names or len(set(names)) != len(names):
-        raise UsageError(f"compile_regions={text!r}: give 'all' or distinct names among "
-                         f"{', '.join(COMPILE_REGIONS)}, comma-separated")
-    return tuple(n for n in COMPILE_REGIONS if n in names)
 
 
 DATA_FIELDS = ("item_vocab", "action_vocab", "time_buckets", "sparse_vocab", "n_dense")   # a dataset's, in a ModelConfig

@@ -124,3 +124,20 @@ def check_field_types(obj: Any) -> None:
         value = getattr(obj, name)
         if not has_type(value, tp):
             raise UsageError(f"{type(obj).__name__}.{name} expects {expected(tp)}, got {value!r}")
+
+
+# torch.compile's region kinds (gemref/compile.py REGION_KINDS, plus the loss): TrainConfig.compile_regions
+COMPILE_REGIONS = ("sequence.project", "sequence.mix", "interaction", "cross.project", "cross.mix", "loss")
+
+
+def parse_compile_regions(text: str) -> tuple[str, ...]:
+    """The region kinds `text` names ("all", or COMPILE_REGIONS comma-separated), in COMPILE_REGIONS
+    order; an unknown, repeated or missing name is a UsageError listing the valid ones."""
+    if text == "all":
+        return COMPILE_REGIONS
+    names = [n.strip() for n in text.split(",")]
+    bad = [n for n in names if n not in COMPILE_REGIONS]
+    if bad or not names or len(set(names)) != len(names):
+        raise UsageError(f"compile_regions={text!r}: give 'all' or distinct names among "
+                         f"{', '.join(COMPILE_REGIONS)}, comma-separated")
+    return tuple(n for n in COMPILE_REGIONS if n in names)

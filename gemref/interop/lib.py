@@ -7,7 +7,9 @@ here, every other warning passes.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 import warnings
 from types import ModuleType
 
@@ -37,3 +39,25 @@ def available() -> bool:
     except UsageError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def quiet_torchrec():
+    """Exactly the notices TorchRec's sharded modules print on every rank, silenced (used around a
+    rank's work with TorchRec tables): torch's FutureWarning that the collectives TorchRec calls
+    (reduce_scatter_tensor, all_gather_into_tensor) have new names, its FutureWarning that
+    ShardedTensor (the type of TorchRec's sharded weights, which gemref reads to count a rank's
+    bytes) is deprecated, and torch.fx's one-off note on is_fx_tracing, which TorchRec asks."""
+    fx_log = logging.getLogger("torch.fx._symbolic_trace")
+    level = fx_log.level
+    fx_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning,
+                                    message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` "
+                                            r"is deprecated")
+            warnings.filterwarnings("ignore", category=FutureWarning,
+                                    message=r"Please use DTensor instead and we are deprecating ShardedTensor")
+            yield
+    finally:
+        fx_log.setLevel(level)

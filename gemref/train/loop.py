@@ -22,6 +22,7 @@ Rank 0 evaluates for the record and writes it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import asdict, dataclass
@@ -34,6 +35,7 @@ from tqdm import tqdm
 
 from ..autoac.solver import plan_record, saved_compression
 from ..compile import compile_stats
+from ..interop.lib import quiet_torchrec
 from ..config import Preset, TrainConfig, parse_mesh
 from ..data.jagged import JaggedBatch
 from ..data.loader import make_loader
@@ -220,7 +222,8 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
 
 
 def _run_on_rank(rank: int, world: int, preset: Preset, trains: list[TrainConfig], kwargs: dict):
-    records = [run(preset, train, **kwargs) for train in trains]
+    with quiet_torchrec() if any(t.embeddings == "torchrec" for t in trains) else contextlib.nullcontext():
+        records = [run(preset, train, **kwargs) for train in trains]
     return [json.loads(json.dumps(to_jsonable(r))) for r in records] if rank == 0 else None
 
 

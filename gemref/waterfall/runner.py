@@ -19,6 +19,7 @@ line up. The ranks start through the one launcher (gemref/parallel/launch.py).
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 from dataclasses import asdict, dataclass
@@ -32,6 +33,7 @@ from ..config import Preset, TrainConfig, parse_mesh
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches
 from ..env import resolve_device
+from ..interop.lib import quiet_torchrec
 from ..mfu.op_classes import COMPUTE
 from ..mfu.peak import peak_flops
 from ..mfu.timing import StepRecord
@@ -169,7 +171,8 @@ def measure(preset: Preset, trains: list[TrainConfig], device: str, settings: Se
 
 
 def _rank(rank: int, world: int, preset: Preset, trains: list[TrainConfig], device: str, settings: Settings):
-    return measure(preset, trains, device, settings)
+    with quiet_torchrec() if any(t.embeddings == "torchrec" for t in trains) else contextlib.nullcontext():
+        return measure(preset, trains, device, settings)
 
 
 def launch_measure(preset: Preset, trains: list[TrainConfig], *, ranks: int, device: str, settings: Settings,
