@@ -478,3 +478,13 @@ def test_the_best_rung_profile_script_accounts_for_the_best_rungs_step(record, t
     (tmp_path / "bad.json").write_text("{}")
     assert profile_main([str(tmp_path / "bad.json"), "--json", str(tmp_path / "q.json")]) == 2
     assert not (tmp_path / "q.json").exists()
+
+
+def test_the_autoac_rung_builds_on_a_compile_rung_that_compiled_only_some_regions():
+    """Rung 4 measures an eager twin of rung 3's config: the twin must drop the region plan
+    along with compile (a plan without compile is refused as an ignored option)."""
+    by_key = {rung.key: rung for rung in LADDER}
+    start = override(TINY.train, jagged=True, kernel="auto", compile=True, compile_regions="interaction",
+                     batch_size=16)
+    out = by_key["autoac"].configure(start, Context(TINY, torch.device("cpu"), 2))
+    assert isinstance(out, str) or (out.compile and out.compile_regions == "interaction" and out.ac == "auto")

@@ -88,7 +88,7 @@ def make_bench(preset: str | Preset, *, batch_size: int | None = None, steps: in
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
     train = override(preset.train, jagged=True, kernel="auto", batch_size=batch_size or preset.train.batch_size,
                      seed=seed, compile=compile, eval_every=0)
-    s = setup(preset, override(train, compile=False), device=device, data_root=data_root)
+    s = setup(preset, override(train, compile=False, compile_regions="all"), device=device, data_root=data_root)
     b = Bench(s, train, [], warmup, run_peak(s.device, s.precision.precision).flops)
     b.batches = timed_batches(b, train.batch_size, warmup + steps)
     return b

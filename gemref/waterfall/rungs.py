@@ -152,7 +152,8 @@ def _autoac(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     that fits with every block compressed, then AutoAC with "compressed" one more option per
     block, solved at that batch (module doc)."""
     device, per_rank = ctx.device, train.batch_size // ctx.ranks
-    model = build_model(ctx.preset, override(train, compile=False, ac="none", ac_compress="none"), device)[0]  # eager twin
+    eager = override(train, compile=False, compile_regions="all", ac="none", ac_compress="none")
+    model = build_model(ctx.preset, eager, device)[0]  # eager twin
     batch_of = lambda n: representative_batch(ctx.preset, n, device, seed=train.seed)  # noqa: E731
     budget = step_bytes(model, batch_of(per_rank))
     options = ("full",) if train.compile else ("selective", "full")
