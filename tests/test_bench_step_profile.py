@@ -32,6 +32,10 @@ from gemref.cli import main
     ("fastlinear::forward", ["sequence_block"], "gemm"),
     ("fastlinear::backward", ["autograd::engine::evaluate_function: FastlinearForwardBackward0"], "gemm"),
     ("aten::view", ["fastlinear::forward"], "other"),
+    # a compiled graph's fused CPU kernels record no event: the graph call's self time is them
+    ("## Call CompiledFxGraph fenry5nmrnbgu3zg5v5m4yvmgq4ulh7xsqvsuetqphwmbdoj43dq ##",
+     ["CompiledFunction", "Torch-Compiled Region: 0/0"], "elementwise"),
+    ("fastlinear::forward", ["## Call CompiledFxGraph fenry5nmrnbg ##"], "gemm"),
 ])
 def test_op_classes(name, ancestors, expected):
     assert op_class(name, ancestors) == expected

@@ -8,7 +8,9 @@ profile reads as "where the step went". Classes:
                    FlexAttention. The materialised attention of the baseline is not one op:
                    it shows as the GEMMs and element-wise ops it is made of.
     elementwise    point-wise, normalisation, activation and reduction ops, Inductor's
-                   fused kernels (what torch.compile turns them into)
+                   fused kernels (what torch.compile turns them into; on CPU they record no
+                   event of their own, so the self time of the "## Call CompiledFxGraph ##"
+                   event that runs a compiled graph is its fused kernels)
     optimizer      everything inside the training step's "optimizer" region (AdamW)
     communication  collectives and the waits on them (c10d, gloo, NCCL)
     other          the rest: embedding lookups, indexing and scatter, copies, layout
@@ -45,6 +47,7 @@ _ELEMENTWISE_OPS = {
     "logical_and", "logical_not", "eq", "ne", "gt", "lt", "ge", "le", "sign", "square"}
 # device kernels and compiled regions, by substring of the name
 _ELEMENTWISE_KERNELS = ("triton_", "cpp_fused", "elementwise", "vectorized", "reduce_kernel", "compiledfunction",
+                        "call compiledfxgraph",
                         "torch-compiled region", "layer_norm", "softmax", "silu", "gelu")
 
 
