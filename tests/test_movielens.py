@@ -256,3 +256,24 @@ def test_gemref_s_own_default_folder_is_rebuilt_when_it_does_not_verify(tmp_path
         again, _ = prepare(sample=True, max_history=8)
     assert again == folder and "rebuilding" in caplog.text and "sha256" in caplog.text
     assert converted_rows(folder) == expected_rows(8)
+
+
+def test_a_conversion_that_another_process_finished_first_reuses_its_folder(tmp_path, monkeypatch):
+    """Two conversions into one folder at once (two chapters, two pytest workers): the one that
+    renames second finds the folder filled after its own check, keeps the first one's result and
+    leaves no temporary folder behind (it used to fail on removing the no longer empty folder)."""
+    import gemref.data.movielens as ml
+
+    folder = tmp_path / "ml"
+    real, other = ml.write_manifest, []
+
+    def first_the_other_process(tmp, listing, extra):
+        if not other:
+            other.append(True)
+            convert(SAMPLE_DIR, folder, max_history=8, sample=True)       # the other process, done first
+        return real(tmp, listing, extra)
+
+    monkeypatch.setattr(ml, "write_manifest", first_the_other_process)
+    manifest = convert(SAMPLE_DIR, folder, max_history=8, sample=True)
+    assert manifest == ml.load_manifest(folder)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ml"]

@@ -135,9 +135,9 @@ def convert(source: str | Path, out: str | Path, *, max_history: int = DEFAULT_M
                                        "history": f"the user's earlier ratings, the latest {max_history} kept",
                                        "row_order": "rows of each split shuffled (numpy seed 0)"})
         manifest = write_manifest(tmp, listing, {"dataset": section})
-        if out.exists():
-            out.rmdir()                      # empty (checked above)
         try:
+            if out.exists():
+                out.rmdir()                  # empty when checked above (another process may have filled it since)
             os.rename(tmp, out)
         except OSError:                      # another process converted into `out` meanwhile
             manifest = _existing(out, identity, own_cache=False)
