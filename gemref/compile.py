@@ -64,8 +64,8 @@ class CompileStats:
     loss: Callable[..., Tensor] | None = None   # the compiled loss region
 
     def as_record(self) -> dict:
-        return {"regions": len(self.regions), "kinds": sorted({n.split(".", 2)[-1] if n.startswith("layers.") else n
-                                                               for n in self.regions}), "graphs": self.graphs, "recompiles": self.recompiles,
+        kinds = sorted({n.split(".", 2)[-1] if n.startswith("layers.") else n for n in self.regions})
+        return {"regions": len(self.regions), "kinds": kinds, "graphs": self.graphs, "recompiles": self.recompiles,
                 "compile_s": self.compile_seconds, "compile_s_by_region": dict(self.region_seconds),
                 "activation_memory_budget": self.activation_memory_budget}
 
@@ -210,6 +210,27 @@ def run_region(fn: Callable, args: tuple) -> None:
     sum(o.float().sum() for o in (outs if isinstance(outs, tuple) else (outs,))).backward()
 
 
+def eager_vs_compiled(eager: Callable, compiled: Callable, args: tuple, reps: int,
+                      warmup: int = 1) -> tuple[float, float]:
+    """Median seconds of one forward+backward call (`run_region`) of `eager` and of `compiled` on
+    `args`, interleaved and alternating who goes first (gemref/mfu/timing.interleaved), after
+    `warmup` untimed rounds, so a change in the machine's load hits both."""
+    import statistics
+
+    from .mfu.timing import interleaved, stopwatch
+
+    device = next((a.device for a in args if isinstance(a, Tensor)), torch.device("cpu"))
+    fns = {"eager": eager, "compiled": compiled}
+
+    def timed(name: str) -> float:
+        with stopwatch(device) as elapsed:
+            run_region(fns[name], args)
+        return elapsed[0]
+
+    samples = interleaved({n: (lambda k, n=n: timed(n)) for n in fns}, reps, warmup=warmup, alternate=True)
+    return statistics.median(samples["eager"]), statistics.median(samples["compiled"])
+
+
 PLAN_MARGIN = 0.03     # a region kind is compiled only if compiled is this much faster (median) than eager
 PLAN_REPS = 7          # interleaved forward+backward calls per variant and region when planning
 
@@ -235,14 +256,9 @@ def plan_regions(model: nn.Module, batch: Any, *, reps: int = PLAN_REPS, margin:
 
     `model` is an eager GEMRef (left unchanged); each kind is compiled afresh with its own
     backend (so no graph is shared with a later `compile_model`), dim 0 dynamic as there. The
-    calls alternate eager/compiled (A B A B, gemref/mfu/timing.interleaved), after one warm-up
-    call each, so a change in the machine's load hits both. Rows: region, eager_ms, compiled_ms
-    (medians, milliseconds), speedup (eager/compiled), compile_s (seconds), kept.
+    calls alternate (`eager_vs_compiled`, one warm-up call each). Rows: region, eager_ms,
+    compiled_ms (medians, milliseconds), speedup (eager/compiled), compile_s (seconds), kept.
     """
-    import statistics
-
-    from .mfu.timing import interleaved, stopwatch
-
     if reps < 1 or not 0.0 <= margin < 1.0:
         raise ValueError(f"need reps >= 1 and margin in [0, 1), got {reps}, {margin}")
     logits: list[Tensor] = []
@@ -254,18 +270,10 @@ def plan_regions(model: nn.Module, batch: Any, *, reps: int = PLAN_REPS, margin:
     for kind in COMPILE_REGIONS:
         stats = CompileStats()
         region = CompiledRegion(kind, fns[kind], stats, model, backend=inductor_backend.__wrapped__(None))  # own graphs
-        variants = {"eager": fns[kind], "compiled": region}
-
-        def timed(variant: str, _kind=kind, _variants=variants) -> float:
-            with stopwatch(inputs[_kind][0].device) as elapsed:
-                run_region(_variants[variant], inputs[_kind])
-            return elapsed[0]
-
         start = time.perf_counter()
         run_region(region, inputs[kind])                  # compiles (forward and backward)
         compile_s = time.perf_counter() - start
-        samples = interleaved({v: (lambda k, v=v: timed(v)) for v in variants}, reps, warmup=1, alternate=True)
-        eager, compiled = (statistics.median(samples[v]) for v in ("eager", "compiled"))
+        eager, compiled = eager_vs_compiled(fns[kind], region, inputs[kind], reps)
         rows.append({"region": kind, "eager_ms": 1e3 * eager, "compiled_ms": 1e3 * compiled,
                      "speedup": eager / compiled, "compile_s": compile_s, "kept": compiled < (1 - margin) * eager})
     model.zero_grad(set_to_none=True)                    # the timing runs left gradients on the weights
@@ -278,26 +286,14 @@ def call_overhead(reps: int = 50, width: int = 64) -> dict[str, float]:
     (dim 0 dynamic, gemref's backend), interleaved, medians of `reps` calls each. The difference
     is the fixed cost (dynamo's guard check, AOTAutograd's forward and backward wrappers, the
     graph call) that fusion inside a region must win back before the region gains."""
-    import statistics
-
-    from .mfu.timing import interleaved
-
     def tiny(x: Tensor, w: Tensor) -> Tensor:
         return x * w + x
 
     x = torch.randn(1, width, requires_grad=True)
     w = torch.randn(width, requires_grad=True)
     region = CompiledRegion("overhead", tiny, CompileStats(), backend=inductor_backend.__wrapped__(None))
-    fns = {"eager": tiny, "compiled": region}
-
-    def timed(name: str) -> float:
-        start = time.perf_counter()
-        run_region(fns[name], (x, w))
-        return time.perf_counter() - start
-
     run_region(region, (x, w))                            # compiles
-    samples = interleaved({n: (lambda k, n=n: timed(n)) for n in fns}, reps, warmup=2, alternate=True)
-    eager, compiled = (statistics.median(samples[n]) for n in ("eager", "compiled"))
+    eager, compiled = eager_vs_compiled(tiny, region, (x, w), reps, warmup=2)
     return {"eager_s": eager, "compiled_s": compiled, "overhead_s": compiled - eager}
 
 

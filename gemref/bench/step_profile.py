@@ -71,8 +71,8 @@ OTHER_ROWS = 15      # rows of the printed "other" table (the record holds every
 UNTRACED = "(untraced: Python, autograd engine, gaps)"
 
 
-def classify(events, steps: int, per_boundary: float = 0.0) -> tuple[dict[str, float], dict[str, float], dict[tuple, dict],
-                                                                dict[str, dict]]:
+def classify(events, steps: int, per_boundary: float = 0.0) -> tuple[dict[str, float], dict[str, float],
+                                                                dict[tuple, dict], dict[str, dict]]:
     """(seconds per step by class as profiled, the same with the profiler's cost out, {(B, M, K,
     N): {"calls", "seconds"} per step} of the GEMM ops, {op name: {"calls", "seconds",
     "profiled_seconds"} per step} of the ops classed other). Classes: gemref/mfu/op_classes.py.
@@ -174,7 +174,8 @@ def profile_step(s, batch, *, warmup: int = 3, timed_steps: int = 10, profile_st
                  probe_reps: int = 20) -> dict:
     """Steps 1-3 of the module docstring for a built Setup `s` (gemref.train.setup) on one batch:
     {"step_wall_s", "step_cpu_s" (lists, seconds), "profiled_step_s", "paired_unprofiled_step_s"
-    (the steps run right before the profiled ones), "profiled_step_cpu_s", "classes" (ms per step and share, the profiler's cost out), "classes_profiled" (as profiled),
+    (the steps run right before the profiled ones), "profiled_step_cpu_s", "classes" (ms per
+    step and share, the profiler's cost out), "classes_profiled" (as profiled),
     "profiler_s_per_boundary", "gemm_shapes", "other_ops" (the ops classed other, largest
     first, with the untraced remainder as one row), "limits" (step_ms and MFU of the
     step, with GEMMs at the best probed rate, with GEMMs at the peak), "model_flops",

@@ -52,7 +52,8 @@ def _x(r: float) -> str:
     return f"{r:.2f}x"
 
 
-def compile_findings(steps: dict, regions: list[dict], fused_kernels: int, overhead_s: float | None = None) -> list[str]:
+def compile_findings(steps: dict, regions: list[dict], fused_kernels: int,
+                     overhead_s: float | None = None) -> list[str]:
     """Chapter 04: compile time, the step-time verdict of every compiled variant, how many regions
     gained or lost, and which ones the region plan keeps (rows with "kept"); `overhead_s`: the
     measured fixed cost of one compiled call (gemref.compile.call_overhead), seconds."""
@@ -83,7 +84,8 @@ def compile_findings(steps: dict, regions: list[dict], fused_kernels: int, overh
         kept = [r["region"] for r in regions if r["kept"]]
         out.append(f"The region plan compiles {', '.join(kept) if kept else 'nothing'} and leaves "
                    f"{', '.join(r['region'] for r in regions if not r['kept']) or 'nothing'} eager: a region is "
-                   "compiled only where it measured faster, so the regions that lost here run eagerly in the plan's step.")
+                   "compiled only where it measured faster, so the regions that lost here run eagerly in the "
+                   "plan's step.")
     if slower:
         short = max(r["eager_ms"] for r in slower)
         cost = (f" (measured here: {1e3 * overhead_s:.2f} ms for a trivial region, forward+backward; more for a "
