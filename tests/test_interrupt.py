@@ -168,3 +168,18 @@ def test_signals_raise_turns_sigterm_into_interrupted_once_and_restores_handlers
     assert caught.value.exit_code == 143 and str(caught.value) == "interrupted by SIGTERM"
     assert isinstance(caught.value, KeyboardInterrupt)      # what `except Exception` must not swallow
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_resource_trackers_notice_on_killed_ranks_is_the_only_warning_turned_off(monkeypatch):
+    """Killing the ranks on an interrupt leaves their semaphores to multiprocessing's resource
+    tracker, which warned about them at exit (a flaky extra stderr line): the launcher adds one
+    PYTHONWARNINGS entry for exactly that notice, once, keeping the user's own entries."""
+    from gemref.parallel import launch
+
+    monkeypatch.setenv("PYTHONWARNINGS", "error::DeprecationWarning")
+    launch._quiet_resource_tracker()
+    launch._quiet_resource_tracker()
+    assert os.environ["PYTHONWARNINGS"] == "error::DeprecationWarning,ignore:resource_tracker:UserWarning"
+    monkeypatch.delenv("PYTHONWARNINGS")
+    launch._quiet_resource_tracker()
+    assert os.environ["PYTHONWARNINGS"] == "ignore:resource_tracker:UserWarning"

@@ -101,6 +101,20 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+TRACKER_NOTICE = "ignore:resource_tracker:UserWarning"   # a PYTHONWARNINGS entry
+
+
+def _quiet_resource_tracker() -> None:
+    """multiprocessing's resource tracker (a process the first spawn starts, with this
+    environment) warns at exit about semaphores of children that were killed, which is every
+    Ctrl-C/SIGTERM here (the ranks' process group is killed on purpose; the tracker then frees
+    them itself): that one notice is turned off through PYTHONWARNINGS, which the tracker and
+    the ranks read at start. Every other warning passes."""
+    current = os.environ.get("PYTHONWARNINGS", "")
+    if TRACKER_NOTICE not in current.split(","):
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [current, TRACKER_NOTICE]))
+
+
 def _rank_entry(rank: int, fn: Callable, world: int, port: int, backend: str, timeout_s: float,
                 out_dir: str, args: tuple, parent: int) -> None:
     own_group(parent)
@@ -157,6 +171,7 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
         raise ValueError(f"ranks must be >= 1, got {world}")
     with tempfile.TemporaryDirectory(prefix="gemref-ranks-") as tmp:
         out = Path(tmp)
+        _quiet_resource_tracker()
         with starting_children():
             ctx = mp.start_processes(_rank_entry, args=(fn, world, free_port(), backend, timeout_s, tmp, args,
                                                         os.getpid()), nprocs=world, join=False, start_method="spawn")
