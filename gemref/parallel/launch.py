@@ -27,6 +27,23 @@ others; past `timeout_s` every rank is killed and TimeoutError raised. Backends 
 checked before any process starts (gemref/parallel/comm.py). Nothing outlives the call: each
 spawned rank leads its own process group and dies with its parent (gemref/parallel/interrupt.py),
 and however the call ends (an error, Ctrl-C, SIGTERM) every rank's group is killed and reaped.
+
+A rank's stderr goes to a file in the launch's folder, which this process copies to its own
+stderr as it grows (so the rank's warnings still show) and quotes, last lines first, when the
+rank dies without a Python error (a C++ `std::terminate`, a signal): the message names the cause.
+
+How a spawned rank ends: its result is written, its process group destroyed (`shutdown`), its
+output flushed, and then it leaves with os._exit, skipping the interpreter's finalizer. Torch's
+DTensor caches (redistribute planners, strategy caches: private, no way to empty them all) keep
+the meshes of FSDP's parameters, hence their process groups, alive past destroy_process_group,
+and with the groups their gloo worker threads. A worker that has just finished a collective
+drops the work's tensors, whose Python objects need the GIL; when the main thread is already in
+Py_Finalize, Python ends that thread inside the C++ destructor (pthread_exit's forced unwind
+through a noexcept frame): `terminate called without an active exception`, SIGABRT. It hit
+about one 2-rank validation run in twenty on a 2-core machine, a core dump shows the worker
+(ProcessGroupGloo::AsyncWork::~AsyncWork -> decref -> take_gil -> PyThread_exit_thread). Once
+the result is on disk a rank has nothing left that the finalizer would do. A rank that raised
+exits the usual way (its error is on disk first, and is what the launch reports).
 """
 from __future__ import annotations
 
@@ -35,6 +52,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -52,7 +70,7 @@ from ..errors import UsageError, user_input
 from ..options import check_local_ranks
 from . import comm
 from .interrupt import kill_group, own_group, starting_children
-from .mesh import check_world, local_device
+from .mesh import check_world, local_device, release_meshes
 
 DEFAULT_TIMEOUT_S = 300.0
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -95,7 +113,9 @@ def init_from_env(backend: str, device: torch.device, mesh_shape, timeout_s: flo
 
 
 def shutdown() -> None:
-    """Release communicators (NCCLX sub-communicators first) and the process group."""
+    """Release communicators (NCCLX sub-communicators first), gemref's cached meshes, then the
+    process group."""
+    release_meshes()
     comm.finalize_ncclx()
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -118,10 +138,11 @@ def _quiet_resource_tracker() -> None:
 def _rank_entry(rank: int, fn: Callable, world: int, port: int, backend: str, timeout_s: float,
                 out_dir: str, args: tuple, parent: int) -> None:
     own_group(parent)
+    out = Path(out_dir)
+    _stderr_to(out / f"rank{rank}.stderr")
     os.environ.update(OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    out = Path(out_dir)
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
@@ -131,24 +152,67 @@ def _rank_entry(rank: int, fn: Callable, world: int, port: int, backend: str, ti
     except BaseException as e:      # written before the group goes down, so the cause is first in time
         (out / f"rank{rank}.err.json").write_text(json.dumps(
             {"type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc(), "time": time.time()}))
+        shutdown()
         raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)                     # the module doc: no finalizer beside gloo threads that outlive the group
 
 
-def _rank_failure(out_dir: Path, processes: list, fallback: BaseException) -> BaseException:
+def _stderr_to(path: Path) -> None:
+    """Point this process's fd 2 (Python's and C++'s stderr) at `path`, which the launcher relays."""
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+class _StderrRelay:
+    """Copies what the ranks write to their stderr files onto this process's stderr, as it comes."""
+
+    def __init__(self, out_dir: Path, world: int):
+        self.paths = [out_dir / f"rank{r}.stderr" for r in range(world)]
+        self.offsets = [0] * world
+
+    def pump(self) -> None:
+        for r, path in enumerate(self.paths):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets[r])
+                    data = f.read()
+            except FileNotFoundError:          # the rank has not started yet
+                continue
+            if data:
+                self.offsets[r] += len(data)
+                sys.stderr.write(data.decode(errors="replace"))
+                sys.stderr.flush()
+
+    def tail(self, rank: int, lines: int = 12) -> str:
+        """The last `lines` lines rank `rank` wrote to stderr ('' if none)."""
+        try:
+            text = self.paths[rank].read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _rank_failure(out_dir: Path, processes: list, fallback: BaseException,
+                  stderr_tail: Callable[[int], str] = lambda r: "") -> BaseException:
     """The cause of a failed launch: a rank that died without a Python error (killed, crashed,
-    os._exit), else the error raised first (later ones are ranks losing their peer). A
-    UsageError stays a UsageError; a ValueError stays a ValueError carrying the rank's traceback."""
+    os._exit; quoted with the last lines it wrote to stderr), else the error raised first (later
+    ones are ranks losing their peer). A UsageError stays a UsageError; a ValueError stays a
+    ValueError carrying the rank's traceback."""
     errors = {r: json.loads(path.read_text()) for r in range(len(processes))
               if (path := out_dir / f"rank{r}.err.json").exists()}
     stopped_by_us = (0, None, -signal.SIGTERM, -signal.SIGKILL)
     died = [(r, p.exitcode) for r, p in enumerate(processes) if r not in errors and p.exitcode not in stopped_by_us]
     if died:
         r, code = died[0]
+        tail = stderr_tail(r)
+        said = f"; its last stderr lines:\n{tail}" if tail else "; it wrote nothing to stderr"
         return RuntimeError(f"rank {r} died with exit code {code} (no Python error); "
-                            f"{len(errors)} other rank(s) then failed")
+                            f"{len(errors)} other rank(s) then failed{said}")
     if not errors:
         return RuntimeError(f"a rank died: {fallback}")
     r, err = min(errors.items(), key=lambda item: (item[1]["time"], item[0]))
@@ -176,20 +240,24 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
             ctx = mp.start_processes(_rank_entry, args=(fn, world, free_port(), backend, timeout_s, tmp, args,
                                                         os.getpid()), nprocs=world, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
+        relay = _StderrRelay(out, world)
         try:
             while not ctx.join(timeout=0.5):
+                relay.pump()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{world} ranks did not finish within {timeout_s:.0f} s")
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
             for p in ctx.processes:
                 p.join(timeout=10)
-            raise _rank_failure(out, ctx.processes, e) from None
+            relay.pump()
+            raise _rank_failure(out, ctx.processes, e, relay.tail) from None
         finally:
             for p in ctx.processes:
                 if p.exitcode is None:      # alive, not reaped: its pid (and group) is still its own
                     kill_group(p.pid)       # the group too: what the rank started (data workers)
             for p in ctx.processes:
                 p.join(timeout=10)
+            relay.pump()
         return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(world)]
 
 

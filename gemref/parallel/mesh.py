@@ -9,6 +9,10 @@ node, where the links are fast, and let only the replicate all-reduce cross node
     1xW   FSDP 1D (everything sharded W ways)
     Wx1   replicated data parallelism (DDP-like: full copies, gradients all-reduced)
     RxS   HSDP / 2D: sharded within groups of S, replicated across R groups
+
+Meshes are built once per process group and cached here; `release_meshes()` forgets them (and
+DTensor's sharding-propagation cache, which holds their specs) when the group is destroyed, so
+a later group never gets a mesh over a destroyed one.
 """
 from __future__ import annotations
 
@@ -21,6 +25,20 @@ from .comm import ncclx_mesh_built
 
 MESH_DIMS = ("replicate", "shard")
 _meshes: dict[tuple, DeviceMesh] = {}
+
+
+def release_meshes() -> None:
+    """Forget every cached mesh, and DTensor's sharding-propagation cache (its specs hold meshes).
+    Called when the process group is destroyed (gemref/parallel/launch.py `shutdown`). Other
+    private DTensor caches (redistribute planners, strategy caches) still hold meshes, hence their
+    groups and gloo threads, until the process ends: launch.py's module doc says why a rank then
+    ends with os._exit."""
+    _meshes.clear()
+    try:
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    except ImportError:          # a torch without that cache
+        return
+    _clear_sharding_prop_cache()
 
 
 def check_world(shape: MeshShape, world_size: int) -> None:
