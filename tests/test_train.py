@@ -138,42 +138,56 @@ def test_run_record_is_complete_and_consistent(data_root):
 def model_flops_by_flop_counter(lengths: set[int]) -> dict[int, int]:
     """Model FLOPs of one training sample per history length, counted without gemref.mfu.flops:
     the sample alone (B=1: no padding) through the jagged reference model under FlopCounterMode,
-    forward; then the convention by hand: causal self-attention counts half of the 4*H*D*L^2
-    FLOPs per layer the materialised kernel runs, and a step is 3 x forward. (FlopCounterMode
-    misses a few hundred FLOPs of a 1-event history: torch runs its length-1 contractions as mul.)"""
+    forward; then the convention by hand: causal self-attention counts the L(L+1)/2 allowed
+    (query, key) pairs of the L^2 the materialised kernel runs, 4*H*D FLOPs each per layer, and a
+    step is 3 x forward. (FlopCounterMode
+    misses a few hundred FLOPs of a 1-event history: torch runs its length-1 contractions as mul;
+    longer histories agree exactly.)"""
     cfg = TINY.model
     model = GEMRef(cfg, jagged=True, kernel="reference")
     out = {}
     for length in lengths:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             model(batch_with_lengths(cfg, [length]))
-        masked_half = cfg.n_layers * 2 * cfg.n_heads * cfg.head_dim * length * length
-        out[length] = 3 * (counter.get_total_flops() - masked_half)
+        masked = cfg.n_layers * 4 * cfg.n_heads * cfg.head_dim * (length * (length - 1) // 2)
+        out[length] = 3 * (counter.get_total_flops() - masked)
     return out
 
 
 def test_mfu_is_independently_counted_flops_over_the_step_clock(data_root, monkeypatch):
-    """The record's MFU against one recomputed here: FLOPs counted by FlopCounterMode (above),
-    seconds of each training step timed around `Setup.step` by this test, the CPU peak. One
-    rank: local MFU divides by the steps' own seconds, E2E MFU by those plus the data waits."""
-    timed = []
+    """The record's MFU against one recomputed here by hand: FLOPs counted by FlopCounterMode
+    (above) over seconds this test hands the step timer (step k of the run takes 0.01 x (k + 1)
+    s on a stub stopwatch, so no measured time enters the comparison), over the CPU peak.
+    One rank: local MFU divides by the steps' own seconds, E2E MFU by those plus the data waits."""
+    import contextlib
+
+    import gemref.mfu.timing as timing
+
+    lengths_seen, ticks = [], []
     step = Setup.step
 
-    def clocked(self, batch):
-        start = time.perf_counter()
-        loss = step(self, batch)
-        timed.append((batch.lengths.tolist(), time.perf_counter() - start))
-        return loss
-    monkeypatch.setattr(Setup, "step", clocked)
+    def recording(self, batch):
+        lengths_seen.append(batch.lengths.tolist())
+        return step(self, batch)
+
+    @contextlib.contextmanager
+    def stub_stopwatch(device):
+        out = []
+        yield out
+        ticks.append(0.01 * (len(ticks) + 1))
+        out.append(ticks[-1])
+    monkeypatch.setattr(Setup, "step", recording)
+    monkeypatch.setattr(timing, "stopwatch", stub_stopwatch)
     train = override(TINY.train, steps=7, warmup_steps=2, eval_batches=1)
     record = run(TINY, train, device="cpu", progress=False, measure_memory=False)
-    assert len(timed) == 7
+    assert len(lengths_seen) == len(ticks) == 7
     peak = peak_flops("cpu", "fp32").flops
-    per_sample = model_flops_by_flop_counter({length for lengths, _ in timed[2:] for length in lengths})
-    flops = sum(per_sample[length] for lengths, _ in timed[2:] for length in lengths)
-    seconds = sum(t for _, t in timed[2:])
+    per_sample = model_flops_by_flop_counter({n for lengths in lengths_seen[2:] for n in lengths})
+    flops = sum(per_sample[n] for lengths in lengths_seen[2:] for n in lengths)
+    seconds = sum(0.01 * (k + 1) for k in range(2, 7))          # 0.03 + ... + 0.07 s
     assert record["peak_flops"] == peak
-    assert record["local_mfu"] == pytest.approx(flops / (seconds * peak), rel=0.05)
+    ones = sum(n == 1 for lengths in lengths_seen[2:] for n in lengths)   # FlopCounterMode misses < 1k FLOPs each
+    assert record["local_mfu"] == pytest.approx(flops / (seconds * peak), rel=1e-9, abs=3 * 1024 * ones / (seconds * peak))
     assert record["mfu"] <= record["local_mfu"] and record["scaling_ratio"] == pytest.approx(1 - record["data_share"])
 
 
