@@ -99,7 +99,7 @@ def test_first_figure_picks_by_title(tmp_path):
     assert first_figure(tmp_path / "x.ipynb", "nothing like it") is None
 
 
-def test_over_budget_still_writes_the_pages_then_fails(tmp_path):
+def test_over_budget_is_reported_or_enforced_after_the_pages(tmp_path):
     folder = tmp_path / "nb"
     (folder / "params").mkdir(parents=True)
     nb = nbformat.v4.new_notebook()
@@ -110,8 +110,10 @@ def test_over_budget_still_writes_the_pages_then_fails(tmp_path):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, folder / "00_toy.ipynb")
     (folder / "params" / "ci.yaml").write_text("budget_s: 0.01\n")      # a kernel's start-up alone costs more
+    build_book("ci", tmp_path / "reported", notebook_dir=folder, log=lambda s: None)
+    assert "0.01 (over)" in (tmp_path / "reported" / "index.html").read_text()
     with pytest.raises(OverBudget, match="00_toy"):
-        build_book("ci", tmp_path / "out", notebook_dir=folder, log=lambda s: None)
+        build_book("ci", tmp_path / "out", notebook_dir=folder, enforce_budget=True, log=lambda s: None)
     assert "00 · Toy" in (tmp_path / "out" / "00_toy.html").read_text()
     assert "00 · Toy" in (tmp_path / "out" / "index.html").read_text()
 

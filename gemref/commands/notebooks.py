@@ -8,6 +8,8 @@ from ..options import check_output_dir, output_dir, output_file, split_pairs
 
 NAME = "notebooks"
 HELP = "run the notebooks headless (papermill)"
+BUDGET_HELP = ("exit 1 if a notebook ran over its profile's CPU budget (default: report it); "
+               "for sizing a profile on an idle machine")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -20,12 +22,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     r.add_argument("--grid", metavar="FILE", help="YAML mapping parameter -> list of values (cartesian product)")
     r.add_argument("--out", metavar="DIR", type=output_dir, help="output folder (default: artifacts/notebooks/<profile>-<date>)")
     r.add_argument("--json", metavar="PATH", type=output_file, help="write the batch's rows (time, metrics) here")
+    r.add_argument("--enforce-budget", action="store_true", help=BUDGET_HELP)
     r.set_defaults(func=run)
     b = which.add_parser("build", help="execute the chapters under a profile, write the static reading copy")
     b.add_argument("notebooks", nargs="*", help="chapter names (default: all), e.g. 02_flash_attention")
     b.add_argument("--profile", default="ci", help="notebooks/params/<profile>.yaml: ci, cpu, gpu")
     b.add_argument("--out", metavar="DIR", type=output_dir, help="output folder (default: artifacts/book/<profile>)")
     b.add_argument("--json", metavar="PATH", type=output_file, help="write the chapters' rows (time, metrics) here")
+    b.add_argument("--enforce-budget", action="store_true", help=BUDGET_HELP)
     b.set_defaults(func=build)
 
 
@@ -46,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or check_output_dir(f"artifacts/notebooks/{args.profile}-{stamp}", "--out"))
     try:
         with folder_lock(out, "--out"):
-            rows = run_notebooks(args.profile, out, names=args.notebooks, params=params, grid=grid)
+            rows = run_notebooks(args.profile, out, names=args.notebooks, params=params, grid=grid,
+                                 enforce_budget=args.enforce_budget)
     except NotebookFailure as e:
         print(f"gemref notebooks: {e}", file=sys.stderr)
         return 1
@@ -59,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build(args: argparse.Namespace) -> int:
-    """`gemref notebooks build`: exit 0, or 1 naming the chapter that failed or ran over budget."""
+    """`gemref notebooks build`: exit 0, or 1 naming the chapter that failed (or, with
+    --enforce-budget, ran over its budget)."""
     import sys
     from pathlib import Path
 
@@ -72,7 +78,7 @@ def build(args: argparse.Namespace) -> int:
     out = Path(args.out or check_output_dir(f"artifacts/book/{args.profile}", "--out"))
     try:
         with folder_lock(out, "--out"):      # one writer per folder (another build, a waterfall)
-            build_book(args.profile, out, names=args.notebooks or None)
+            build_book(args.profile, out, names=args.notebooks or None, enforce_budget=args.enforce_budget)
     except NotebookFailure as e:
         print(f"gemref notebooks build: {e}", file=sys.stderr)
         return 1

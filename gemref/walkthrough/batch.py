@@ -14,8 +14,11 @@ removes the partial copy, so each executed copy is complete or absent.
 
 Each row records the notebook's wall seconds and CPU seconds (its kernel and every process the
 kernel waited for, e.g. spawned ranks: the time it costs whatever else the machine runs). A
-profile may set `budget_s` (CPU seconds per notebook) and `budgets: {notebook: seconds}`; after
-writing the summary the batch fails with `OverBudget`, naming each notebook over its budget.
+profile may set `budget_s` (CPU seconds per notebook) and `budgets: {notebook: seconds}`: a
+notebook over its budget is reported (a log line, `over_budget` in its row), and the batch fails
+with `OverBudget` after writing the summary only when asked to (`enforce_budget`, the CLI's
+`--enforce-budget`: for sizing a profile on an idle machine). A time is a measurement, and a
+shared machine's is noisy: by default it never fails a run.
 """
 from __future__ import annotations
 
@@ -146,8 +149,9 @@ def _failing_cell(executed: Path) -> str:
 
 def run_notebooks(profile: str, out_dir: Path, *, names: list[str] | None = None,
                   params: dict | None = None, grid: dict | None = None,
-                  notebook_dir: Path | None = None, log=print) -> list[dict]:
+                  notebook_dir: Path | None = None, enforce_budget: bool = False, log=print) -> list[dict]:
     """Execute notebooks x grid points; write summary.csv/.html into out_dir; return the rows.
+    `enforce_budget`: raise OverBudget (after the summary) if a notebook ran over its budget.
     Every notebook's parameters (names and types) are checked before the first one runs."""
     notebook_dir = notebook_dir or NOTEBOOK_DIR
     prof = load_profile(profile, notebook_dir / "params")
@@ -169,11 +173,15 @@ def run_notebooks(profile: str, out_dir: Path, *, names: list[str] | None = None
     for n, (nb, point, merged, tag) in enumerate(plan, start=1):
         log(f"[{n}/{len(plan)}] {nb.stem}{tag} {point or ''}")
         metrics, clock = timed_execute(nb, out_dir / f"{nb.stem}{tag}.ipynb", merged)
+        budget = prof["budgets"].get(nb.stem, prof["budget_s"])
+        over = bool(budget) and clock["cpu_seconds"] > budget
         rows.append({"notebook": nb.stem, **{f"param.{k}": v for k, v in point.items()}, **clock,
-                     "budget_s": prof["budgets"].get(nb.stem, prof["budget_s"]), **metrics})
-        log(f"    {clock['cpu_seconds']:.1f} s CPU, {clock['seconds']:.1f} s wall")
+                     "budget_s": budget, "over_budget": over, **metrics})
+        log(f"    {clock['cpu_seconds']:.1f} s CPU, {clock['seconds']:.1f} s wall"
+            + (f": over the {profile} profile's budget of {budget:g} s CPU" if over else ""))
     write_summary(rows, out_dir)
-    check_budgets(rows, profile)
+    if enforce_budget:
+        check_budgets(rows, profile)
     return rows
 
 

@@ -14,8 +14,8 @@ browse without a kernel:
                         loads the shared copy instead, so the site holds one plotly.js, not twelve.
   DIR/plotly.min.js     that copy (from plotly's package), for the index and every chapter.
 
-A chapter over its profile's time budget still gets its page; the build then fails
-(OverBudget), like the batch.
+A chapter over its profile's time budget is reported in the index; with `enforce_budget` the
+build still writes every page, then fails (OverBudget), like the batch.
 """
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def _metric_value(key: str, value) -> str:
 
 
 def _metrics_cell(row: dict) -> str:
-    skip = {"notebook", "seconds", "cpu_seconds", "budget_s"}
+    skip = {"notebook", "seconds", "cpu_seconds", "budget_s", "over_budget"}
     items = "".join(f"<li>{html.escape(readable(k))}: <b>{html.escape(_metric_value(k, v))}</b></li>"
                     for k, v in row.items() if k not in skip and not k.startswith("param."))
     return (f"<details><summary style='cursor:pointer'>{sum(k not in skip for k in row)} measured values</summary>"
@@ -152,7 +152,8 @@ def index_html(rows: list[dict], titles: dict[str, str], profile: str, waterfall
     body = "".join(
         f"<tr><td><a href='{r['notebook']}.html'>{html.escape(titles[r['notebook']])}</a></td>"
         f"<td>{r['cpu_seconds']:.1f}</td><td>{r['seconds']:.1f}</td>"
-        f"<td>{fmt(r.get('budget_s'))}</td><td>{_metrics_cell(r)}</td></tr>" for r in rows)
+        f"<td>{fmt(r.get('budget_s'))}{' (over)' if str(r.get('over_budget')) == 'True' else ''}</td>"
+        f"<td>{_metrics_cell(r)}</td></tr>" for r in rows)
     if reference:
         ref_rows = reference["record"]["rungs"]
         headline = (f"<p>The number the project stands by: {html.escape(caption(reference))}.</p>"
@@ -187,7 +188,7 @@ it spawned) and wall seconds; the budget is the profile's limit in CPU seconds.<
 
 
 def build_book(profile: str, out_dir: Path, *, names: list[str] | None = None,
-               notebook_dir: Path | None = None, log=print) -> list[Path]:
+               notebook_dir: Path | None = None, enforce_budget: bool = False, log=print) -> list[Path]:
     """Execute the chapters and write the reading copy; return the pages written (index first)."""
     from plotly.offline import get_plotlyjs
 
@@ -195,7 +196,8 @@ def build_book(profile: str, out_dir: Path, *, names: list[str] | None = None,
     executed = out_dir / "executed"
     late = None
     try:
-        rows = run_notebooks(profile, executed, names=names, notebook_dir=notebook_dir, log=log)
+        rows = run_notebooks(profile, executed, names=names, notebook_dir=notebook_dir,
+                             enforce_budget=enforce_budget, log=log)
     except OverBudget as e:
         rows, late = e.rows, e
     atomic_write_text(out_dir / "plotly.min.js", get_plotlyjs())
