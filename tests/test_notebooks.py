@@ -1,5 +1,5 @@
-"""Every notebook runs headless under the `ci` profile, within its time budget, and records
-metrics that make sense.
+"""Every notebook runs headless under the `ci` profile and records metrics that make sense (its
+time is recorded beside them, never judged: a notebook over its budget is reported by the batch).
 
 Under `make test` the chapters ran once, before pytest, as the reading copy
 (`gemref notebooks build --profile ci --out artifacts/book/ci`, GEMREF_BOOK): these tests read
@@ -37,11 +37,10 @@ EXPECT = {
     "10_waterfall": lambda m: (m["rungs_ran"] >= 3 and m["flops_per_sample_spread"] == 1.0
                                and (m["full_ladder_vs_baseline"] > 0 if m["full_ladder_vs_baseline"] is not None
                                     else m["contended_windows"] > 0)
-                               # the best rung's step by op class: GEMMs are part of it, and at the CPU's peak
-                               # they would leave a shorter step (a higher MFU) than measured
+                               # the best rung's step by op class: GEMMs are part of it; what the step would be
+                               # with its GEMMs at the probed peak is a what-if of two timings: reported, not judged
                                and 0 < m["best_rung_gemm_share"] < 1 and 0 < m["best_rung_mfu_profiled"] < 1
-                               and m["best_rung_mfu_gemm_at_peak"] >= m["best_rung_mfu_profiled"]
-                               and 0 < m["best_rung_step_kept_at_peak"] <= 1),
+                               and m["best_rung_mfu_gemm_at_peak"] > 0 and m["best_rung_step_kept_at_peak"] > 0),
     # MXFP8's mean eval loss over the seeds inside fp32's seed band, which fp32's own learning exceeds
     "09_mxfp8": lambda m: (m["mxfp8_min_layer_output_sqnr_db"] > 12 and m["mx_block_sqnr_median_db"] > 25
                            and m["seeds"] >= 2 and m["mxfp8_within_fp32_seed_band"] is True
@@ -97,12 +96,18 @@ def test_notebook_runs_under_ci_profile(name, data_root):
         metrics, clock = read_metrics(executed(book, name)), summary(book)[name]
     else:
         metrics, clock = timed_execute(NOTEBOOK_DIR / f"{name}.ipynb", OUT / f"{name}.ipynb", profile_params("ci", name))
-    prof = load_profile("ci")
-    budget = prof["budgets"].get(name, prof["budget_s"])
-    assert clock["cpu_seconds"] <= budget, \
-        f"{name} ran {clock['cpu_seconds']:.1f} s CPU, over its ci budget of {budget:g} s (wall {clock['seconds']:.1f} s)"
+    assert clock["cpu_seconds"] > 0 and clock["seconds"] > 0, clock
     assert metrics, f"{name} recorded no metrics"
     assert EXPECT[name](metrics), metrics
+
+
+def test_the_ci_profile_is_the_committed_defaults():
+    """`pytest --nbmake notebooks/` (in `make test`) runs the defaults, the reading copy runs the
+    ci profile: one set of values, so the two runs check the same chapters."""
+    for name in NOTEBOOKS:
+        defaults = declared_parameters(NOTEBOOK_DIR / f"{name}.ipynb")
+        differ = {k: (v, defaults.get(k)) for k, v in profile_params("ci", name).items() if defaults.get(k) != v}
+        assert not differ, f"{name}: the ci profile sets (value, default) {differ}: change the notebook's default"
 
 
 def test_notebooks_are_committed_clean():
@@ -202,18 +207,23 @@ def test_profile_budgets_are_checked(tmp_path):
     assert load_profile("ci")["budget_s"] == 60
 
 
-def test_batch_times_each_notebook_and_fails_over_budget(tmp_path, capfd):
+def test_batch_times_each_notebook_and_reports_or_enforces_its_budget(tmp_path, capfd):
     folder = _toy_notebooks(tmp_path / "nb", "x = sum(i * i for i in range(10))")
     (folder / "params" / "ci.yaml").write_text("budget_s: 600\nglobal:\n  X: 2\n")
     rows = run_notebooks("ci", tmp_path / "ok", notebook_dir=folder, log=lambda s: None)
     assert rows[0]["cpu_seconds"] > 0 and rows[0]["seconds"] > 0 and rows[0]["budget_s"] == 600
+    assert rows[0]["over_budget"] is False
     assert "cpu_seconds" in (tmp_path / "ok" / "summary.csv").read_text().splitlines()[0]
     assert "TCP" not in capfd.readouterr().err, "the kernel must talk over IPC, not TCP"
     # starting a kernel alone costs more than 0.01 s of CPU: over any such budget
     (folder / "params" / "ci.yaml").write_text("budget_s: 600\nbudgets:\n  00_toy: 0.01\nglobal:\n  X: 2\n")
+    said = []
+    rows = run_notebooks("ci", tmp_path / "reported", notebook_dir=folder, log=said.append)
+    assert rows[0]["over_budget"] is True and rows[0]["x"] == 2            # reported, the run still counts
+    assert any("over the ci profile's budget of 0.01 s CPU" in line for line in said), said
     with pytest.raises(OverBudget, match=r"00_toy failed: over the ci profile's time budget: 00_toy [0-9.]+ s CPU "
                                          r"> 0.01 s \(wall [0-9.]+ s\)") as failed:
-        run_notebooks("ci", tmp_path / "late", notebook_dir=folder, log=lambda s: None)
+        run_notebooks("ci", tmp_path / "late", notebook_dir=folder, enforce_budget=True, log=lambda s: None)
     assert failed.value.rows[0]["notebook"] == "00_toy"
     assert (tmp_path / "late" / "summary.csv").exists(), "the summary is written before the batch fails"
 
