@@ -87,7 +87,7 @@ def test_recorded_collective_bytes_match_analytic(four_ranks, config):
         assert row["recorded_count"] > 0 and abs(row["ratio"] - 1) <= 0.05, row
         assert row["seconds"] > 0
     overlap = comm["overlap_per_rank"][0]
-    assert 0 < overlap["exposed_comm_s"] <= overlap["comm_s"]
+    assert 0 <= overlap["exposed_comm_s"] <= overlap["comm_s"]        # a part of the measured comm, never more
 
 
 def test_rank_times_are_recorded(four_ranks):

@@ -81,3 +81,26 @@ def test_b(x):
         return 1
 '''
     assert silent_returns(planted) == ["test_a:5"]
+
+
+TIMING_BOUNDS = (r"mark\.solo", r"perf_counter\(\).*assert", r"assert .*(speedup|step_s|_seconds) *[<>]")
+
+
+def timing_bounds(source: str) -> list[int]:
+    """Lines of `source` that look like a test judging a measured time (a bound on a time or a
+    speed-up, a test that must run alone): timings are reported by benchmarks, never asserted."""
+    import re
+
+    return [n for n, line in enumerate(source.splitlines(), 1) if any(re.search(p, line) for p in TIMING_BOUNDS)]
+
+
+def test_no_test_bounds_a_measured_time():
+    offenders = {path.name: found for path in sorted(TESTS.glob("*.py"))
+                 if path.name != Path(__file__).name and (found := timing_bounds(path.read_text()))}
+    assert not offenders, f"a test judges a measured time; move it to a benchmark: {offenders}"
+
+
+def test_the_timing_rule_finds_planted_bounds():
+    planted = "@pytest.mark.solo\ndef f():\n    assert speedup > 1.5\n    assert r.step_s < 0.2\n"
+    assert timing_bounds(planted) == [1, 3, 4]
+    assert timing_bounds("assert row['speedup'] == pytest.approx(2.0)\nassert x > 0\n") == []
