@@ -35,8 +35,8 @@ def probes_return(monkeypatch, *results):
     """Each call of the probe returns the next result (the last one repeats); counts calls."""
     calls = []
 
-    def probe():
-        calls.append(1)
+    def probe(dtype="fp32"):
+        calls.append(dtype)
         return results[min(len(calls), len(results)) - 1]
     monkeypatch.setattr(peak, "probe", probe)
     return calls
@@ -50,7 +50,7 @@ def cached(cache_dir) -> dict:
 def test_the_probe_takes_the_fastest_fp32_path_and_never_times_an_excluded_one(monkeypatch):
     rates = {"blas": 111e9, "onednn": 245e9, "mkl_packed": 300e9}
     timed = []
-    monkeypatch.setattr(cpu_probe, "check_fp32", lambda p: (True, "") if p != "mkl_packed" else (False, "not fp32"))
+    monkeypatch.setattr(cpu_probe, "check_path", lambda p, dtype: (True, "") if p != "mkl_packed" else (False, "not fp32"))
     monkeypatch.setattr(cpu_probe, "prepare", lambda p, x, w: (lambda: p))
     monkeypatch.setattr(cpu_probe, "_time_call", lambda fn, flops: timed.append(fn()) or rates[fn()] * (
         1 if flops > 2 * 8 ** 3 else 0.5))
@@ -88,7 +88,7 @@ def test_the_cache_key_names_the_cpu_threads_and_torch(cache_dir, monkeypatch):
     r = peak.cpu_peak_report()
     assert r["key"] == {"vendor": "AuthenticAMD", "family": 25, "model": 17, "stepping": 1,
                         "flags_sha256": ZEN4.flags_hash, "threads": torch.get_num_threads(),
-                        "torch": torch.__version__, "probe_version": peak.PROBE_VERSION}
+                        "torch": torch.__version__, "dtype": "fp32", "probe_version": peak.PROBE_VERSION}
     assert list(cached(cache_dir)) == [peak.cache_key(r["key"])]
     monkeypatch.setattr(peak, "_PROBED", {})
     peak.cpu_peak_report()
@@ -148,6 +148,58 @@ def test_the_ceiling_is_lanes_times_pipes_times_clock(cpu, threads, per_cycle, c
     c = cpu_probe.isa_ceiling(cpu, threads, 3e9, "given")
     assert c["flop_per_cycle_per_core"] == per_cycle and c["cores"] == cores
     assert c["flops"] == per_cycle * 3e9 * cores
+
+
+AMX = CpuInfo("GenuineIntel", 6, 143, 8, "Xeon", ("fma", "avx2", "avx512f", "avx512_bf16", "amx_bf16"), 8)
+
+
+@pytest.mark.parametrize("cpu, per_cycle, isa", [
+    (AMX, 1024, "amx_bf16"),                                              # 16x16x32 MACs per 16 cycles
+    (replace(AMX, flags=AMX.flags[:-1]), 128, "avx512_bf16"),             # vdpbf16ps: 2 x 2 x 16 lanes x 2 pipes
+    (replace(ZEN4, flags=ZEN4.flags + ("avx512_bf16",)), 64, "avx512_bf16"),   # 2 x 2 x 8 lanes (256-bit) x 2
+    (ZEN4, 32, "avx512f (no bf16 unit)"),                                 # converted: the fp32 FMA rate
+])
+def test_the_bf16_ceiling_is_the_cpus_bf16_unit(cpu, per_cycle, isa):
+    c = cpu_probe.isa_ceiling(cpu, 1, 2e9, "given", dtype="bf16")
+    assert (c["flop_per_cycle_per_core"], c["isa"], c["dtype"]) == (per_cycle, isa, "bf16")
+    assert c["flops"] == per_cycle * 2e9
+    assert cpu_probe.isa_ceiling(cpu, 1, 2e9, "given")["flop_per_cycle_per_core"] == (64 if cpu.vendor ==
+                                                                                        "GenuineIntel" else 32)
+
+
+def test_each_dtype_has_its_own_probe_and_cache_entry_and_no_other_dtype_borrows(cache_dir, monkeypatch):
+    calls = probes_return(monkeypatch, fake_result(100e9))
+    assert peak.peak_flops("cpu", "fp32").flops == 100e9 and calls == ["fp32"]
+    probes_return(monkeypatch, replace(fake_result(90e9), dtype="bf16"))
+    bf16 = peak.peak_flops("cpu", "bf16")
+    assert bf16.flops == 90e9 and bf16.dtype == "bf16" and "bf16 GEMM" in bf16.source
+    assert sorted(e["dtype"] for e in cached(cache_dir).values()) == ["bf16", "fp32"]
+    for dtype in ("fp16", "fp8", "mxfp8", "tf32"):
+        p = peak.peak_flops("cpu", dtype)
+        assert p.flops is None and "N/A" in p.source and p.dtype == dtype
+    entry = next(e for e in cached(cache_dir).values() if e["dtype"] == "fp32")
+    assert "bf16" in peak.untrusted(entry, peak.key_fields(ZEN4, dtype="bf16"), {})
+    with pytest.raises(ValueError, match="CPU peaks are probed for fp32, bf16"):
+        peak.cpu_peak_report(dtype="fp16")
+
+
+def test_a_real_bf16_probe_at_a_tiny_shape_covers_every_bf16_path():
+    r = cpu_probe.probe(shapes=((64, 48, 32),), rounds=1, dtype="bf16")
+    assert set(r.rates) | set(r.excluded) == set(gemm_paths.BF16_PROBE_PATHS) and r.dtype == "bf16"
+    assert "blas" in r.rates and all(v["64x48x32"] > 0 for v in r.rates.values())
+
+
+def test_a_bf16_path_must_compute_the_gemm_to_bf16_rounding(monkeypatch):
+    for path in gemm_paths.BF16_PROBE_PATHS:
+        ok, why = gemm_paths.check_path(path, "bf16")
+        assert ok or why == "not in this torch build" or why.startswith("failed"), (path, why)
+        if ok:           # fp32 accumulation, one bf16 rounding of the output: ~2^-9 relative, above fp32's
+            assert 1e-5 < gemm_paths.relative_error(path, dtype="bf16") <= gemm_paths.TOLERANCE["bf16"]
+    real = gemm_paths.prepare
+    monkeypatch.setattr(gemm_paths, "prepare", lambda path, x, w: (lambda: real(path, x, w)().flip(1)))   # columns swapped
+    ok, why = gemm_paths.check_path("blas", "bf16")
+    assert not ok and why.startswith("not bf16")
+    assert gemm_paths.check_path("mkl_packed", "bf16") == (False, "no bf16 variant")
 
 
 def test_no_fma_isa_or_no_clock_means_no_ceiling():

@@ -114,8 +114,28 @@ def test_mxfp8_run_records_its_precision(data_root):
     record = run(TINY, override(TINY.train, steps=3, warmup_steps=1, eval_batches=1, precision="mxfp8",
                                 precision_min_dim=32), device="cpu", progress=False, measure_memory=False)
     assert record["precision"]["converted"], "no layer was converted"
-    assert record["dtype"] == "mxfp8 (emulated)" and record["mfu_basis"] == "bf16-equivalent"
+    # emulated on a CPU, its GEMMs run in fp32: the MFU divides by the fp32 peak
+    assert record["dtype"] == "mxfp8 (emulated)" and record["mfu_basis"] == "fp32 peak"
+    assert record["mfu_basis_dtype"] == "fp32" and record["peak_flops"] == peak_flops("cpu", "fp32").flops
     assert record["speed_claim_valid"] is False
+
+
+def test_a_bf16_run_divides_by_the_bf16_peak_and_says_which(data_root):
+    record = run(TINY, override(TINY.train, steps=3, warmup_steps=1, eval_batches=1, precision="bf16"),
+                 device="cpu", progress=False, measure_memory=False)
+    bf16 = peak_flops("cpu", "bf16")
+    assert record["mfu_basis"] == "bf16 peak" and record["mfu_basis_dtype"] == "bf16"
+    assert record["peak_flops"] == bf16.flops and record["peak_source"] == bf16.source
+    assert record["mfu_basis_gflops"] == pytest.approx(bf16.flops / 1e9)
+    assert record["mfu"] == pytest.approx(record["model_tflops_per_s"] * 1e12 / bf16.flops, rel=1e-9)
+
+
+def test_the_gemm_dtype_of_every_precision():
+    from gemref.mfu.meter import gemm_dtype
+
+    assert [gemm_dtype(p, "cpu") for p in ("fp32", "bf16", "mxfp8")] == ["fp32", "bf16", "bf16"]
+    assert gemm_dtype("mxfp8", "cpu", emulated=True) == gemm_dtype("float8_rowwise", "cpu", emulated=True) == "fp32"
+    assert gemm_dtype("mxfp8", "cuda", emulated=True) == gemm_dtype("float8_tensorwise", "cuda") == "bf16"
 
 
 # ----------------------------------------------------------------------------- it measures and records

@@ -145,7 +145,7 @@ def peak_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(peak, "cpu_info", lambda: ZEN4)
     monkeypatch.setattr(peak, "measure_clock_hz", lambda: (CLOCK, "test clock"))
     calls = []
-    monkeypatch.setattr(peak, "probe", lambda: calls.append(1) or ProbeResult(
+    monkeypatch.setattr(peak, "probe", lambda dtype="fp32": calls.append(1) or ProbeResult(
         flops=50e9, path="blas", shape=(8, 8, 8), rates={"blas": {"8x8x8": 50e9}}, excluded={}, cpu_share=1.0,
         threads=torch.get_num_threads(), seconds=0.1))
     return calls

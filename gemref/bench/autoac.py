@@ -89,7 +89,7 @@ def make_bench(preset: str | Preset, *, batch_size: int | None = None, steps: in
     train = override(preset.train, jagged=True, kernel="auto", batch_size=batch_size or preset.train.batch_size,
                      seed=seed, compile=compile, eval_every=0)
     s = setup(preset, override(train, compile=False, compile_regions="all"), device=device, data_root=data_root)
-    b = Bench(s, train, [], warmup, run_peak(s.device, s.precision.precision).flops)
+    b = Bench(s, train, [], warmup, run_peak(s.device, s.precision.precision, emulated=s.precision.is_emulated).flops)
     b.batches = timed_batches(b, train.batch_size, warmup + steps)
     return b
 

@@ -8,8 +8,9 @@ weight grad against the fp32 layer. Emulated paths (no float8/MXFP8 hardware) re
 numerics only: their ratios read "emulated" and make no speed claim.
 With `--preset P`, it also trains that preset for `--steps` in each precision through the
 training loop (the same `apply_precision`, composed with the other switches) and reports
-whole-step time, MFU against the bf16 peak ("bf16-equivalent"; fp32 runs use the fp32 peak)
-and the eval loss; emulated rows make no speed claim.
+whole-step time, MFU against the peak of the dtype its GEMMs ran in (gemref/mfu/meter.py
+`gemm_dtype`: bf16 runs the bf16 peak, native float8/MXFP8 "bf16-equivalent", fp32 and CPU
+emulation the fp32 peak) and the eval loss; emulated rows make no speed claim.
 """
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
   gemref peak                      this CPU: the fp32 peak (probe or cache), every GEMM path's
                                    rate per shape, the ISA ceiling, footnotes
+  gemref peak --dtype bf16         ... the bf16 peak (oneDNN, on AMX where there is one), its
+                                   ceiling, and bf16 against fp32 at every probed shape
   gemref peak --preset small       ... and the path each of that preset's Linear shapes uses
   gemref peak --device cuda        this machine's GPU, looked up in the datasheet table
   gemref peak --name "NVIDIA H200 NVL"   a GPU name looked up without a GPU (exact names)
@@ -55,10 +57,12 @@ def _gpu_report(name: str, dtype: str) -> dict:
 
 
 def _cpu_report(dtype: str, preset: str | None, refresh: bool) -> dict:
-    from ..mfu.peak import cpu_peak, cpu_peak_report
+    from ..mfu.peak import CPU_DTYPES, cpu_peak, cpu_peak_report
 
-    report = cpu_peak_report(refresh)
-    peak = cpu_peak()
+    if dtype not in CPU_DTYPES:
+        raise UsageError(f"--dtype {dtype}: CPU peaks are probed for {', '.join(CPU_DTYPES)} (no other dtype has one)")
+    report = cpu_peak_report(refresh, dtype)
+    peak = cpu_peak(dtype=dtype)
     shapes = sorted({s for rates in report["rates"].values() for s in rates},
                     key=lambda s: [int(v) for v in s.split("x")])
     rows = []
@@ -68,23 +72,29 @@ def _cpu_report(dtype: str, preset: str | None, refresh: bool) -> dict:
                      "of_peak": rates[best] / report["flops"], **{s: rates.get(s, 0) / 1e9 for s in shapes}})
     rows += [{"path": path, "at_MxKxN": f"excluded: {why}"} for path, why in report["excluded"].items()]
     c = report["ceiling"]
-    ceiling = (f"ISA ceiling: {fmt(c['flops'] / 1e9)} GFLOP/s = {c['flop_per_cycle_per_core']} FLOP/cycle/core "
-               f"(2 x {c['fp32_lanes']} fp32 lanes ({c['isa']}) x {c['fma_pipes']} FMA pipes) x "
-               f"{c['clock_hz'] / 1e9:.2f} GHz x {c['cores']} core(s); probe at "
-               f"{report['flops'] / c['flops']:.0%} of it" if c.get("flops") else "ISA ceiling: unknown")
+    ceiling = (f"{dtype} ISA ceiling: {fmt(c['flops'] / 1e9)} GFLOP/s = {c['flop_per_cycle_per_core']} FLOP/cycle/core "
+               f"({c['formula']}) x {c['clock_hz'] / 1e9:.2f} GHz x {c['cores']} core(s); probe at "
+               f"{report['flops'] / c['flops']:.0%} of it" if c.get("flops") else f"{dtype} ISA ceiling: unknown")
     k = report["key"]
-    lines = [f"CPU fp32 peak: {fmt(report['flops'] / 1e9)} GFLOP/s via {report['path']} (the peak MFU divides by"
-             + (f"; the fp32 probe stands in for {dtype})" if dtype != "fp32" else ")"),
+    lines = [f"CPU {dtype} peak: {fmt(report['flops'] / 1e9)} GFLOP/s via {report['path']} (the peak a run whose "
+             f"GEMMs run in {dtype} divides its MFU by)",
              f"source: {peak.source}", f"method: {peak.method}",
              f"cache key: {k['vendor']} family {k['family']} model {k['model']} stepping {k['stepping']}, flags "
-             f"sha256 {k['flags_sha256']}, {k['threads']} thread(s), torch {k['torch']}, probe v{k['probe_version']}",
-             format_table(rows, title="GFLOP/s per fp32 GEMM path and shape (M x K x N), best of the rounds"),
+             f"sha256 {k['flags_sha256']}, {k['threads']} thread(s), torch {k['torch']}, {k['dtype']}, "
+             f"probe v{k['probe_version']}",
+             format_table(rows, title=f"GFLOP/s per {dtype} GEMM path and shape (M x K x N), best of the rounds"),
              ceiling, f"  core assumption: {c.get('core_assumption')}", f"  clock: {c.get('clock_method')}",
              f"probe: {report['cpu_share']:.0%} of its cores over {report['seconds']:.1f} s, "
              f"{report['attempts']} attempt(s); {report['origin']}"]
     out = {"device": "cpu", "dtype": dtype, "peak_flops": report["flops"], "source": peak.source,
            "method": peak.method, "probe": {k: v for k, v in report.items() if k != "notes"},
            "notes": report["notes"]}
+    if dtype != "fp32":
+        out["versus_fp32"] = versus_fp32(report, cpu_peak_report(refresh, "fp32"))
+        slower = [r["MxKxN"] for r in out["versus_fp32"] if r[f"{dtype}_over_fp32"] < 1]
+        lines.append(format_table(out["versus_fp32"], title=f"{dtype} against fp32 per shape (each dtype's best path)"))
+        lines.append(f"{dtype} is slower than fp32 here at: {', '.join(slower)}" if slower
+                     else f"{dtype} is at least as fast as fp32 at every shape probed in both")
     if preset:
         out["model_linears"] = _preset_plan(preset)
         lines.append(format_table(out["model_linears"]["shapes"], title=(
@@ -93,6 +103,21 @@ def _cpu_report(dtype: str, preset: str | None, refresh: bool) -> dict:
     lines += [f"note {i}: {n}" for i, n in enumerate(report["notes"], 1)]
     out["lines"] = lines
     return out
+
+
+def versus_fp32(low: dict, fp32: dict) -> list[dict]:
+    """Per shape probed in both: each dtype's best rate over its paths (GFLOP/s) and their ratio."""
+    def best(report: dict) -> dict[str, tuple[float, str]]:
+        out: dict[str, tuple[float, str]] = {}
+        for path, rates in report["rates"].items():
+            for shape, rate in rates.items():
+                if rate > out.get(shape, (0.0, ""))[0]:
+                    out[shape] = (rate, path)
+        return out
+    a, b, dtype = best(low), best(fp32), low["key"]["dtype"]
+    return [{"MxKxN": s, f"{dtype}_gflops": a[s][0] / 1e9, f"{dtype}_path": a[s][1], "fp32_gflops": b[s][0] / 1e9,
+             "fp32_path": b[s][1], f"{dtype}_over_fp32": a[s][0] / b[s][0]}
+            for s in sorted(set(a) & set(b), key=lambda s: [int(v) for v in s.split("x")])]
 
 
 def _preset_plan(preset: str) -> dict:

@@ -1,16 +1,19 @@
-"""What this CPU can do in fp32: the best measured GEMM rate over every path torch offers,
-and the ISA ceiling beside it.
+"""What this CPU can do per dtype (fp32, bf16): the best measured GEMM rate over every path
+torch offers, and the ISA ceiling beside it. No dtype borrows another's figure.
 
-* Probe (`probe`): every fp32-accurate path of gemref/mfu/gemm_paths.py on square and
+* Probe (`probe`): every path of gemref/mfu/gemm_paths.py accurate in the dtype, on square and
   model-shaped GEMMs, interleaved (round r of every (shape, path) runs before round r+1, so
   a slow phase of the machine hits all paths alike); a path's rate on a shape is its best
   round, in FLOP/s (2*M*K*N per call, wall clock). The peak is the best rate of any path.
   The probe also records the process CPU time / (wall time x threads): under 0.9 means the
   process did not get its cores for the whole probe (`contended`).
-* Ceiling (`isa_ceiling`): FLOP/cycle per core x clock x cores used, where
+* Ceiling (`isa_ceiling`): FLOP/cycle per core x clock x cores used, where, in fp32,
   FLOP/cycle = 2 (multiply-add) x fp32 lanes per FMA x FMA pipes. Lanes come from the CPU
   flags (avx512f: 16, avx2+fma: 8), capped by the core's datapath width; pipes and datapath
-  come from `_core_spec` (an assumption per vendor/family, stated in the output). The
+  come from `_core_spec` (an assumption per vendor/family, stated in the output). In bf16:
+  AMX-BF16 (amx_bf16) does 1,024 FLOP/cycle/core (one TDPBF16PS is 16x16x32 multiply-adds,
+  one per 16 cycles per core); else AVX512-BF16 (avx512_bf16) `vdpbf16ps` does 2 bf16 products
+  per fp32 lane, 2 x 2 x lanes x pipes; else bf16 is converted and runs on the fp32 FMAs. The
   clock is MEASURED (`measure_clock_hz`): a loop of dependent 64-bit register adds (1 cycle
   latency on the x86-64 cores we know of) timed against this thread's CPU time (so time the
   thread was descheduled does not count); /proc/cpuinfo "cpu MHz"
@@ -29,12 +32,15 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..env import CpuInfo, proc_cpuinfo
-from .gemm_paths import PROBE_PATHS, check_fp32, prepare
+from .gemm_paths import DTYPES, check_path, prepare, probe_paths
 
 # (M, K, N): two squares, then Linear shapes of the presets: "base" (d_model 512) x -> qkv
 # (512 -> 1536) and FFN down (2048 -> 512), "small" (d_model 64) x -> qkv and FFN down.
 PROBE_SHAPES = ((512, 512, 512), (1024, 1024, 1024), (1024, 512, 1536), (512, 2048, 512),
                 (2048, 64, 192), (2048, 128, 64))
+# bf16 adds a larger square and the small preset's widest Linear (4096 rows, 128 -> 640): an
+# AMX tile GEMM needs more work per call than an fp32 one to reach its rate
+SHAPES = {"fp32": PROBE_SHAPES, "bf16": PROBE_SHAPES + ((2048, 2048, 2048), (4096, 128, 640))}
 ROUNDS = 3
 CONTENDED_BELOW = 0.9      # process CPU time / (wall x threads) of an honest probe
 
@@ -112,18 +118,34 @@ def _core_spec(cpu: CpuInfo) -> CoreSpec:
                             "at the flags' width")
 
 
-def isa_ceiling(cpu: CpuInfo, threads: int, clock_hz: float | None, clock_method: str) -> dict:
-    """The fp32 FMA ceiling in FLOP/s (None where the ISA or clock is unknown), with its terms."""
+def isa_ceiling(cpu: CpuInfo, threads: int, clock_hz: float | None, clock_method: str, dtype: str = "fp32") -> dict:
+    """The `dtype` ceiling in FLOP/s (None where the ISA or clock is unknown), with its terms
+    (`formula` says them in words)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}; CPU ceilings exist for: {', '.join(DTYPES)}")
     flags = set(cpu.flags)
     isa_bits = 512 if "avx512f" in flags else 256 if {"avx2", "fma"} <= flags else 0
     spec = _core_spec(cpu)
     lanes = min(isa_bits, spec.datapath_bits) // 32
     cores = max(1, min(threads, cpu.cores))
-    per_cycle = 2 * lanes * spec.fma_pipes
-    flops = per_cycle * clock_hz * cores if (lanes and clock_hz) else None
-    return {"flops": flops, "flop_per_cycle_per_core": per_cycle, "isa": {512: "avx512f", 256: "avx2+fma"}.get(
-            isa_bits, "no FMA ISA known to gemref"), "fp32_lanes": lanes, "fma_pipes": spec.fma_pipes,
-            "core_assumption": spec.label, "clock_hz": clock_hz, "clock_method": clock_method, "cores": cores}
+    fma = {512: "avx512f", 256: "avx2+fma"}.get(isa_bits, "no FMA ISA known to gemref")
+    label = spec.label
+    if dtype == "bf16" and "amx_bf16" in flags:
+        per_cycle, isa = 1024, "amx_bf16"
+        formula = "AMX-BF16: one TDPBF16PS (16x16x32 multiply-adds) per 16 cycles"
+        label = "Intel AMX: one tile matrix-multiply unit per core (Sapphire Rapids and later)"
+    elif dtype == "bf16" and "avx512_bf16" in flags and lanes:
+        per_cycle, isa = 2 * 2 * lanes * spec.fma_pipes, "avx512_bf16"
+        formula = f"AVX512-BF16 vdpbf16ps: 2 x 2 bf16 products x {lanes} fp32 lanes x {spec.fma_pipes} pipes"
+    else:
+        per_cycle, isa = 2 * lanes * spec.fma_pipes, fma
+        formula = f"2 x {lanes} fp32 lanes ({fma}) x {spec.fma_pipes} FMA pipes"
+        if dtype == "bf16":
+            isa, formula = f"{fma} (no bf16 unit)", formula + ": bf16 converted to fp32, no bf16 unit"
+    flops = per_cycle * clock_hz * cores if (per_cycle and clock_hz) else None
+    return {"flops": flops, "dtype": dtype, "flop_per_cycle_per_core": per_cycle, "isa": isa, "formula": formula,
+            "fp32_lanes": lanes, "fma_pipes": spec.fma_pipes, "core_assumption": label, "clock_hz": clock_hz,
+            "clock_method": clock_method, "cores": cores}
 
 
 # --- the probe -------------------------------------------------------------------------
@@ -138,6 +160,7 @@ class ProbeResult:
     threads: int
     seconds: float
     ceiling: dict = field(default_factory=dict)
+    dtype: str = "fp32"
 
     @property
     def contended(self) -> bool:
@@ -161,17 +184,20 @@ def _time_call(fn, flops: int, min_seconds: float = 0.005) -> float:
     return calls * flops / elapsed
 
 
-def probe(shapes=PROBE_SHAPES, paths=PROBE_PATHS, rounds: int = ROUNDS) -> ProbeResult:
-    """Measure every usable path on every shape (see the module docstring)."""
+def probe(shapes=None, paths=None, rounds: int = ROUNDS, dtype: str = "fp32") -> ProbeResult:
+    """Measure every usable `dtype` path on every shape (see the module docstring); shapes and
+    paths default to the dtype's own (SHAPES, gemm_paths.probe_paths)."""
+    shapes = SHAPES[dtype] if shapes is None else shapes
+    paths = probe_paths(dtype) if paths is None else paths
     threads = torch.get_num_threads()
     usable, excluded = [], {}
     for p in paths:
-        ok, why = check_fp32(p)
+        ok, why = check_path(p, dtype)
         (usable.append(p) if ok else excluded.__setitem__(p, why))
     g = torch.Generator().manual_seed(0)
     calls = {}
     for m, k, n in shapes:
-        x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+        x, w = torch.randn(m, k, generator=g).to(DTYPES[dtype]), torch.randn(n, k, generator=g).to(DTYPES[dtype])
         for p in usable:
             calls[p, (m, k, n)] = prepare(p, x, w)
             calls[p, (m, k, n)]()                       # warm-up (oneDNN primitive creation)
@@ -185,4 +211,4 @@ def probe(shapes=PROBE_SHAPES, paths=PROBE_PATHS, rounds: int = ROUNDS) -> Probe
     best = max(((r, p, key) for p in usable for key, r in rates[p].items()), default=(0.0, "none", "0x0x0"))
     return ProbeResult(flops=best[0], path=best[1], shape=tuple(int(v) for v in best[2].split("x")),
                        rates=rates, excluded=excluded, cpu_share=cpu / (wall * threads), threads=threads,
-                       seconds=wall)
+                       seconds=wall, dtype=dtype)

@@ -1,8 +1,11 @@
-"""The fp32 GEMM paths torch's CPU build offers, one definition each, shared by the peak
-probe (gemref/mfu/cpu_probe.py) and the model's fast Linear (gemref/precision/fast_linear.py),
-so the peak is measured on exactly the code the model can run.
+"""The GEMM paths torch's CPU build offers, one definition each, shared by the peak probe
+(gemref/mfu/cpu_probe.py) and the model's fast Linear (gemref/precision/fast_linear.py), so
+the peak is measured on exactly the code the model can run.
 
-Paths (all compute Y = X @ W^T for X (M, K), W (N, K), fp32 in and out):
+Paths (all compute Y = X @ W^T for X (M, K), W (N, K), in and out in the probed dtype; fp32
+takes every path below, bf16 the first four, `probe_paths`: in bf16 torch.mm and oneDNN run
+oneDNN's bf16 kernels, on AMX tiles where the CPU has them, else AVX512-BF16 `vdpbf16ps`, else
+bf16 converted to fp32 FMAs):
   blas           torch.mm -> aten's BLAS (MKL sgemm in the x86 wheels; MKL takes its AVX2
                  code on AMD CPUs). This is what F.linear / nn.Linear run by default.
   onednn         torch.ops.mkldnn._linear_pointwise on plain strided tensors: oneDNN's
@@ -18,7 +21,9 @@ Paths (all compute Y = X @ W^T for X (M, K), W (N, K), fp32 in and out):
                  measures it and excludes it if so (on CPUs where oneDNN keeps fp32 it passes).
 
 A path exists only if the ops exist in this torch build (`available`). Every candidate is
-checked against an fp64 GEMM (`check_fp32`) before it is timed or used.
+checked against an fp64 GEMM of the same (dtype-rounded) operands (`check_path`) before it is
+timed or used: an fp32 path must be fp32-exact, a bf16 path must compute the GEMM to bf16's
+output rounding.
 """
 from __future__ import annotations
 
@@ -29,8 +34,20 @@ import torch
 from torch import Tensor
 
 PROBE_PATHS = ("blas", "onednn", "onednn_packed", "onednn_layout", "mkl_packed", "mm_onednn_fpmath")
+BF16_PROBE_PATHS = ("blas", "onednn", "onednn_packed", "onednn_layout")   # MKL's packed sgemm is fp32 only
 MODEL_PATHS = ("blas", "onednn")     # the paths a training Linear can use (its weight changes)
-FP32_TOLERANCE = 1e-5   # relative Frobenius error vs fp64; fp32 GEMMs land ~1e-7, bf16 ~1e-3
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# relative Frobenius error vs fp64 of the same operands: fp32 GEMMs land ~1e-7; a bf16 GEMM
+# with fp32 accumulation lands at its output's rounding, ~2e-3 (2^-9 relative per element)
+TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2}
+FP32_TOLERANCE = TOLERANCE["fp32"]
+
+
+def probe_paths(dtype: str) -> tuple[str, ...]:
+    """The paths the peak probe times in `dtype` ("fp32" or "bf16")."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}; CPU GEMM paths exist for: {', '.join(DTYPES)}")
+    return PROBE_PATHS if dtype == "fp32" else BF16_PROBE_PATHS
 
 
 def _has(namespace: str, op: str) -> bool:
@@ -98,10 +115,11 @@ def prepare(path: str, x: Tensor, w: Tensor) -> Callable[[], Tensor]:
     raise ValueError(f"unknown GEMM path {path!r}; valid: {', '.join(PROBE_PATHS)}")
 
 
-def relative_error(path: str, m: int = 96, k: int = 200, n: int = 72, seed: int = 0) -> float:
-    """||path(x, w) - x @ w^T in fp64|| / ||fp64 result|| on random inputs."""
+def relative_error(path: str, m: int = 96, k: int = 200, n: int = 72, seed: int = 0, dtype: str = "fp32") -> float:
+    """||path(x, w) - x @ w^T in fp64|| / ||fp64 result|| on random `dtype` inputs (the fp64
+    GEMM takes the same rounded operands: only the GEMM's own error counts)."""
     g = torch.Generator().manual_seed(seed)
-    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    x, w = (torch.randn(*s, generator=g).to(DTYPES[dtype]) for s in ((m, k), (n, k)))
     y = prepare(path, x, w)()
     if y.is_mkldnn:
         y = y.to_dense()
@@ -109,17 +127,24 @@ def relative_error(path: str, m: int = 96, k: int = 200, n: int = 72, seed: int 
     return float((y.double() - ref).norm() / ref.norm())
 
 
-def check_fp32(path: str) -> tuple[bool, str]:
-    """(usable, why not): the path exists here and computes an fp32-accurate GEMM."""
+def check_path(path: str, dtype: str = "fp32") -> tuple[bool, str]:
+    """(usable, why not): the path exists here and computes the GEMM to `dtype`'s accuracy."""
+    if path not in probe_paths(dtype):
+        return False, f"no {dtype} variant"
     if not available(path):
         return False, "not in this torch build"
     try:
-        err = relative_error(path)
+        err = relative_error(path, dtype=dtype)
     except RuntimeError as e:       # e.g. an op that exists but rejects this CPU or layout
         return False, f"failed: {str(e).splitlines()[0][:80]}"
-    if not err <= FP32_TOLERANCE:
-        return False, f"not fp32: relative error {err:.1e} > {FP32_TOLERANCE:.0e}"
+    if not err <= TOLERANCE[dtype]:
+        return False, f"not {dtype}: relative error {err:.1e} > {TOLERANCE[dtype]:.0e}"
     return True, ""
+
+
+def check_fp32(path: str) -> tuple[bool, str]:
+    """(usable, why not): the path exists here and computes an fp32-accurate GEMM."""
+    return check_path(path, "fp32")
 
 
 def _register_onednn_linear_flops() -> None:

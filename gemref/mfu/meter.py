@@ -35,11 +35,20 @@ def mfu(flops: float, device_seconds: float, peak: float | None) -> float | None
     return flops / (device_seconds * peak)
 
 
-def run_peak(device: torch.device, precision: str, rank: int = 0) -> Peak:
-    """One device's peak FLOP/s a run's MFU divides by: the dense peak of its dtype (fp32 runs:
-    fp32; bf16, float8 and MXFP8 runs: bf16, i.e. "bf16-equivalent", docs/design.md). Only
-    rank 0 looks it up (on CPU that times a GEMM); the others get None."""
-    dtype = "fp32" if precision == "fp32" else "bf16"
+def gemm_dtype(precision: str, device_type: str, emulated: bool = False) -> str:
+    """The dtype a run's GEMMs ran in, whose peak its MFU divides by (the PaLM / Megatron /
+    torchtitan convention: model FLOPs over the peak of the compute dtype): fp32 runs fp32, bf16
+    autocast bf16; float8/MXFP8 count against the bf16 peak ("bf16-equivalent", docs/design.md),
+    except when emulated on a CPU, where their GEMMs run in fp32 (no autocast there)."""
+    if precision == "fp32" or (emulated and device_type == "cpu"):
+        return "fp32"
+    return "bf16"
+
+
+def run_peak(device: torch.device, precision: str, rank: int = 0, emulated: bool = False) -> Peak:
+    """One device's peak FLOP/s a run's MFU divides by: the dense peak of its GEMMs' dtype
+    (`gemm_dtype`). Only rank 0 looks it up (on CPU that times GEMMs); the others get None."""
+    dtype = gemm_dtype(precision, device.type, emulated)
     return peak_flops(device, dtype) if rank == 0 else Peak(None, "reported by rank 0", dtype)
 
 

@@ -3,11 +3,13 @@ for CPUs.
 
 * GPU (gemref/mfu/gpu_table.py): exact device names only; an unknown GPU has no peak
   (MFU = None, shown as "N/A"), never another GPU's figure.
-* CPU (gemref/mfu/cpu_probe.py): the best fp32 GEMM rate any torch path reaches on this
-  machine (BLAS, oneDNN, packed variants, ...), with the ISA ceiling beside it.
-  Cached per CPU in $GEMREF_CACHE_DIR (default ~/.cache/gemref)/cpu_peak.json under a key of
-  vendor, family, model, stepping, a hash of the ISA flags, torch threads, torch version and
-  the probe's version. A probe during which the process got under 90% of its cores (process
+* CPU (gemref/mfu/cpu_probe.py): per dtype (fp32, bf16), the best GEMM rate any torch path
+  reaches on this machine in that dtype (BLAS, oneDNN, packed variants, ...), with that dtype's
+  ISA ceiling beside it (AVX-512/AVX2 FMA for fp32; AMX-BF16, AVX512-BF16 or the fp32 FMAs for
+  bf16). No dtype ever gets another's figure: a dtype not probed on CPUs (fp16, fp8, ...) has
+  no peak (None). Cached per CPU and dtype in $GEMREF_CACHE_DIR (default
+  ~/.cache/gemref)/cpu_peak.json under a key of vendor, family, model, stepping, a hash of the
+  ISA flags, torch threads, torch version, the dtype and the probe's version. A probe during which the process got under 90% of its cores (process
   CPU time / (wall x threads)) is not cached; it is re-measured up to `ATTEMPTS` times, and if
   every attempt was contended the best is used for this process only (labelled so). The
   cache keeps the best uncontended figure ever measured: a later probe never lowers it (a peak
@@ -32,7 +34,8 @@ from ..env import CpuInfo, cache_root, cpu_info
 from .cpu_probe import CONTENDED_BELOW, isa_ceiling, measure_clock_hz, probe
 from .gpu_table import gpu_peak_flops
 
-PROBE_VERSION = 2      # bump when the probe's paths or shapes change: old cache entries no longer apply
+PROBE_VERSION = 3      # bump when the probe's paths or shapes change: old cache entries no longer apply
+CPU_DTYPES = ("fp32", "bf16")
 ATTEMPTS = 3
 FAR_BELOW = 0.5        # footnote when the probe reaches under this share of the ISA ceiling
 ABOVE = 1.05           # ... or more than this share (the ceiling's assumptions do not fit)
@@ -66,11 +69,11 @@ def cache_path() -> Path:
     return private_path(cache_root(), "cpu_peak.json")
 
 
-def key_fields(cpu: CpuInfo | None = None, threads: int | None = None) -> dict:
+def key_fields(cpu: CpuInfo | None = None, threads: int | None = None, dtype: str = "fp32") -> dict:
     cpu = cpu or cpu_info()
     return {"vendor": cpu.vendor, "family": cpu.family, "model": cpu.model, "stepping": cpu.stepping,
             "flags_sha256": cpu.flags_hash, "threads": threads or torch.get_num_threads(),
-            "torch": torch.__version__, "probe_version": PROBE_VERSION}
+            "torch": torch.__version__, "dtype": dtype, "probe_version": PROBE_VERSION}
 
 
 def cache_key(fields: dict) -> str:
@@ -105,6 +108,8 @@ def untrusted(entry, fields: dict, ceiling: dict) -> str | None:
             and isinstance(entry.get("shape"), (list, tuple)) and len(entry["shape"]) == 3
             and all(isinstance(v, int) and v > 0 for v in entry["shape"])):
         return "malformed (flops, cpu_share, path, rates or shape missing or not numbers)"
+    if entry.get("dtype", "fp32") != fields["dtype"]:
+        return f"a {entry.get('dtype')!r} figure, not {fields['dtype']}"
     if entry.get("threads") != fields["threads"]:
         return f"measured with {entry.get('threads')!r} threads, not {fields['threads']}"
     if entry["cpu_share"] < CONTENDED_BELOW:
@@ -116,11 +121,11 @@ def untrusted(entry, fields: dict, ceiling: dict) -> str | None:
 
 
 # --- the CPU peak -----------------------------------------------------------------------
-def _measure() -> dict:
+def _measure(dtype: str) -> dict:
     """A probe record, re-measured while contended, at most ATTEMPTS times."""
     best = None
     for attempt in range(1, ATTEMPTS + 1):
-        result = probe()
+        result = probe(dtype=dtype)
         if best is None or not result.contended or result.flops > best.flops:
             best = result
         if not result.contended:
@@ -153,16 +158,22 @@ def footnotes(report: dict) -> list[str]:
 _PROBED: dict[str, dict] = {}   # this process's report per key: every run in a process uses one figure
 
 
-def cpu_peak_report(refresh: bool = False) -> dict:
-    """Everything known about this CPU's fp32 peak: the figure MFU uses, per-path rates, the
+def check_cpu_dtype(dtype: str) -> str:
+    if dtype not in CPU_DTYPES:
+        raise ValueError(f"dtype={dtype!r}: CPU peaks are probed for {', '.join(CPU_DTYPES)}")
+    return dtype
+
+
+def cpu_peak_report(refresh: bool = False, dtype: str = "fp32") -> dict:
+    """Everything known about this CPU's `dtype` peak: the figure MFU uses, per-path rates, the
     ISA ceiling, where it came from (cache or a probe now) and footnotes."""
     cpu = cpu_info()
-    fields = key_fields(cpu)
+    fields = key_fields(cpu, dtype=check_cpu_dtype(dtype))
     key = cache_key(fields)
     if key in _PROBED and not refresh:
         return _PROBED[key]
     cached = read_cache().get(key)
-    ceiling = isa_ceiling(cpu, fields["threads"], *measure_clock_hz())
+    ceiling = isa_ceiling(cpu, fields["threads"], *measure_clock_hz(), dtype=dtype)
     why = untrusted(cached, fields, ceiling) if cached is not None else "none cached for this CPU, threads and torch"
     if why is not None:
         (log.info if cached is None else log.warning)("CPU peak cache %s: %s; probing", cache_path(), why)
@@ -172,7 +183,7 @@ def cpu_peak_report(refresh: bool = False) -> dict:
     if cached is not None and not refresh:
         record, origin = cached, f"cache {cache_path()} (measured {cached.get('measured_at')})"
     else:
-        record = _measure()
+        record = _measure(dtype)
         record["ceiling"] = ceiling
         if untrusted(record, fields, ceiling) is None and (cached is None or record["flops"] > cached["flops"]):
             write_cache_entry(key, record)
@@ -186,32 +197,33 @@ def cpu_peak_report(refresh: bool = False) -> dict:
     return report
 
 
-def cpu_peak(refresh: bool = False) -> Peak:
-    """This CPU's fp32 peak (see the module docstring for how it is measured and cached)."""
-    r = cpu_peak_report(refresh)
+def cpu_peak(refresh: bool = False, dtype: str = "fp32") -> Peak:
+    """This CPU's `dtype` peak (see the module docstring for how it is measured and cached)."""
+    r = cpu_peak_report(refresh, dtype)
     ceiling = r["ceiling"].get("flops")
-    vs = f"; ISA ceiling {ceiling / 1e9:.1f} GFLOP/s ({r['flops'] / ceiling:.0%} of it)" if ceiling else ""
+    vs = (f"; {r['ceiling']['isa']} ceiling {ceiling / 1e9:.1f} GFLOP/s ({r['flops'] / ceiling:.0%} of it)"
+          if ceiling else "")
     m, k, n = r["shape"]
-    source = (f"measured: best fp32 GEMM {r['flops'] / 1e9:.1f} GFLOP/s via {r['path']} at {m}x{k}x{n}, "
+    source = (f"measured: best {dtype} GEMM {r['flops'] / 1e9:.1f} GFLOP/s via {r['path']} at {m}x{k}x{n}, "
               f"{r['threads']} thread(s), {r['cpu']} (family {r['key']['family']} model {r['key']['model']})"
               f"{vs}" + ("; CONTENDED probe" if r["contended"] else ""))
-    method = (f"probe: {len(r['rates'])} fp32-exact GEMM paths x {len(next(iter(r['rates'].values()), {}))} "
+    method = (f"probe: {len(r['rates'])} {dtype} GEMM paths x {len(next(iter(r['rates'].values()), {}))} "
               f"shapes, best of interleaved rounds; from {r['origin']}")
-    return Peak(r["flops"], source, "fp32", method)
+    return Peak(r["flops"], source, dtype, method)
 
 
 def peak_flops(device: torch.device | str, dtype: str) -> Peak:
     """The peak FLOP/s an MFU is measured against, with its source.
 
-    dtype: "fp32", "bf16", "fp16", "tf32", "fp8", "mxfp8". float8/MXFP8 runs report MFU
-    against the bf16 peak (labelled by the caller); pass "fp8"/"mxfp8" for fp8 utilisation.
+    dtype: "fp32", "bf16", "fp16", "tf32", "fp8", "mxfp8". GPUs: the datasheet row. CPUs: the
+    probe of that dtype (fp32, bf16); any other dtype has no CPU peak (None), never another
+    dtype's. Which dtype a run's MFU divides by is gemref/mfu/meter.py `gemm_dtype`'s call.
     """
     device = torch.device(device)
     if device.type == "cuda":
         return gpu_peak(device_name(device), dtype)
     if device.type == "cpu":
-        peak = cpu_peak()
-        if dtype != "fp32":
-            return Peak(peak.flops, peak.source + f" (fp32 probe used for {dtype})", dtype, peak.method)
-        return peak
+        if dtype in CPU_DTYPES:
+            return cpu_peak(dtype=dtype)
+        return Peak(None, f"N/A: no {dtype} GEMM peak is probed on CPUs (probed: {', '.join(CPU_DTYPES)})", dtype)
     return Peak(None, f"no peak for device type {device.type!r}", dtype)

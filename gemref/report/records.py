@@ -19,7 +19,7 @@ import torch
 
 from ..config import Preset, TrainConfig
 from ..env import knobs, versions
-from ..mfu.meter import MeterSummary
+from ..mfu.meter import MeterSummary, gemm_dtype
 from ..mfu.timing import StepRecord
 from ..mfu.peak import device_name, peak_flops
 from ..precision.apply import PrecisionReport
@@ -102,6 +102,8 @@ class RunRecord(MeterSummary):
     eval: EvalResult                      # the final evaluation
     eval_history: list[EvalResult]
     mfu_basis: str                        # the peak the MFU divides by: "fp32 peak", "bf16 peak", "bf16-equivalent"
+    mfu_basis_dtype: str                  # that peak's dtype (the dtype the GEMMs ran in): "fp32" or "bf16"
+    mfu_basis_gflops: float | None        # that peak, GFLOP/s of one device (= peak_flops / 1e9)
     fp8_peak_utilization: NotRequired[float]   # float8/MXFP8 on CUDA: model FLOP/s / fp8 peak
     speed_claim_valid: NotRequired[bool]       # float8/MXFP8: False when the GEMMs were emulated
     parallel: NotRequired[dict[str, Any]]      # the ParallelRecord keys, multi-rank runs only
@@ -123,11 +125,16 @@ def precision_label(report: PrecisionReport) -> str:
     return f"{report.precision} ({report.kernel})"
 
 
-def mfu_basis(report: PrecisionReport, device: torch.device, ranks: int, model_tflops_per_s: float) -> dict:
-    """What the MFU is measured against; for float8/MXFP8 also the fp8-peak utilisation
-    (CUDA) and whether the run may claim a speed (not when its GEMMs were emulated)."""
+def mfu_basis(report: PrecisionReport, device: torch.device, ranks: int, model_tflops_per_s: float,
+              peak_flops_used: float | None = None) -> dict:
+    """What the MFU is measured against (the peak of the dtype its GEMMs ran in, and that peak's
+    figure); for float8/MXFP8 also the fp8-peak utilisation (CUDA) and whether the run may claim
+    a speed (not when its GEMMs were emulated)."""
     precision = report.precision
-    out: dict[str, Any] = {"mfu_basis": {"fp32": "fp32 peak", "bf16": "bf16 peak"}.get(precision, "bf16-equivalent")}
+    dtype = gemm_dtype(precision, device.type, report.is_emulated)
+    label = "bf16-equivalent" if dtype == "bf16" and precision not in ("fp32", "bf16") else f"{dtype} peak"
+    out: dict[str, Any] = {"mfu_basis": label, "mfu_basis_dtype": dtype,
+                           "mfu_basis_gflops": None if peak_flops_used is None else peak_flops_used / 1e9}
     if precision.startswith("float8") or precision == "mxfp8":
         fp8 = peak_flops(device, "mxfp8" if precision == "mxfp8" else "fp8")
         if device.type == "cuda" and fp8.flops:
@@ -164,7 +171,7 @@ def run_record(preset: Preset, train: TrainConfig, *, kernel: str, precision: Pr
         "step_log": [asdict(step) for step in steps],
         "eval": evals[-1],
         "eval_history": evals,
-        **mfu_basis(precision, device, ranks, summary["model_tflops_per_s"]),
+        **mfu_basis(precision, device, ranks, summary["model_tflops_per_s"], summary["peak_flops"]),
         **(parallel or {}),
         **(memory or {}),
         **({"ac_compression": ac_compression} if ac_compression else {}),

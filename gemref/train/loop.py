@@ -178,7 +178,7 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
     if warmup < tc.warmup_steps and s.rank == 0:
         log.warning("timing after %d warm-up step(s), not warmup_steps=%d: this run has %d step(s) to time",
                     warmup, tc.warmup_steps, tc.steps - start)
-    peak = run_peak(s.device, s.precision.precision, s.rank)
+    peak = run_peak(s.device, s.precision.precision, s.rank, s.precision.is_emulated)
     batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, start),
                                num_workers=tc.num_workers, device=s.device))
     good = checkpoint_path(tc.checkpoint_dir, start) if start else None   # newest checkpoint of a good state

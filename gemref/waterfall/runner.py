@@ -34,6 +34,7 @@ from ..data.loader import make_loader
 from ..data.sampler import StepBatches
 from ..env import resolve_device
 from ..interop.lib import quiet_torchrec
+from ..mfu.meter import gemm_dtype
 from ..mfu.op_classes import COMPUTE
 from ..mfu.peak import peak_flops
 from ..mfu.timing import StepRecord
@@ -78,8 +79,10 @@ def free_bytes(device: torch.device) -> float:
 
 
 def dtype_name(train: TrainConfig, device: torch.device) -> str:
-    """The peak a rung's MFU is measured against: fp32, or bf16 (float8/MXFP8: bf16-equivalent)."""
-    return "fp32" if resolve_precision(train, device) == "fp32" else "bf16"
+    """The dtype whose peak a rung's MFU is measured against (gemref/mfu/meter.py `gemm_dtype`;
+    float8/MXFP8 on a CPU are always emulated, in fp32)."""
+    emulated = device.type == "cpu" or train.precision_kernel == "emulated"
+    return gemm_dtype(resolve_precision(train, device), device.type, emulated)
 
 
 class Rung:
