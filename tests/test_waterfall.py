@@ -348,10 +348,31 @@ def test_waterfall_json_says_where_when_and_how_it_was_measured(record):
     assert m["torch"].startswith("2.") and m["gemref"]
 
 
-def test_low_precision_rung_is_na_on_cpu():
+@pytest.mark.parametrize("bf16_gflops, runs", [(1300.0, True), (180.0, False)])
+def test_the_low_precision_rung_on_a_cpu_is_bf16_where_its_gemms_beat_fp32(monkeypatch, bf16_gflops, runs):
+    """On a CPU rung 7 is bf16 autocast iff the measured bf16 GEMM peak beats the fp32 one (an AMX
+    Xeon: ~1,300 vs ~220 GFLOP/s); elsewhere it says why not, with both peaks."""
+    import gemref.mfu.peak as peak_module
+    from gemref.mfu.peak import Peak
+
+    monkeypatch.setattr(peak_module, "peak_flops", lambda device, dtype: Peak(
+        {"bf16": bf16_gflops, "fp32": 220.0}[dtype] * 1e9, "test", dtype))
     by_key = {rung.key: rung for rung in LADDER}
-    why = by_key["low_precision"].configure(TINY.train, Context(TINY, torch.device("cpu"), 1))
-    assert isinstance(why, str) and why.startswith("n/a here") and "SM89" in why
+    out = by_key["low_precision"].configure(TINY.train, Context(TINY, torch.device("cpu"), 1))
+    if runs:
+        assert out == override(TINY.train, precision="bf16")
+    else:
+        assert out == "n/a here: bf16 GEMMs 180 GFLOP/s vs fp32 220 GFLOP/s on this CPU: bf16 does not beat fp32 " \
+                      "on this CPU's GEMMs"
+
+
+def test_the_low_precision_rung_on_a_gpu_without_fp8_says_why(monkeypatch):
+    import gemref.waterfall.rungs as rungs
+
+    monkeypatch.setattr(rungs, "native_support", lambda precision, device: (False, "needs SM89+ (Ada/Hopper)"))
+    why = {rung.key: rung for rung in LADDER}["low_precision"].configure(
+        TINY.train, Context(TINY, torch.device("cuda"), 1))
+    assert why == "n/a here: needs SM89+ (Ada/Hopper) (emulation reproduces the numerics, not the speed)"
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -16,7 +16,7 @@ from ..waterfall import TABLE_COLUMNS, table_rows
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 TABLE_LABELS = {"rung": "rung", "windows": "windows kept", "tokens_per_s": "tokens/s",
                 "spread": "tokens/s min..max", "local_mfu": "local MFU", "scaling_ratio": "scaling ratio",
-                "e2e_mfu": "E2E MFU", "peak_memory_mb": "peak memory (MiB)", "vs_previous": "vs previous rung",
+                "e2e_mfu": "E2E MFU", "mfu_basis": "MFU divides by", "peak_memory_mb": "peak memory (MiB)", "vs_previous": "vs previous rung",
                 "vs_baseline": "vs baseline"}
 
 

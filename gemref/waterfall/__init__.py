@@ -90,7 +90,7 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, window
     rows = build_rows(steps, result, [p["flops"] for p in peaks])
     ran = [r for r in rows if r["status"] == "ran"]
     for row, c, peak in zip(ran, configs, peaks):
-        row.update(peak_flops=peak["flops"], peak_source=peak["source"],
+        row.update(peak_flops=peak["flops"], peak_source=peak["source"], mfu_basis=f"{peak['dtype']} peak",
                    config={"model": asdict(preset.model), "train": asdict(c)})
     schedule = ("every rung alive, interleaved" if len(result["groups"]) == 1 else
                 "sliding pairs (the rungs' training state exceeds the memory share for all at once)")

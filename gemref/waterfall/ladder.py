@@ -38,8 +38,9 @@ RUNGS: tuple[RungSpec, ...] = (
              "split each global batch across ranks by cost, not count", "gemref/balance/"),
     RungSpec(6, "fsdp_2d", "6 + FSDP/2D sparse", "--mesh RxS --sparse-sharding row",
              "FSDP2 on a 2D mesh, 2D-sharded embedding tables, comm/compute overlap", "gemref/parallel/"),
-    RungSpec(7, "low_precision", "7 + float8/MXFP8", "--precision float8_rowwise\\|mxfp8",
-             "float8 (Hopper) / MXFP8 (Blackwell) GEMMs through torchao", "gemref/precision/apply.py"),
+    RungSpec(7, "low_precision", "7 + float8/MXFP8", "--precision float8_rowwise\\|mxfp8\\|bf16",
+             "float8 (Hopper) / MXFP8 (Blackwell) GEMMs through torchao; on a CPU whose bf16 GEMMs beat fp32 "
+             "(AMX), bf16 autocast", "gemref/precision/apply.py"),
 )
 
 KEYS: tuple[str, ...] = tuple(r.key for r in RUNGS)

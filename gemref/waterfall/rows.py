@@ -14,7 +14,7 @@ from .stats import breakdown, chain, kept_windows, median_window, paired_ratio
 FIGURES = ("tokens_per_s", "samples_per_s", "model_tflops_per_s", "executed_tflops_per_s", "mfu", "local_mfu",
            "scaling_ratio", "hfu")
 TABLE_COLUMNS = ("rung", "windows", "tokens_per_s", "spread", "local_mfu", "scaling_ratio", "e2e_mfu",
-                 "peak_memory_mb", "vs_previous", "vs_baseline")
+                 "mfu_basis", "peak_memory_mb", "vs_previous", "vs_baseline")
 BREAKDOWN_COLUMNS = ("rung", "step_s", "gemm_s", "attention_s", "elementwise_s", "optimizer_s", "other_s",
                      "exposed_comm_s", "waiting_s", "queued_s", "data_s")
 
@@ -105,7 +105,7 @@ def table_rows(rows: list[dict]) -> list[dict]:
                   if r["tokens_per_s_min"] is not None else None)
         out.append({"rung": r["rung"], "windows": f"{r['windows_kept']}/{r['windows']}",
                     "tokens_per_s": r["tokens_per_s"], "spread": spread, "local_mfu": r["local_mfu"],
-                    "scaling_ratio": r["scaling_ratio"], "e2e_mfu": r["mfu"],
+                    "scaling_ratio": r["scaling_ratio"], "e2e_mfu": r["mfu"], "mfu_basis": r.get("mfu_basis"),
                     "peak_memory_mb": r["peak_memory_bytes"] / 2**20 if r.get("peak_memory_bytes") else None,
                     "vs_previous": _ratio(r, "vs_previous"), "vs_baseline": _ratio(r, "vs_baseline")})
     return out
@@ -130,8 +130,11 @@ def notes(record: dict) -> list[str]:
                + ("run-queue delay (schedstat)" if record["schedstat"] else "process CPU / wall time")
                + f"; {record['retries_used']} round(s) re-measured")
     ran = [r for r in rows if r["status"] == "ran"]
-    out += [f"peak: {ran[0]['peak_source']} (per device; E2E MFU divides by it x {record['ranks']} rank(s))"] \
-        if ran else []
+    for source in dict.fromkeys(r["peak_source"] for r in ran):       # one line per peak, naming its rungs
+        users = [r for r in ran if r["peak_source"] == source]
+        basis = users[0].get("mfu_basis") or "peak"
+        out.append(f"{basis} (rungs {', '.join(str(r['rung']).split()[0] for r in users)}): {source} "
+                   f"(per device; their MFUs divide by it x {record['ranks']} rank(s))")
     out.append(f"measured {on['date_utc']} UTC on {on['device']} ({on['cpu_count']} CPUs, "
                f"{on['threads_per_rank']} thread(s) per rank), torch {on['torch']}, gemref {on['gemref']} "
                f"({(on['git_sha'] or 'no git')[:10]})")

@@ -96,8 +96,26 @@ class Rung:
         return self.spec.title
 
 
+def cpu_bf16_gain() -> tuple[float | None, str]:
+    """(bf16 peak / fp32 peak, the two peaks in words) on this CPU, both measured (mfu/peak.py)."""
+    from ..mfu.peak import peak_flops
+
+    bf16, fp32 = peak_flops("cpu", "bf16"), peak_flops("cpu", "fp32")
+    if not (bf16.flops and fp32.flops):
+        return None, "no measured bf16 or fp32 GEMM peak"
+    return bf16.flops / fp32.flops, (f"bf16 GEMMs {bf16.flops / 1e9:,.0f} GFLOP/s vs fp32 "
+                                     f"{fp32.flops / 1e9:,.0f} GFLOP/s on this CPU")
+
+
 def _low_precision(train: TrainConfig, ctx: Context) -> TrainConfig | str:
-    """MXFP8 where the GPU has it (Blackwell), else row-wise float8 (Hopper/Ada); never emulated."""
+    """GPUs: MXFP8 where the GPU has it (Blackwell), else row-wise float8 (Hopper/Ada); never
+    emulated. CPUs: bf16 autocast (fp32 master weights) where this CPU's bf16 GEMMs beat its fp32
+    ones (a matrix engine: AMX-BF16), the CPU's counterpart of the GPU's narrower formats."""
+    if ctx.device.type == "cpu":
+        gain, peaks = cpu_bf16_gain()
+        if gain is not None and gain > 1:
+            return override(train, precision="bf16")
+        return f"n/a here: {peaks}: bf16 does not beat fp32 on this CPU's GEMMs"
     for precision in ("mxfp8", "float8_rowwise"):
         ok, _ = native_support(precision, ctx.device)
         if ok:
