@@ -326,3 +326,26 @@ def test_gemref_peak_on_cpu_prints_every_path_and_the_ceiling(tmp_path):
         assert text in out.stdout
     assert "test row" not in out.stdout and "ISA ceiling: 256 GFLOP/s" not in out.stdout
     assert json.loads((tmp_path / "p.json").read_text())["probe"]["rates"] == rates
+
+
+def test_versus_fp32_pairs_each_shapes_best_path_by_hand():
+    low = {"key": {"dtype": "bf16"}, "rates": {"blas": {"8x8x8": 3e9, "16x16x16": 1e9}, "onednn": {"8x8x8": 5e9}}}
+    fp32 = {"key": {"dtype": "fp32"}, "rates": {"blas": {"8x8x8": 2e9, "16x16x16": 4e9, "32x32x32": 9e9}}}
+    rows = peak.versus_fp32(low, fp32)
+    assert [(r["MxKxN"], r["bf16_path"], r["bf16_over_fp32"]) for r in rows] == [("8x8x8", "onednn", 2.5),
+                                                                                ("16x16x16", "blas", 0.25)]
+    assert rows[0]["bf16_gflops"] == 5.0 and rows[1]["fp32_gflops"] == 4.0
+
+
+def test_gemref_peak_dtype_bf16_shows_bf16_against_fp32(cache_dir, monkeypatch, capsys):
+    from gemref.cli import main
+
+    results = {"fp32": fake_result(100e9, path="blas"), "bf16": replace(fake_result(80e9, path="onednn"), dtype="bf16")}
+    monkeypatch.setattr(peak, "probe", lambda dtype="fp32": results[dtype])
+    monkeypatch.setattr(peak, "cpu_info", lambda: replace(ZEN4, flags=ZEN4.flags + ("avx512_bf16",)))
+    assert main(["peak", "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU bf16 peak: 80 GFLOP/s via onednn" in out and "avx512_bf16" in out
+    assert "bf16 is slower than fp32 here at: 8x8x8" in out
+    assert main(["peak", "--dtype", "fp16"]) == 2
+    assert "--dtype fp16: CPU peaks are probed for fp32, bf16" in capsys.readouterr().err

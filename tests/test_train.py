@@ -135,6 +135,7 @@ def test_the_gemm_dtype_of_every_precision():
 
     assert [gemm_dtype(p, "cpu") for p in ("fp32", "bf16", "mxfp8")] == ["fp32", "bf16", "bf16"]
     assert gemm_dtype("mxfp8", "cpu", emulated=True) == gemm_dtype("float8_rowwise", "cpu", emulated=True) == "fp32"
+    assert gemm_dtype("bf16", "cpu", emulated=True) == "bf16"        # bf16 autocast is never an emulation
     assert gemm_dtype("mxfp8", "cuda", emulated=True) == gemm_dtype("float8_tensorwise", "cuda") == "bf16"
 
 

@@ -354,6 +354,7 @@ def test_the_low_precision_rung_on_a_cpu_is_bf16_where_its_gemms_beat_fp32(monke
     Xeon: ~1,300 vs ~220 GFLOP/s); elsewhere it says why not, with both peaks."""
     import gemref.mfu.peak as peak_module
     from gemref.mfu.peak import Peak
+    from gemref.waterfall.runner import dtype_name
 
     monkeypatch.setattr(peak_module, "peak_flops", lambda device, dtype: Peak(
         {"bf16": bf16_gflops, "fp32": 220.0}[dtype] * 1e9, "test", dtype))
@@ -361,6 +362,7 @@ def test_the_low_precision_rung_on_a_cpu_is_bf16_where_its_gemms_beat_fp32(monke
     out = by_key["low_precision"].configure(TINY.train, Context(TINY, torch.device("cpu"), 1))
     if runs:
         assert out == override(TINY.train, precision="bf16")
+        assert dtype_name(out, torch.device("cpu")) == "bf16"             # its MFU divides by the bf16 peak
     else:
         assert out == "n/a here: bf16 GEMMs 180 GFLOP/s vs fp32 220 GFLOP/s on this CPU: bf16 does not beat fp32 " \
                       "on this CPU's GEMMs"

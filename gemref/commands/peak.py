@@ -57,7 +57,7 @@ def _gpu_report(name: str, dtype: str) -> dict:
 
 
 def _cpu_report(dtype: str, preset: str | None, refresh: bool) -> dict:
-    from ..mfu.peak import CPU_DTYPES, cpu_peak, cpu_peak_report
+    from ..mfu.peak import CPU_DTYPES, cpu_peak, cpu_peak_report, versus_fp32
 
     if dtype not in CPU_DTYPES:
         raise UsageError(f"--dtype {dtype}: CPU peaks are probed for {', '.join(CPU_DTYPES)} (no other dtype has one)")
@@ -103,21 +103,6 @@ def _cpu_report(dtype: str, preset: str | None, refresh: bool) -> dict:
     lines += [f"note {i}: {n}" for i, n in enumerate(report["notes"], 1)]
     out["lines"] = lines
     return out
-
-
-def versus_fp32(low: dict, fp32: dict) -> list[dict]:
-    """Per shape probed in both: each dtype's best rate over its paths (GFLOP/s) and their ratio."""
-    def best(report: dict) -> dict[str, tuple[float, str]]:
-        out: dict[str, tuple[float, str]] = {}
-        for path, rates in report["rates"].items():
-            for shape, rate in rates.items():
-                if rate > out.get(shape, (0.0, ""))[0]:
-                    out[shape] = (rate, path)
-        return out
-    a, b, dtype = best(low), best(fp32), low["key"]["dtype"]
-    return [{"MxKxN": s, f"{dtype}_gflops": a[s][0] / 1e9, f"{dtype}_path": a[s][1], "fp32_gflops": b[s][0] / 1e9,
-             "fp32_path": b[s][1], f"{dtype}_over_fp32": a[s][0] / b[s][0]}
-            for s in sorted(set(a) & set(b), key=lambda s: [int(v) for v in s.split("x")])]
 
 
 def _preset_plan(preset: str) -> dict:

@@ -40,9 +40,9 @@ def gemm_dtype(precision: str, device_type: str, emulated: bool = False) -> str:
     torchtitan convention: model FLOPs over the peak of the compute dtype): fp32 runs fp32, bf16
     autocast bf16; float8/MXFP8 count against the bf16 peak ("bf16-equivalent", docs/design.md),
     except when emulated on a CPU, where their GEMMs run in fp32 (no autocast there)."""
-    if precision == "fp32" or (emulated and device_type == "cpu"):
-        return "fp32"
-    return "bf16"
+    if precision in ("fp32", "bf16"):
+        return precision
+    return "fp32" if emulated and device_type == "cpu" else "bf16"
 
 
 def run_peak(device: torch.device, precision: str, rank: int = 0, emulated: bool = False) -> Peak:

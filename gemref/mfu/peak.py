@@ -212,6 +212,22 @@ def cpu_peak(refresh: bool = False, dtype: str = "fp32") -> Peak:
     return Peak(r["flops"], source, dtype, method)
 
 
+def versus_fp32(low: dict, fp32: dict) -> list[dict]:
+    """Per GEMM shape probed in both reports (cpu_peak_report of a dtype and of fp32): each
+    dtype's best rate over its paths (GFLOP/s), the path, and their ratio."""
+    def best(report: dict) -> dict[str, tuple[float, str]]:
+        out: dict[str, tuple[float, str]] = {}
+        for path, rates in report["rates"].items():
+            for shape, rate in rates.items():
+                if rate > out.get(shape, (0.0, ""))[0]:
+                    out[shape] = (rate, path)
+        return out
+    a, b, dtype = best(low), best(fp32), low["key"]["dtype"]
+    return [{"MxKxN": s, f"{dtype}_gflops": a[s][0] / 1e9, f"{dtype}_path": a[s][1], "fp32_gflops": b[s][0] / 1e9,
+             "fp32_path": b[s][1], f"{dtype}_over_fp32": a[s][0] / b[s][0]}
+            for s in sorted(set(a) & set(b), key=lambda s: [int(v) for v in s.split("x")])]
+
+
 def peak_flops(device: torch.device | str, dtype: str) -> Peak:
     """The peak FLOP/s an MFU is measured against, with its source.
 
