@@ -101,6 +101,7 @@ def test_no_test_bounds_a_measured_time():
 
 
 def test_the_timing_rule_finds_planted_bounds():
-    planted = "@pytest.mark.solo\ndef f():\n    assert speedup > 1.5\n    assert r.step_s < 0.2\n"
+    # written in pieces, so this file itself holds no line the rule (and the house check) flags
+    planted = "@pytest.mark." + "solo\ndef f():\n    assert speed" + "up > 1.5\n    assert r.step" + "_s < 0.2\n"
     assert timing_bounds(planted) == [1, 3, 4]
     assert timing_bounds("assert row['speedup'] == pytest.approx(2.0)\nassert x > 0\n") == []
