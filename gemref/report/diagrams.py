@@ -12,6 +12,11 @@ run's data, not a generic cartoon:
     partition_diagram(costs, parts)       ch06  samples packed into ranks: round robin vs balanced
     mesh_diagram(R, S)                    ch07  the 2D mesh: shard groups and replicate groups
     overlap_diagram(compute, comm)        ch08  a step's compute and communication lanes
+    formats_diagram()                     ch09  the bits of fp32, bf16 and E4M3; MX's shared block scale
+    ladder_diagram(rungs)                 ch10  the ladder as a staircase, one switch per rung
+    cluster_diagram(nodes, gpus_per_node) ch11  nodes of GPUs: shard groups inside a node, replicas across
+    split_diagram(splits, max_history)    ch12  the chronological split of a real dataset, rows per split
+    wrap_diagram(stages)                  ch13  what gemref does around a model it did not define
 """
 from __future__ import annotations
 
@@ -205,4 +210,88 @@ def overlap_diagram(compute: Sequence[tuple[str, float, float]], comm: Sequence[
             fig.add_trace(go.Bar(y=[lane], x=[end - start], base=start, orientation="h", name=name,
                                  marker_color=PALETTE[k % 8], hovertext=name, showlegend=False))
     fig.update_layout(barmode="overlay", title=title, template=TEMPLATE, xaxis_title="seconds into the step")
+    return fig
+
+
+FORMATS = {"fp32": (1, 8, 23), "bf16": (1, 8, 7), "fp8 E4M3": (1, 4, 3)}   # sign, exponent, mantissa bits
+
+
+def formats_diagram(formats: Mapping[str, tuple[int, int, int]] = FORMATS, block: int = 32,
+                    title: str = "what a value keeps: sign, exponent, mantissa bits") -> go.Figure:
+    """One row of bit boxes per format (sign, exponent, mantissa), and MX's cost per value: `block`
+    E4M3 elements share one 8-bit power-of-two (E8M0) scale."""
+    fig = _canvas(title, 33, 2 * len(formats) + 1)
+    for row, (name, (sign, exponent, mantissa)) in enumerate(formats.items()):
+        y = 2 * (len(formats) - row)
+        x = 0.0
+        for bits, color, part in ((sign, PALETTE[3], "s"), (exponent, PALETTE[0], "exp"), (mantissa, PALETTE[2], "man")):
+            _box(fig, x, y, bits, 1, color, f"{part} {bits}" if bits > 2 else "")
+            x += bits
+        fig.add_annotation(x=x + 0.3, y=y + 0.5, xanchor="left", showarrow=False,
+                           text=f"<b>{name}</b>: {sign + exponent + mantissa} bits")
+    fig.add_annotation(x=0, y=0.5, xanchor="left", showarrow=False,
+                       text=f"MXFP8: {block} E4M3 values share one 8-bit E8M0 scale: {(block * 8 + 8) / block:g} bits "
+                            "per value; bf16 keeps fp32's exponent range with 7 mantissa bits")
+    return fig
+
+
+def ladder_diagram(rungs: Sequence[tuple[int, str, str]], title: str = "the ladder: one more technique per rung") -> go.Figure:
+    """A staircase of (number, title, switch): rung k stands on rung k-1, labelled with its switch."""
+    if not rungs:
+        raise ValueError("the ladder needs at least one rung")
+    fig = _canvas(title, 2.2 * len(rungs), len(rungs) + 1)
+    for i, (number, name, switch) in enumerate(rungs):
+        _box(fig, 2.2 * i, 0, 2.1, i + 1, PALETTE[i % len(PALETTE)])
+        fig.add_annotation(x=2.2 * i + 1.05, y=i + 1.35, showarrow=False, font=dict(size=10),
+                           text=f"<b>{name}</b><br>{switch}")
+    return fig
+
+
+def cluster_diagram(nodes: int, gpus_per_node: int, title: str | None = None) -> go.Figure:
+    """`nodes` boxes of `gpus_per_node` GPUs: a node's GPUs form a shard group on fast links
+    (NVLink), the same position across nodes a replicate group over the network."""
+    if nodes < 1 or gpus_per_node < 1:
+        raise ValueError(f"need nodes >= 1 and gpus_per_node >= 1, got {nodes}, {gpus_per_node}")
+    fig = _canvas(title or f"{nodes} nodes x {gpus_per_node} GPUs = {nodes * gpus_per_node} ranks",
+                  (gpus_per_node + 1) * nodes, 4)
+    for n in range(nodes):
+        x0 = n * (gpus_per_node + 1)
+        fig.add_shape(type="rect", x0=x0 - 0.2, y0=0.8, x1=x0 + gpus_per_node - 0.3, y1=3.1,
+                      line=dict(color=PALETTE[0], width=2))
+        fig.add_annotation(x=x0 + (gpus_per_node - 0.5) / 2, y=3.4, showarrow=False, text=f"node {n}")
+        for g in range(gpus_per_node):
+            _box(fig, x0 + g, 1.5, 0.8, 0.8, PALETTE[2], str(n * gpus_per_node + g))
+    fig.add_annotation(x=0, y=0.2, xanchor="left", showarrow=False,
+                       text="a node = one shard group (FSDP gathers on fast links); across nodes, replicate groups")
+    return fig
+
+
+def split_diagram(splits: Sequence[Mapping], max_history: int, title: str = "a real dataset, split by time") -> go.Figure:
+    """One bar per split sized by its rows ({"split", "rows"}: gemref data check's summary): every
+    row predicts one rating from its user's latest `max_history` earlier ones."""
+    total = sum(int(r["rows"]) for r in splits)
+    if total <= 0:
+        raise ValueError("the splits hold no rows")
+    fig = _canvas(title, 20, 3)
+    x = 0.0
+    for i, r in enumerate(splits):
+        w = 20 * int(r["rows"]) / total
+        _box(fig, x, 1, w, 1, PALETTE[i % len(PALETTE)], f"{r['split']}: {int(r['rows']):,} rows ({r['rows'] / total:.0%})")
+        x += w
+    fig.add_annotation(x=10, y=0.4, showarrow=False,
+                       text=f"earlier ratings train, later ones evaluate; a row's history: its user's latest "
+                            f"{max_history} earlier ratings")
+    return fig
+
+
+def wrap_diagram(stages: Sequence[str], title: str = "what gemref does around a model it did not define") -> go.Figure:
+    """Boxes left to right joined by arrows: the model, then each thing gemref does with it."""
+    if len(stages) < 2:
+        raise ValueError("a flow needs at least two stages")
+    fig = _canvas(title, 3 * len(stages), 2)
+    for i, stage in enumerate(stages):
+        _box(fig, 3 * i, 0.5, 2.4, 1, PALETTE[0] if i == 0 else PALETTE[4], stage)
+        if i:
+            fig.add_annotation(x=3 * i, y=1, ax=3 * i - 0.6, ay=1, xref="x", yref="y", axref="x", ayref="y",
+                               showarrow=True, arrowhead=2, text="")
     return fig
