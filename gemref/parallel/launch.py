@@ -29,7 +29,7 @@ spawned rank leads its own process group and dies with its parent (gemref/parall
 and however the call ends (an error, Ctrl-C, SIGTERM) every rank's group is killed and reaped.
 
 A rank's stderr goes to a file in the launch's folder, which this process copies to its own
-stderr as it grows (so the rank's warnings still show) and quotes, last lines first, when the
+stderr as it grows (so the rank's warnings still show) and quotes its last lines when the
 rank dies without a Python error (a C++ `std::terminate`, a signal): the message names the cause.
 
 How a spawned rank ends: its result is written, its process group destroyed (`shutdown`), its
@@ -47,6 +47,7 @@ exits the usual way (its error is on disk first, and is what the launch reports)
 """
 from __future__ import annotations
 
+import codecs
 import datetime
 import json
 import os
@@ -174,6 +175,8 @@ class _StderrRelay:
     def __init__(self, out_dir: Path, world: int):
         self.paths = [out_dir / f"rank{r}.stderr" for r in range(world)]
         self.offsets = [0] * world
+        # one decoder per rank: a character split across two reads is decoded whole
+        self.decoders = [codecs.getincrementaldecoder("utf-8")(errors="replace") for _ in range(world)]
 
     def pump(self) -> None:
         for r, path in enumerate(self.paths):
@@ -185,7 +188,7 @@ class _StderrRelay:
                 continue
             if data:
                 self.offsets[r] += len(data)
-                sys.stderr.write(data.decode(errors="replace"))
+                sys.stderr.write(self.decoders[r].decode(data))
                 sys.stderr.flush()
 
     def tail(self, rank: int, lines: int = 12) -> str:
