@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import assume, given, strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from gemref.attention.testing import kernel_settings, make_inputs
+from gemref.attention.testing import attention_case, kernel_settings, make_inputs
 from gemref.attention import KERNELS, attention_model_flops, gdpa, resolve_kernel
 from gemref.attention.cpu_fused import build as cpu_fused_build, op as cpu_fused
 from gemref.data.jagged import lengths_to_offsets
@@ -166,3 +166,62 @@ def test_the_raw_op_refuses_int32_offsets():
     with pytest.raises(ValueError, match="cpu_fused needs int64 CPU offsets, got q_offsets torch.int32"):
         torch.ops.gemref.cpu_fused_fwd(q, q, q, torch.tensor([0, 5], dtype=torch.int32),
                                        torch.tensor([0, 5]), "silu", True, 0, 0.25, 1.0)
+
+
+def _strided_qkv(case: dict, dtype: torch.dtype):
+    """q, k, v as row-strided views of one (T, 3, H, D) tensor (the model's unbound qkv
+    projection; self-attention), leaves of autograd, and an output gradient."""
+    (q, k, v), grad, offsets, _ = make_inputs(dict(case, cross=False, kv_lens=case["q_lens"]), case["head_dim"],
+                                              torch.float64, "cpu")
+    qkv = torch.stack([q.detach(), k.detach(), v.detach()], dim=1).to(dtype).requires_grad_(True)
+    return qkv, grad.to(dtype), offsets
+
+
+@kernel_settings(ci=100)
+@given(case=attention_case(max_batch=4, long_len=120, cross=False, head_dims=(8, 16, 32, 48)))
+def test_bf16_runs_natively_and_equals_the_float32_kernel_rounded(case):
+    """bf16 q, k, v (strided views of one qkv tensor) go to the kernel as they are: out, dq,
+    dk, dv equal, bit for bit, the float32 kernel on the widened inputs with each result
+    rounded to bf16 once (bf16 -> float32 is exact; both round to nearest even), and the
+    call runs no cast or copy of q, k, v, dO or the results."""
+    assume(case["activation"] != "softmax")     # pointwise only (refused: test_refuses_softmax...)
+    qkv, grad, offsets = _strided_qkv(case, torch.bfloat16)
+    kwargs = dict(activation=case["activation"], causal=case["causal"], window=case["window"],
+                  qk_scale=case["qk_scale"], out_scale=case["out_scale"], kernel="cpu_fused")
+
+    def results(x, g):
+        out = gdpa(*x.unbind(1), offsets, **kwargs)
+        return [out.detach(), *torch.autograd.grad(out, x, g)[0].unbind(1)]
+
+    with _CountCopies() as copies:
+        native = results(qkv, grad)
+    wide = qkv.detach().float().requires_grad_(True)
+    rounded = [t.to(torch.bfloat16) for t in results(wide, grad.float())]
+    assert all(t.dtype == torch.bfloat16 for t in native)
+    for a, b in zip(native, rounded):
+        assert torch.equal(a, b)
+    big = [s for s in copies.shapes if s and s[0] == qkv.shape[0] and len(s) == 3]
+    assert not big, f"copies of (T, H, D) tensors around the bf16 kernel: {big}"
+
+
+class _CountCopies(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the shapes of every copy/cast op dispatched (aten copy_, _to_copy, clone)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.copy_, torch.ops.aten._to_copy, torch.ops.aten.clone):
+            self.shapes.append(tuple(args[0].shape))
+        return func(*args, **(kwargs or {}))
+
+
+def test_bf16_strided_inputs_without_a_native_entry_are_cast_once():
+    """float16 (no native entry point) still runs: cast to float32, computed, cast back; the
+    result equals the float32 kernel's rounded to float16."""
+    case = {"q_lens": [5, 0, 17], "seed": 1, "heads": 2, "head_dim": 16, "cross": False}
+    qkv, grad, offsets = _strided_qkv(case, torch.float16)
+    out = gdpa(*qkv.unbind(1), offsets, activation="silu", causal=True, kernel="cpu_fused")
+    wide = gdpa(*qkv.detach().float().unbind(1), offsets, activation="silu", causal=True, kernel="cpu_fused")
+    assert out.dtype == torch.float16 and torch.equal(out, wide.half())

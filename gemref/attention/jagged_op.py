@@ -37,9 +37,10 @@ class JaggedGDPAOps:
         self.name = name
         self.fwd = torch.library.custom_op(f"gemref::{name}_fwd", forward, mutates_args=())
         self.bwd = torch.library.custom_op(f"gemref::{name}_bwd", backward, mutates_args=())
-        self.fwd.register_fake(lambda q, *rest: torch.empty_like(q))
-        self.bwd.register_fake(lambda grad_out, q, k, v, *rest: (torch.empty_like(q), torch.empty_like(k),
-                                                                 torch.empty_like(v)))
+        # the bodies return contiguous tensors, whatever the inputs' strides
+        self.fwd.register_fake(lambda q, *rest: q.new_empty(q.shape))
+        self.bwd.register_fake(lambda grad_out, q, k, v, *rest: (q.new_empty(q.shape), k.new_empty(k.shape),
+                                                                 v.new_empty(v.shape)))
         self.fwd.register_autograd(self._backward, setup_context=self._setup_context)
         OPAQUE_BODIES.update({self.fwd: forward, self.bwd: backward})
 

@@ -40,6 +40,9 @@ SOURCE = Path(__file__).with_name("kernel.cpp")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 BUILD_TIMEOUT_S = 600
 
+# the library's C entry point per tensor dtype (name of the dtype in torch)
+ENTRY_POINTS = {"float32": "gemref_gdpa_f32", "float64": "gemref_gdpa_f64", "bfloat16": "gemref_gdpa_bf16"}
+
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | str] = {}
 
@@ -112,11 +115,11 @@ def _build(cxx: str, target: Path) -> str | None:
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    for name in ("gemref_gdpa_f32", "gemref_gdpa_f64"):
+    for name in ENTRY_POINTS.values():
         fn = getattr(lib, name)
         fn.restype = i64
         fn.argtypes = [ctypes.c_int, ctypes.c_int] + [p] * 11 + [i64, i64, i64, ctypes.c_int, i64, ctypes.c_double,
-                                                   ctypes.c_double]
+                                                   ctypes.c_double] + [i64] * 4
     return lib
 
 

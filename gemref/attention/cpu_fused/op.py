@@ -18,8 +18,11 @@ the kernel itself. Executed matmul FLOPs per computed entry: forward 2 products,
 each 2 * padded head dim.
 
 Scope: CPU, pointwise activations (softmax needs each row's statistics over all its keys:
-cpu_jagged or sdpa run it), head dim <= 128, float32 and float64 (bf16/fp16 are computed in
-float32). Threads: the (sequence, head) pairs are split across torch.get_num_threads()
+cpu_jagged or sdpa run it), head dim <= 128. Dtypes: float32 and float64 natively; bfloat16
+natively too, computed in float32: the kernel widens each bf16 value as it reads it and rounds
+each result once as it writes it, so a bf16 model (autocast) pays no cast passes around the
+kernel; float16 is cast to float32 and back. q, k and v may be row-strided views (the unbound
+qkv projection): each input's row stride goes to the kernel, so they are not copied. Threads: the (sequence, head) pairs are split across torch.get_num_threads()
 Python threads by longest-processing-time (ctypes releases the GIL), no OpenMP runtime of its
 own. The kernel is built on first use (build.py); if it cannot be, the kernel is
 unavailable with the reason and kernel="auto" takes cpu_jagged.
@@ -42,7 +45,7 @@ from torch.utils.flop_counter import register_flop_formula
 from ...data.jagged import lengths_to_offsets, offsets_to_lengths
 from ..api import register_kernel
 from ..jagged_op import JaggedGDPAOps
-from .build import library
+from .build import ENTRY_POINTS, library
 from ..cpu_jagged.tiles import compute_dtype
 from ..reference import POINTWISE
 
@@ -119,18 +122,23 @@ def _launch(activation: str, grads: tuple | None, q: Tensor, k: Tensor, v: Tenso
     global _pool, _pool_size
     lib = library()
     assert not isinstance(lib, str), lib  # _unavailable refused it before dispatch
-    fn = lib.gemref_gdpa_f64 if q.dtype == torch.float64 else lib.gemref_gdpa_f32
+    fn = getattr(lib, ENTRY_POINTS[str(q.dtype).removeprefix("torch.")])
     go, dq, dk, dv = grads if grads is not None else (None, None, None, None)
     for name, t in (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
         if t.dtype != torch.int64 or t.device.type != "cpu":   # the C++ loops read int64_t on the host
             raise ValueError(f"cpu_fused needs int64 CPU offsets, got {name} {t.dtype} on {t.device.type}")
     q_offsets, kv_offsets = q_offsets.contiguous(), kv_offsets.contiguous()
     H, D = q.shape[1], q.shape[2]
+    for t in (go, q, k, v):
+        assert t is None or _rows_contiguous(t), "inputs need contiguous (H, D) rows (_kernel_input)"
+    for t in (out, dq, dk, dv):
+        assert t is None or t.is_contiguous()
     ptr = [t.data_ptr() if t is not None else None for t in (go, q, k, v, out, dq, dk, dv, q_offsets, kv_offsets)]
+    strides = [t.stride(0) if t is not None else 0 for t in (go, q, k, v)]
 
     def call(pairs: Tensor) -> int:
         got = fn(ACT_IDS[activation], int(grads is not None), *ptr, pairs.data_ptr(), pairs.numel(), H, D,
-                 int(causal), window, qk_scale, out_scale)
+                 int(causal), window, qk_scale, out_scale, *strides)
         if got < 0:
             raise AssertionError(f"cpu_fused refused activation={activation} head_dim={D}")
         return got
@@ -144,12 +152,24 @@ def _launch(activation: str, grads: tuple | None, q: Tensor, k: Tensor, v: Tenso
 
 
 # ------------------------------------------------------------------ custom ops and autograd
+def _rows_contiguous(x: Tensor) -> bool:
+    """True when each token's (H, D) block is contiguous: the kernel then reads x in place,
+    whatever its row stride."""
+    return x.dim() == 3 and x.stride(2) == 1 and (x.shape[1] <= 1 or x.stride(1) == x.shape[2])
+
+
+def _kernel_input(x: Tensor) -> Tensor:
+    """x as the kernel reads it: its own dtype where the library has one (float32, float64,
+    bfloat16), else float32; copied only when its (H, D) rows are not contiguous."""
+    x = x if str(x.dtype).removeprefix("torch.") in ENTRY_POINTS else x.to(compute_dtype(x))
+    return x if _rows_contiguous(x) else x.contiguous()
+
+
 def _fwd_body(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, activation: str,
               causal: bool, window: int, qk_scale: float, out_scale: float) -> Tensor:
     """out (Tq, H, D) in q's dtype. window 0: none."""
-    dtype = compute_dtype(q)
-    q_, k_, v_ = (x.to(dtype).contiguous() for x in (q, k, v))
-    out = torch.empty_like(q_)
+    q_, k_, v_ = (_kernel_input(x) for x in (q, k, v))
+    out = torch.empty(q_.shape, dtype=q_.dtype)
     _launch(activation, None, q_, k_, v_, out, q_offsets, kv_offsets, causal, window, qk_scale, out_scale)
     return out.to(q.dtype)
 
@@ -157,10 +177,9 @@ def _fwd_body(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Te
 def _bwd_body(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor,
               activation: str, causal: bool, window: int, qk_scale: float,
               out_scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) in the inputs' dtypes."""
-    dtype = compute_dtype(q)
-    go, q_, k_, v_ = (x.to(dtype).contiguous() for x in (grad_out, q, k, v))
-    dq, dk, dv = torch.empty_like(q_), torch.empty_like(k_), torch.empty_like(v_)
+    """(dq, dk, dv) in the inputs' dtypes, contiguous."""
+    go, q_, k_, v_ = (_kernel_input(x) for x in (grad_out, q, k, v))
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype) for x in (q_, k_, v_))
     _launch(activation, (go, dq, dk, dv), q_, k_, v_, None, q_offsets, kv_offsets, causal, window, qk_scale,
             out_scale)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
