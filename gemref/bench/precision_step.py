@@ -1,0 +1,79 @@
+"""Whole training steps in fp32 and bf16, interleaved: tokens/s, the speed-up with its interval, the loss against the fp32 seed band.
+
+The run is the best single-process rung of the ladder (jagged, the fastest attention kernel
+here, AutoAC; --compile adds the compile rung, whose plan this bench does not re-plan) in each
+--precisions entry, the first the reference, built and stepped by
+gemref/precision/step_compare.py: same seeds, same initial weights, the same batches, steps of
+the precisions interleaved. The table gives each precision's median step, tokens/s, its
+speed-up over the reference (median of paired-step ratios, p10..p90) and its mean eval loss
+against the reference's seed band (gemref/report/seed_band.py, k standard errors). A CPU's
+bf16 runs on its matrix engine where it has one (AMX; `gemref peak --dtype bf16` shows the
+GEMM rates). Threads: --threads (default 1, the peak probe's).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+
+import torch
+
+from ..config import PRECISIONS, PRESETS, override
+from ..data.folder import dataset_preset
+from ..env import cpu_info, versions
+from ..files import write_json
+from ..options import add_dataset_arg, add_device_arg, int_at_least, nonnegative_int, output_file, positive_int
+from ..precision.step_compare import compare_step_precisions, speedup_text
+from ..report import format_table
+from ..report.seed_band import K_SE
+
+COLUMNS = ("precision", "median_step_s", "tokens_per_s", "speedup", "speedup_p10", "speedup_p90", "eval_loss_mean",
+           "eval_loss_sd", "loss_difference", "loss_tolerance", "within_band", "cpu_over_wall")
+CONTENDED_BELOW = 0.9    # process CPU / wall under this x threads: the run waited for cores
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="small", choices=list(PRESETS), help="model/data preset")
+    add_dataset_arg(p)
+    add_device_arg(p)
+    p.add_argument("--precisions", nargs="+", choices=PRECISIONS,
+                   default=["fp32", "bf16"], help="the first is the reference")
+    p.add_argument("--batch-size", type=positive_int, help="samples per step (default: the preset's)")
+    p.add_argument("--ac", choices=("none", "auto"), default="auto", help="activation checkpointing (rung 4)")
+    p.add_argument("--compile", action="store_true", help="also the compile rung (every region)")
+    p.add_argument("--seeds", type=int_at_least(2), default=3, help="seeds 0..N-1: the loss band's runs")
+    p.add_argument("--steps", type=positive_int, default=12, help="timed steps per seed and precision")
+    p.add_argument("--warmup", type=nonnegative_int, default=3, help="untimed steps first")
+    p.add_argument("--eval-batches", type=positive_int, default=4, help="eval batches per run (the loss)")
+    p.add_argument("--k", type=float, default=K_SE, help="the band's width in standard errors")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    logging.getLogger("gemref.precision.apply").setLevel(logging.ERROR)
+    preset = dataset_preset(args.preset, args.dataset)
+    train = override(preset.train, jagged=True, kernel="auto", ac=args.ac, compile=args.compile, eval_every=0,
+                     batch_size=args.batch_size or preset.train.batch_size)
+    result = compare_step_precisions(preset, train, tuple(args.precisions), seeds=list(range(args.seeds)),
+                                     steps=args.steps, warmup=args.warmup, eval_batches=args.eval_batches,
+                                     device=args.device, k=args.k)
+    info = cpu_info()
+    cpu = f"{info.model_name} (family {info.family} model {info.model})"
+    where = (f"{preset.name}, jagged, kernel auto, ac {args.ac}{', compiled' if args.compile else ''}, batch "
+             f"{train.batch_size}, {args.seeds} seeds x {args.steps} steps; {cpu} ({torch.get_num_threads()} "
+             f"thread(s))")
+    print(format_table(result.rows, COLUMNS, title=f"training steps per precision, interleaved: {where}"))
+    for row in result.rows[1:]:
+        print(f"{row['precision']} over {result.reference}: {speedup_text(row)} step speed-up (median of paired "
+              f"steps, p10..p90); eval loss {'within' if row['within_band'] else 'OUTSIDE'} the "
+              f"{result.reference} seed band ({row['loss_difference']:+.4f} vs +-{row['loss_tolerance']:.4f})")
+    if any(r["cpu_over_wall"] < CONTENDED_BELOW * torch.get_num_threads() for r in result.rows):
+        print("note: process CPU / wall below 90% of the threads: the machine was contended, times are not final")
+    if args.json:
+        write_json(args.json, {"bench": "precision_step", "preset": preset.name, "batch_size": train.batch_size,
+                               "ac": args.ac, "compile": args.compile, "steps": args.steps, "warmup": args.warmup,
+                               "cpu": cpu, "threads": torch.get_num_threads(), "versions": versions(),
+                               **result.as_record()})
+        print(f"wrote {args.json}")
+    return 0
