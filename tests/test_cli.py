@@ -60,7 +60,7 @@ def test_steps_means_the_optimisation_steps_of_a_training_run_only():
     assert all(a.dest == "steps" for a in with_steps.values())          # TrainConfig.steps
     per = {o for _, p in all_parsers() for o in options(p) if o.startswith("--steps-per-")}
     assert per == {"--steps-per-window", "--steps-per-strategy", "--steps-per-variant", "--steps-per-precision",
-                   "--steps-per-policy", "--steps-per-run"}
+                   "--steps-per-policy", "--steps-per-run", "--steps-per-seed"}
 
 
 def test_train_has_one_option_per_trainconfig_field():

@@ -45,7 +45,8 @@ EXPECT = {
     "09_mxfp8": lambda m: (m["mxfp8_min_layer_output_sqnr_db"] > 12 and m["mx_block_sqnr_median_db"] > 25
                            and m["seeds"] >= 2 and m["mxfp8_within_fp32_seed_band"] is True
                            and m["fp32_loss_drop"] > m["loss_band_tolerance"] > 0
-                           and (m["bf16_over_fp32_peak"] is None or m["bf16_over_fp32_peak"] > 0)),
+                           and (m["bf16_over_fp32_peak"] is None or m["bf16_over_fp32_peak"] > 0)
+                           and (m["bf16_step_speedup"] is None or m["bf16_step_speedup"] > 0)),
     "07_fsdp_2d": lambda m: (m["max_rel_loss_diff"] <= 1e-5 and abs(m["ddp_fraction"] - 1) <= 0.05
                              and all(abs(m[k] - 1) <= 0.05 for k in ("fsdp_x_shards", "hsdp_x_shards", "sparse_x_shards"))
                              and m["table_wise_imbalance"] >= 1 and m["projected_fsdp_gb"] < m["projected_ddp_gb"]

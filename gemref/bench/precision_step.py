@@ -3,7 +3,7 @@
 The run is the best single-process rung of the ladder (jagged, the fastest attention kernel
 here, AutoAC; --compile adds the compile rung, whose plan this bench does not re-plan) in each
 --precisions entry, the first the reference, built and stepped by
-gemref/precision/step_compare.py: same seeds, same initial weights, the same batches, steps of
+gemref/waterfall/precision_step.py: same seeds, same initial weights, the same batches, steps of
 the precisions interleaved. The table gives each precision's median step, tokens/s, its
 speed-up over the reference (median of paired-step ratios, p10..p90) and its mean eval loss
 against the reference's seed band (gemref/report/seed_band.py, k standard errors). A CPU's
@@ -22,7 +22,7 @@ from ..data.folder import dataset_preset
 from ..env import cpu_info, versions
 from ..files import write_json
 from ..options import add_dataset_arg, add_device_arg, int_at_least, nonnegative_int, output_file, positive_int
-from ..precision.step_compare import compare_step_precisions, speedup_text
+from ..waterfall.precision_step import compare_step_precisions, speedup_text
 from ..report import format_table
 from ..report.seed_band import K_SE
 
@@ -41,7 +41,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ac", choices=("none", "auto"), default="auto", help="activation checkpointing (rung 4)")
     p.add_argument("--compile", action="store_true", help="also the compile rung (every region)")
     p.add_argument("--seeds", type=int_at_least(2), default=3, help="seeds 0..N-1: the loss band's runs")
-    p.add_argument("--steps", type=positive_int, default=12, help="timed steps per seed and precision")
+    p.add_argument("--steps-per-seed", type=positive_int, default=12, help="timed steps per seed and precision")
     p.add_argument("--warmup", type=nonnegative_int, default=3, help="untimed steps first")
     p.add_argument("--eval-batches", type=positive_int, default=4, help="eval batches per run (the loss)")
     p.add_argument("--k", type=float, default=K_SE, help="the band's width in standard errors")
@@ -56,12 +56,12 @@ def run(args: argparse.Namespace) -> int:
     train = override(preset.train, jagged=True, kernel="auto", ac=args.ac, compile=args.compile, eval_every=0,
                      batch_size=args.batch_size or preset.train.batch_size)
     result = compare_step_precisions(preset, train, tuple(args.precisions), seeds=list(range(args.seeds)),
-                                     steps=args.steps, warmup=args.warmup, eval_batches=args.eval_batches,
+                                     steps=args.steps_per_seed, warmup=args.warmup, eval_batches=args.eval_batches,
                                      device=args.device, k=args.k)
     info = cpu_info()
     cpu = f"{info.model_name} (family {info.family} model {info.model})"
     where = (f"{preset.name}, jagged, kernel auto, ac {args.ac}{', compiled' if args.compile else ''}, batch "
-             f"{train.batch_size}, {args.seeds} seeds x {args.steps} steps; {cpu} ({torch.get_num_threads()} "
+             f"{train.batch_size}, {args.seeds} seeds x {args.steps_per_seed} steps; {cpu} ({torch.get_num_threads()} "
              f"thread(s))")
     print(format_table(result.rows, COLUMNS, title=f"training steps per precision, interleaved: {where}"))
     for row in result.rows[1:]:
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         print("note: process CPU / wall below 90% of the threads: the machine was contended, times are not final")
     if args.json:
         write_json(args.json, {"bench": "precision_step", "preset": preset.name, "batch_size": train.batch_size,
-                               "ac": args.ac, "compile": args.compile, "steps": args.steps, "warmup": args.warmup,
+                               "ac": args.ac, "compile": args.compile, "steps": args.steps_per_seed, "warmup": args.warmup,
                                "cpu": cpu, "threads": torch.get_num_threads(), "versions": versions(),
                                **result.as_record()})
         print(f"wrote {args.json}")

@@ -5,8 +5,10 @@ any module tree in place and returns a `PrecisionReport` saying what ran and why
 
   fp32               nothing converted; plain fp32 GEMMs.
   bf16               nothing converted; the loop runs under `report.autocast()`
-                     (bf16 autocast: tensor cores on CUDA; on CPU oneDNN bf16, slow
-                     without AMX, which is why docs/design.md keeps CPU runs in fp32).
+                     (bf16 autocast: tensor cores on CUDA; on CPU oneDNN bf16, AMX tiles
+                     where the CPU has them, slower than fp32 where it has not, which is
+                     why precision "auto" stays fp32 on CPUs; `gemref bench
+                     precision_step` measures the whole step both ways).
   float8_tensorwise  torchao Float8Linear: one scale per tensor; E4M3 input and weight,
                      E5M2 grad_output (wider range for gradients).
   float8_rowwise     torchao Float8Linear: one power-of-two scale per row, E4M3 everywhere.

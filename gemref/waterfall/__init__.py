@@ -1,4 +1,4 @@
-"""The MFU waterfall: the ladder of docs/design.md (gemref/ladder.py), each rung = the previous + one switch.
+"""The MFU waterfall: the ladder of docs/design.md (gemref/waterfall/ladder.py), each rung = the previous + one switch.
 
 Every rung trains the same preset from the same seed (on its synthetic data, or on a dataset
 folder: the preset's `data`, which the record names), in ONE launch (one process, or
@@ -16,6 +16,7 @@ attention, element-wise, optimizer, exposed communication, waiting at the collec
     runner.py    the measurement on each rank, built from gemref.train's setup and Setup.timed_step
     stats.py     window figures, paired ratios, the breakdown
     rows.py      rows, tables and footnotes
+    precision_step.py  rung 7 on its own: whole steps per precision interleaved, the speed-up and the loss band
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""gemref/precision/step_compare.py and `gemref bench precision_step`: interleaved training
+"""gemref/waterfall/precision_step.py and `gemref bench precision_step`: interleaved training
 steps per precision. Structure and arithmetic only: no test bounds a time or a speed-up."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from gemref.cli import main
 from gemref.config import get_preset, override
 from gemref.errors import UsageError
 from gemref.mfu import timing
-from gemref.precision import step_compare
-from gemref.precision.step_compare import compare_step_precisions, speedup, speedup_text
+from gemref.waterfall import precision_step
+from gemref.waterfall.precision_step import compare_step_precisions, speedup, speedup_text
 
 
 def test_speedup_pairs_steps_by_hand():
@@ -33,7 +33,7 @@ def test_speedup_pairs_steps_by_hand():
     ({"steps": 0}, "need steps >= 1"),
 ])
 def test_bad_arguments_are_refused_before_any_work(kwargs, says, monkeypatch):
-    monkeypatch.setattr(step_compare, "setup", lambda *a, **k: pytest.fail("built a run"))
+    monkeypatch.setattr(precision_step, "setup", lambda *a, **k: pytest.fail("built a run"))
     args = {"precisions": ("fp32", "bf16"), "seeds": [0, 1], "steps": 1, "warmup": 0, "eval_batches": 1}
     args.update(kwargs)
     preset = get_preset("tiny")
@@ -52,7 +52,7 @@ def test_a_comparison_steps_both_precisions_on_the_same_batches(monkeypatch):
         wrapped = {name: (lambda k, name=name, fn=fn: (seen.append((name, k)), fn(k))[1]) for name, fn in fns.items()}
         return real(wrapped, rounds, **kw)
 
-    monkeypatch.setattr(step_compare, "interleaved", spy)
+    monkeypatch.setattr(precision_step, "interleaved", spy)
     preset = get_preset("tiny")
     train = override(preset.train, jagged=True, kernel="auto", ac="none", eval_every=0)
     result = compare_step_precisions(preset, train, ("fp32", "bf16"), seeds=[0, 1], steps=2, warmup=1,
@@ -68,7 +68,7 @@ def test_a_comparison_steps_both_precisions_on_the_same_batches(monkeypatch):
 
 def test_bench_precision_step_cli(tmp_path, capsys):
     path = tmp_path / "steps.json"
-    rc = main(["bench", "precision_step", "--preset", "tiny", "--seeds", "2", "--steps", "1", "--warmup", "0",
+    rc = main(["bench", "precision_step", "--preset", "tiny", "--seeds", "2", "--steps-per-seed", "1", "--warmup", "0",
                "--eval-batches", "1", "--ac", "none", "--json", str(path)])
     assert rc == 0
     out = capsys.readouterr().out
