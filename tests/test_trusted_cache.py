@@ -27,6 +27,7 @@ STUB = r'''
 extern "C" {
 int64_t gemref_gdpa_f32() { return 0; }
 int64_t gemref_gdpa_f64() { return 0; }
+int64_t gemref_gdpa_bf16() { return 0; }
 int gemref_stub_id() { return 42; }
 }
 '''
@@ -36,6 +37,7 @@ PLANTED = r'''
 __attribute__((constructor)) static void planted(void) { FILE *f = fopen("%s", "w"); if (f) fclose(f); }
 int64_t gemref_gdpa_f32(void) { return 0; }
 int64_t gemref_gdpa_f64(void) { return 0; }
+int64_t gemref_gdpa_bf16(void) { return 0; }
 '''
 
 
