@@ -21,6 +21,7 @@ from ..config import PRECISIONS, PRESETS, override
 from ..data.folder import dataset_preset
 from ..env import cpu_info, versions
 from ..files import write_json
+from ..mfu.cpu_probe import CONTENDED_BELOW   # process CPU / (wall x threads) below it: the run waited for cores
 from ..options import add_dataset_arg, add_device_arg, int_at_least, nonnegative_int, output_file, positive_int
 from ..waterfall.precision_step import compare_step_precisions, speedup_text
 from ..report import format_table
@@ -28,7 +29,6 @@ from ..report.seed_band import K_SE
 
 COLUMNS = ("precision", "median_step_s", "tokens_per_s", "speedup", "speedup_p10", "speedup_p90", "eval_loss_mean",
            "eval_loss_sd", "loss_difference", "loss_tolerance", "within_band", "cpu_over_wall")
-CONTENDED_BELOW = 0.9    # process CPU / wall under this x threads: the run waited for cores
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

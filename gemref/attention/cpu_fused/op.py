@@ -22,8 +22,8 @@ cpu_jagged or sdpa run it), head dim <= 128. Dtypes: float32 and float64 nativel
 natively too, computed in float32: the kernel widens each bf16 value as it reads it and rounds
 each result once as it writes it, so a bf16 model (autocast) pays no cast passes around the
 kernel; float16 is cast to float32 and back. q, k and v may be row-strided views (the unbound
-qkv projection): each input's row stride goes to the kernel, so they are not copied. Threads: the (sequence, head) pairs are split across torch.get_num_threads()
-Python threads by longest-processing-time (ctypes releases the GIL), no OpenMP runtime of its
+qkv projection): each input's row stride goes to the kernel, so they are not copied.
+Threads: the (sequence, head) pairs are split across torch.get_num_threads() Python threads by longest-processing-time (ctypes releases the GIL), no OpenMP runtime of its
 own. The kernel is built on first use (build.py); if it cannot be, the kernel is
 unavailable with the reason and kernel="auto" takes cpu_jagged.
 
@@ -122,7 +122,7 @@ def _launch(activation: str, grads: tuple | None, q: Tensor, k: Tensor, v: Tenso
     global _pool, _pool_size
     lib = library()
     assert not isinstance(lib, str), lib  # _unavailable refused it before dispatch
-    fn = getattr(lib, ENTRY_POINTS[str(q.dtype).removeprefix("torch.")])
+    fn = getattr(lib, ENTRY_POINTS[_dtype_name(q)])
     go, dq, dk, dv = grads if grads is not None else (None, None, None, None)
     for name, t in (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
         if t.dtype != torch.int64 or t.device.type != "cpu":   # the C++ loops read int64_t on the host
@@ -152,6 +152,11 @@ def _launch(activation: str, grads: tuple | None, q: Tensor, k: Tensor, v: Tenso
 
 
 # ------------------------------------------------------------------ custom ops and autograd
+def _dtype_name(x: Tensor) -> str:
+    """x's dtype as build.ENTRY_POINTS names it ("float32", "bfloat16", ...)."""
+    return str(x.dtype).removeprefix("torch.")
+
+
 def _rows_contiguous(x: Tensor) -> bool:
     """True when each token's (H, D) block is contiguous: the kernel then reads x in place,
     whatever its row stride."""
@@ -161,7 +166,7 @@ def _rows_contiguous(x: Tensor) -> bool:
 def _kernel_input(x: Tensor) -> Tensor:
     """x as the kernel reads it: its own dtype where the library has one (float32, float64,
     bfloat16), else float32; copied only when its (H, D) rows are not contiguous."""
-    x = x if str(x.dtype).removeprefix("torch.") in ENTRY_POINTS else x.to(compute_dtype(x))
+    x = x if _dtype_name(x) in ENTRY_POINTS else x.to(compute_dtype(x))
     return x if _rows_contiguous(x) else x.contiguous()
 
 
