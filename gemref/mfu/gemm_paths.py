@@ -33,6 +33,8 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
+from .row_blocks import blocked_reduction, blocked_rows
+
 PROBE_PATHS = ("blas", "onednn", "onednn_packed", "onednn_layout", "mkl_packed", "mm_onednn_fpmath")
 BF16_PROBE_PATHS = ("blas", "onednn", "onednn_packed", "onednn_layout")   # MKL's packed sgemm is fp32 only
 MODEL_PATHS = ("blas", "onednn")     # the paths a training Linear can use (its weight changes)
@@ -173,22 +175,50 @@ _register_onednn_linear_flops()
 ROLES = ("forward", "grad_input", "grad_weight")
 
 
+def _row_blocked(path: str, dtype: torch.dtype) -> bool:
+    """Whether a Linear's GEMMs on `path` in `dtype` run over fixed row blocks (gemref/mfu/row_blocks.py):
+    wherever oneDNN runs them, which builds a primitive per shape: the onednn path, and every
+    bf16 GEMM (torch.mm runs bf16 on oneDNN too). MKL's fp32 sgemm needs no blocks."""
+    return path == "onednn" or dtype == torch.bfloat16
+
+
 def linear_gemm(path: str, role: str, a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
     """One of a Linear's GEMMs on a MODEL_PATHS path. (a, b) = (x, W) for forward,
-    (g, W) for grad_input, (g, x) for grad_weight; all 2-D fp32. An empty operand runs on
-    blas (oneDNN rejects zero-sized primitives)."""
+    (g, W) for grad_input, (g, x) for grad_weight, all 2-D. a is fp32 or bf16; W (and the
+    bias) may be fp32 with a bf16 `a` and is then cast to bf16 first (autocast's rule: the
+    fp32 master weight, its GEMMs in bf16). Results are in a's dtype, except grad_weight with
+    bf16 operands: float32, the row blocks' products summed in fp32 (it is the fp32 master
+    weight's gradient). An empty operand runs on blas (oneDNN rejects zero-sized primitives)."""
     if path not in MODEL_PATHS:
         raise ValueError(f"path={path!r}; a Linear can use: {', '.join(MODEL_PATHS)}")
-    if path == "blas" or a.numel() == 0 or b.numel() == 0:
-        if role == "forward":
-            return torch.nn.functional.linear(a, b, bias)
-        return torch.mm(a, b) if role == "grad_input" else torch.mm(a.t(), b)
+    if role not in ROLES:
+        raise ValueError(f"role={role!r}; valid: {', '.join(ROLES)}")
+    if a.numel() == 0 or b.numel() == 0:
+        path = "blas"
+    blocked = a.numel() > 0 and b.numel() > 0 and _row_blocked(path, a.dtype)
+    if role == "grad_weight":
+        def product(g: Tensor, x: Tensor) -> Tensor:      # g^T x
+            return torch.mm(g.t(), x) if path == "blas" else onednn_linear(g.t(), x.t())
+        if blocked:
+            return blocked_reduction(product, a, b)
+        out = product(a, b)
+        return out.float() if a.dtype == torch.bfloat16 else out
+    w = b.to(a.dtype)
     if role == "forward":
-        return onednn_linear(a, b, bias)
-    return onednn_linear(a, b.t()) if role == "grad_input" else onednn_linear(a.t(), b.t())
+        bias = bias.to(a.dtype) if bias is not None else None
+
+        def rows(x: Tensor) -> Tensor:                    # x W^T + bias
+            return torch.nn.functional.linear(x, w, bias) if path == "blas" else onednn_linear(x, w, bias)
+    else:
+        def rows(g: Tensor) -> Tensor:                    # g W
+            return torch.mm(g, w) if path == "blas" else onednn_linear(g, w.t())
+    return blocked_rows(rows, a) if blocked else rows(a)
 
 
-def role_operands(role: str, m: int, k: int, n: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """Random (a, b) for `linear_gemm(path, role, a, b)` of a Linear with K inputs, N outputs, M rows."""
+def role_operands(role: str, m: int, k: int, n: int, generator: torch.Generator | None = None,
+                  dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """Random (a, b) for `linear_gemm(path, role, a, b)` of a Linear with K inputs, N outputs, M
+    rows: activations and gradients in `dtype`, the weight in fp32 (the master weight)."""
     x, w, g = (torch.randn(*s, generator=generator) for s in ((m, k), (n, k), (m, n)))
+    x, g = x.to(dtype), g.to(dtype)
     return {"forward": (x, w), "grad_input": (g, w), "grad_weight": (g, x)}[role]

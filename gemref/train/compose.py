@@ -128,7 +128,8 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     model = GEMRef(cfg, jagged=train.jagged, kernel=kernel).to(device)
     report = apply_precision(model, precision, device=device, kernel=train.precision_kernel,
                              min_dim=train.precision_min_dim)
-    use_fastest_cpu_gemms(model, device)   # CPU fp32: each Linear GEMM on the fastest measured path
+    # CPU: each Linear GEMM on the fastest measured path, in the dtype its GEMMs run in
+    use_fastest_cpu_gemms(model, device, "bf16" if report.autocast_dtype == torch.bfloat16 else "fp32")
     compression = CompressionSpec(train.ac_compress) if train.ac_compress != "none" else None
     if train.ac == "full":
         apply_plan(model, {name: "full" for name in ac_blocks(model)})
