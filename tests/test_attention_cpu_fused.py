@@ -19,9 +19,10 @@ def _entries_run(q_lens, kv_lens, causal, window, heads=2, D=8):
     (q, k, v), grad, q_off, kv_off = make_inputs(case, D, torch.float32, "cpu")
     q, k, v = q.detach(), k.detach(), v.detach()
     args = (q_off, kv_off, causal, window or 0, 0.3, 1.0)
-    forward = cpu_fused._launch("silu", None, q, k, v, torch.empty_like(q), *args)
+    entry = cpu_fused_build.ENTRY_POINTS["float32"]
+    forward = cpu_fused.launch(entry, "silu", None, q, k, v, torch.empty_like(q), *args)
     grads = (grad, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-    return forward, cpu_fused._launch("silu", grads, q, k, v, None, *args)
+    return forward, cpu_fused.launch(entry, "silu", grads, q, k, v, None, *args)
 
 
 @kernel_settings(ci=200)
@@ -140,10 +141,13 @@ def test_the_cache_key_follows_the_source(monkeypatch, tmp_path):
     cxx = cpu_fused_build.compiler()
     assert cxx is not None, "the test machine needs a C++ compiler (torch.compile's CPU backend does too)"
     before = cpu_fused_build._key(cxx)
-    changed = tmp_path / "cpu_fused.cpp"
-    changed.write_text(cpu_fused_build.SOURCE.read_text() + "\n// changed\n")
-    monkeypatch.setattr(cpu_fused_build, "SOURCE", changed)
-    assert cpu_fused_build._key(cxx) != before
+    for i, name in enumerate(("SOURCES", "HEADERS")):        # a change in any source file or the header
+        files = getattr(cpu_fused_build, name)
+        changed = tmp_path / f"changed{i}{files[0].suffix}"
+        changed.write_text(files[0].read_text() + "\n// changed\n")
+        monkeypatch.setattr(cpu_fused_build, name, (changed, *files[1:]))
+        assert cpu_fused_build._key(cxx) != before
+        monkeypatch.setattr(cpu_fused_build, name, files)
 
 
 def test_no_query_rows_still_writes_zero_key_gradients():

@@ -74,8 +74,28 @@ def test_bench_precision_step_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "bf16 over fp32:" in out and "seed band" in out
     record = json.loads(path.read_text())
-    assert record["bench"] == "precision_step" and record["reference"] == "fp32"
-    assert [r["precision"] for r in record["rows"]] == ["fp32", "bf16"]
+    assert record["bench"] == "precision_step" and len(record["widths"]) == 1
+    width = record["widths"][0]
+    assert width["d_model"] == 32 and width["head_dim"] == 16 and width["reference"] == "fp32"
+    assert [r["precision"] for r in width["rows"]] == ["fp32", "bf16"]
+
+
+def test_bench_precision_step_runs_each_width(tmp_path, capsys):
+    """--d-model: the preset at each width, heads kept (tiny: 2 heads), one table each."""
+    path = tmp_path / "steps.json"
+    rc = main(["bench", "precision_step", "--preset", "tiny", "--d-model", "16", "48", "--seeds", "2",
+               "--steps-per-seed", "1", "--warmup", "0", "--eval-batches", "1", "--ac", "none", "--json", str(path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "(d_model 16, head dim 8)" in out and "(d_model 48, head dim 24)" in out
+    assert [(w["d_model"], w["head_dim"]) for w in json.loads(path.read_text())["widths"]] == [(16, 8), (48, 24)]
+
+
+def test_bench_precision_step_refuses_a_width_its_heads_do_not_divide(tmp_path, capsys):
+    """Checked for every width before any run: a bad second width fails at once, one line."""
+    assert main(["bench", "precision_step", "--preset", "tiny", "--d-model", "32", "33"]) == 2
+    err = capsys.readouterr().err
+    assert "d_model=33 is not divisible by n_heads=2" in err and "Traceback" not in err
 
 
 def test_bench_precision_step_refuses_one_seed(capsys):

@@ -28,6 +28,8 @@ extern "C" {
 int64_t gemref_gdpa_f32() { return 0; }
 int64_t gemref_gdpa_f64() { return 0; }
 int64_t gemref_gdpa_bf16() { return 0; }
+int64_t gemref_gdpa_bf16_amx() { return 0; }
+int64_t gemref_gdpa_bf16_amx_emulated() { return 0; }
 int gemref_stub_id() { return 42; }
 }
 '''
@@ -38,6 +40,8 @@ __attribute__((constructor)) static void planted(void) { FILE *f = fopen("%s", "
 int64_t gemref_gdpa_f32(void) { return 0; }
 int64_t gemref_gdpa_f64(void) { return 0; }
 int64_t gemref_gdpa_bf16(void) { return 0; }
+int64_t gemref_gdpa_bf16_amx(void) { return 0; }
+int64_t gemref_gdpa_bf16_amx_emulated(void) { return 0; }
 '''
 
 
@@ -83,7 +87,8 @@ def stub_kernel(tmp_path, monkeypatch):
         pytest.skip("needs a C and a C++ compiler")
     source = tmp_path / "stub.cpp"
     source.write_text(STUB)
-    monkeypatch.setattr(build, "SOURCE", source)
+    monkeypatch.setattr(build, "SOURCES", (source,))
+    monkeypatch.setattr(build, "HEADERS", ())
     monkeypatch.setenv("GEMREF_CACHE_DIR", str(tmp_path / "cache"))
     return build.cache_dir() / f"cpu_fused-{build._key(build.compiler())}.so"
 

@@ -1,8 +1,10 @@
 """`gdpa()`: the one attention entry point, validating inputs and dispatching to a kernel.
 
-A kernel is registered with `register_kernel(name, fn, unavailable, executed_flops)`, where
-`unavailable(q, activation, causal, window) -> str | None` returns the reason it cannot run
-those inputs here (None when it can), and `executed_flops(q_lengths, kv_lengths, heads,
+A kernel is registered with `register_kernel(name, fn, unavailable, executed_flops,
+auto_skip=None)`, where `unavailable(q, activation, causal, window) -> str | None` returns the
+reason it cannot run those inputs here (None when it can), `auto_skip` (same arguments) the
+reason `kernel="auto"` passes it over although it can run (measured slower there; asking for
+it by name still runs it), and `executed_flops(q_lengths, kv_lengths, heads,
 head_dim, causal, window) -> (forward, backward)` gives the matmul FLOPs the kernel really
 runs (padding, masked tiles and recomputation included; gemref/mfu/flops.py uses it for
 `flops --verify`, and FlopCounterMode must see the same numbers). Asking for a kernel that cannot run is a ValueError
@@ -41,6 +43,12 @@ class Kernel:
     fn: KernelFn
     unavailable: Callable[[Tensor, str, bool, int | None], str | None]
     executed_flops: ExecutedFlops
+    auto_skip: Callable[[Tensor, str, bool, int | None], str | None] | None = None
+
+    def auto_choice(self, q: Tensor, activation: str, causal: bool, window: int | None) -> bool:
+        """Whether kernel="auto" may take this kernel for these inputs."""
+        return self.unavailable(q, activation, causal, window) is None and (
+            self.auto_skip is None or self.auto_skip(q, activation, causal, window) is None)
 
 
 KERNELS: dict[str, Kernel] = {}
@@ -51,8 +59,9 @@ _auto_logged: set[tuple] = set()
 
 def register_kernel(name: str, fn: KernelFn,
                     unavailable: Callable[[Tensor, str, bool, int | None], str | None],
-                    executed_flops: ExecutedFlops) -> None:
-    KERNELS[name] = Kernel(name, fn, unavailable, executed_flops)
+                    executed_flops: ExecutedFlops,
+                    auto_skip: Callable[[Tensor, str, bool, int | None], str | None] | None = None) -> None:
+    KERNELS[name] = Kernel(name, fn, unavailable, executed_flops, auto_skip)
 
 
 def padded_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: int, head_dim: int,
@@ -77,7 +86,7 @@ def resolve_kernel(kernel: str, q: Tensor, activation: str, causal: bool, window
     """The kernel that will run: `kernel` itself if it can, the auto choice for "auto"."""
     if kernel == "auto":
         for name in AUTO_ORDER:
-            if KERNELS[name].unavailable(q, activation, causal, window) is None:
+            if KERNELS[name].auto_choice(q, activation, causal, window):
                 key = (q.device.type, q.dtype, activation, causal, window is not None)
                 if key not in _auto_logged:
                     _auto_logged.add(key)
@@ -106,7 +115,7 @@ def resolve_model_kernel(kernel: str, device: torch.device | str, dtype: torch.d
             resolve_kernel(kernel, probe, activation, causal, w)   # UsageError with the reason
         return kernel
     for name in AUTO_ORDER:
-        if all(KERNELS[name].unavailable(probe, activation, causal, w) is None for causal, w in cases):
+        if all(KERNELS[name].auto_choice(probe, activation, causal, w) for causal, w in cases):
             log.info("kernel=auto chose %r for %s/%s activation=%s", name, probe.device.type, dtype, activation)
             return name
     raise AssertionError("the reference kernel always runs")

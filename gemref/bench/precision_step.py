@@ -9,15 +9,21 @@ speed-up over the reference (median of paired-step ratios, p10..p90) and its mea
 against the reference's seed band (gemref/report/seed_band.py, k standard errors). A CPU's
 bf16 runs on its matrix engine where it has one (AMX; `gemref peak --dtype bf16` shows the
 GEMM rates). Threads: --threads (default 1, the peak probe's).
+
+--d-model W [W ...] runs the comparison at each model width (the preset's architecture with
+d_model = W, its heads kept, so head dim = W / heads): what bf16 gives depends on how much of
+a step its GEMMs are, and at the small preset's width (64) a GEMM is too small a call for the
+matrix engine to pay for the per-call and per-op costs around it.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
 
 import torch
 
-from ..config import PRECISIONS, PRESETS, override
+from ..config import PRECISIONS, PRESETS, Preset, override
 from ..data.folder import dataset_preset
 from ..env import cpu_info, versions
 from ..files import write_json
@@ -38,6 +44,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precisions", nargs="+", choices=PRECISIONS,
                    default=["fp32", "bf16"], help="the first is the reference")
     p.add_argument("--batch-size", type=positive_int, help="samples per step (default: the preset's)")
+    p.add_argument("--d-model", type=positive_int, nargs="+", metavar="W",
+                   help="model widths to compare at (default: the preset's); heads kept, head dim = W / heads")
     p.add_argument("--ac", choices=("none", "auto"), default="auto", help="activation checkpointing (rung 4)")
     p.add_argument("--compile", action="store_true", help="also the compile rung (every region)")
     p.add_argument("--seeds", type=int_at_least(2), default=3, help="seeds 0..N-1: the loss band's runs")
@@ -49,31 +57,41 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
 
 
+def _at_width(preset: Preset, width: int) -> Preset:
+    """The preset's architecture at d_model = width (UsageError if its heads do not divide it)."""
+    return preset if width == preset.model.d_model else replace(preset, model=override(preset.model, d_model=width))
+
+
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     logging.getLogger("gemref.precision.apply").setLevel(logging.ERROR)
-    preset = dataset_preset(args.preset, args.dataset)
-    train = override(preset.train, jagged=True, kernel="auto", ac=args.ac, compile=args.compile, eval_every=0,
-                     batch_size=args.batch_size or preset.train.batch_size)
-    result = compare_step_precisions(preset, train, tuple(args.precisions), seeds=list(range(args.seeds)),
-                                     steps=args.steps_per_seed, warmup=args.warmup, eval_batches=args.eval_batches,
-                                     device=args.device, k=args.k)
+    base = dataset_preset(args.preset, args.dataset)
+    widths = args.d_model or [base.model.d_model]
+    presets = [_at_width(base, w) for w in widths]           # every width checked before any run
     info = cpu_info()
     cpu = f"{info.model_name} (family {info.family} model {info.model})"
-    where = (f"{preset.name}, jagged, kernel auto, ac {args.ac}{', compiled' if args.compile else ''}, batch "
-             f"{train.batch_size}, {args.seeds} seeds x {args.steps_per_seed} steps; {cpu} ({torch.get_num_threads()} "
-             f"thread(s))")
-    print(format_table(result.rows, COLUMNS, title=f"training steps per precision, interleaved: {where}"))
-    for row in result.rows[1:]:
-        print(f"{row['precision']} over {result.reference}: {speedup_text(row)} step speed-up (median of paired "
-              f"steps, p10..p90); eval loss {'within' if row['within_band'] else 'OUTSIDE'} the "
-              f"{result.reference} seed band ({row['loss_difference']:+.4f} vs +-{row['loss_tolerance']:.4f})")
-    if any(r["cpu_over_wall"] < CONTENDED_BELOW * torch.get_num_threads() for r in result.rows):
-        print("note: process CPU / wall below 90% of the threads: the machine was contended, times are not final")
+    records = []
+    for preset in presets:
+        train = override(preset.train, jagged=True, kernel="auto", ac=args.ac, compile=args.compile, eval_every=0,
+                         batch_size=args.batch_size or preset.train.batch_size)
+        result = compare_step_precisions(preset, train, tuple(args.precisions), seeds=list(range(args.seeds)),
+                                         steps=args.steps_per_seed, warmup=args.warmup,
+                                         eval_batches=args.eval_batches, device=args.device, k=args.k)
+        where = (f"{preset.name} (d_model {preset.model.d_model}, head dim {preset.model.head_dim}), jagged, kernel "
+                 f"auto, ac {args.ac}{', compiled' if args.compile else ''}, batch {train.batch_size}, {args.seeds} "
+                 f"seeds x {args.steps_per_seed} steps; {cpu} ({torch.get_num_threads()} thread(s))")
+        print(format_table(result.rows, COLUMNS, title=f"training steps per precision, interleaved: {where}"))
+        for row in result.rows[1:]:
+            print(f"{row['precision']} over {result.reference}: {speedup_text(row)} step speed-up (median of paired "
+                  f"steps, p10..p90); eval loss {'within' if row['within_band'] else 'OUTSIDE'} the "
+                  f"{result.reference} seed band ({row['loss_difference']:+.4f} vs +-{row['loss_tolerance']:.4f})")
+        if any(r["cpu_over_wall"] < CONTENDED_BELOW * torch.get_num_threads() for r in result.rows):
+            print("note: process CPU / wall below 90% of the threads: the machine was contended, times are not final")
+        records.append({"d_model": preset.model.d_model, "head_dim": preset.model.head_dim,
+                        "batch_size": train.batch_size, **result.as_record()})
     if args.json:
-        write_json(args.json, {"bench": "precision_step", "preset": preset.name, "batch_size": train.batch_size,
-                               "ac": args.ac, "compile": args.compile, "steps": args.steps_per_seed, "warmup": args.warmup,
-                               "cpu": cpu, "threads": torch.get_num_threads(), "versions": versions(),
-                               **result.as_record()})
+        write_json(args.json, {"bench": "precision_step", "preset": base.name, "ac": args.ac, "compile": args.compile,
+                               "steps": args.steps_per_seed, "warmup": args.warmup, "cpu": cpu,
+                               "threads": torch.get_num_threads(), "versions": versions(), "widths": records})
         print(f"wrote {args.json}")
     return 0

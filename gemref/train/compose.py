@@ -120,7 +120,8 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     it, the concrete attention kernel and the precision report. AutoAC without a given plan
     is solved here on a batch shaped like the preset's data, of the size each rank runs."""
     precision = resolve_precision(train, device)
-    dtype = torch.bfloat16 if device.type == "cuda" and precision != "fp32" else torch.float32
+    # the dtype attention sees: bf16 under bf16 autocast (CUDA's default, CPU's "bf16"), else fp32
+    dtype = torch.bfloat16 if precision == "bf16" or (device.type == "cuda" and precision != "fp32") else torch.float32
     cfg = preset.model
     kernel = resolve_model_kernel(train.kernel, device, dtype, cfg.n_heads, cfg.head_dim, cfg.activation,
                                   cfg.window) if train.jagged else "reference"

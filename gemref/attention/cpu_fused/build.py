@@ -1,7 +1,8 @@
-"""Building cpu_fused's C++ kernel: compiled once per machine, cached, loaded with ctypes.
+"""Building cpu_fused's C++ kernels: compiled once per machine, cached, loaded with ctypes.
 
-The kernel is one C++ file (kernel.cpp) with a C interface and no PyTorch headers, so it
-compiles in about half a minute with the system compiler (`$CXX`, else `c++`, else `g++`:
+The kernels are two C++ files (kernel.cpp: computes in the storage dtype or float32; amx.cpp:
+bf16 products on AMX tiles) sharing common.h, with a C interface and no PyTorch headers, so
+they compile into one library in under a minute with the system compiler (`$CXX`, else `c++`, else `g++`:
 the same compiler torch.compile's CPU backend needs) and loads with ctypes; the tensors are
 passed as raw pointers. It is compiled with -march=native, so the library is specific to the
 CPU: the cache key holds the source, the flags, the compiler's version and the CPU's model
@@ -36,12 +37,15 @@ from ...files import atomic_write_text, private_path
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("kernel.cpp")
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("kernel.cpp", "amx.cpp"))
+HEADERS = (Path(__file__).with_name("common.h"),)
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-Wno-psabi")
 BUILD_TIMEOUT_S = 600
 
-# the library's C entry point per tensor dtype (name of the dtype in torch)
+# the library's C entry point per tensor dtype (name of the dtype in torch): kernel.cpp's
 ENTRY_POINTS = {"float32": "gemref_gdpa_f32", "float64": "gemref_gdpa_f64", "bfloat16": "gemref_gdpa_bf16"}
+# amx.cpp's (bf16): on the AMX unit, and the same kernel on software tiles (any CPU)
+AMX_ENTRY_POINTS = {"hardware": "gemref_gdpa_bf16_amx", "emulated": "gemref_gdpa_bf16_amx_emulated"}
 
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | str] = {}
@@ -64,7 +68,8 @@ def _key(cxx: str) -> str:
     h = hashlib.sha256()
     cpu = cpu_info()   # -march=native: the library belongs to this CPU model and its features
     identity = f"{cpu.vendor} {cpu.family}/{cpu.model} {cpu.model_name} {' '.join(cpu.flags)}"
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), identity.encode()):
+    sources = [path.read_bytes() for path in SOURCES + HEADERS]
+    for part in (*sources, " ".join(FLAGS).encode(), version.encode(), identity.encode()):
         h.update(part)
         h.update(b"\0")
     return h.hexdigest()[:20]
@@ -87,7 +92,7 @@ def unverified(target: Path) -> str | None:
 
 
 def _build(cxx: str, target: Path) -> str | None:
-    """Compiles SOURCE into target (atomically), recording its sha256 first; the error's last line, or None."""
+    """Compiles SOURCES into target (atomically), recording its sha256 first; the error's last line, or None."""
     with open(target.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         why = unverified(target)           # another process may have built it while this one waited
@@ -95,10 +100,10 @@ def _build(cxx: str, target: Path) -> str | None:
             return None
         if why != "not built yet":
             log.warning("cpu_fused: rebuilding %s: %s", target, why)
-        log.info("compiling the cpu_fused attention kernel (once per machine, ~30 s): %s", target)
+        log.info("compiling the cpu_fused attention kernels (once per machine, ~45 s): %s", target)
         tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
         try:
-            proc = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True,
+            proc = subprocess.run([cxx, *FLAGS, *map(str, SOURCES), "-o", str(tmp)], capture_output=True, text=True,
                                   timeout=BUILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             tmp.unlink(missing_ok=True)
@@ -115,7 +120,7 @@ def _build(cxx: str, target: Path) -> str | None:
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    for name in ENTRY_POINTS.values():
+    for name in (*ENTRY_POINTS.values(), *AMX_ENTRY_POINTS.values()):
         fn = getattr(lib, name)
         fn.restype = i64
         fn.argtypes = [ctypes.c_int, ctypes.c_int] + [p] * 11 + [i64, i64, i64, ctypes.c_int, i64, ctypes.c_double,

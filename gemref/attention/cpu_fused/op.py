@@ -72,30 +72,41 @@ def query_groups(head_dim: int) -> tuple[int, int]:
 
 
 def computed_entries(q_lengths: Tensor, kv_lengths: Tensor, causal: bool, window: int | None,
-                     group: int) -> int:
-    """Score entries the kernel computes for one head: per group of `group` queries, the
-    LANES-key blocks that cover the union of its rows' allowed keys, group * LANES each."""
+                     group: int, lanes: int = LANES, by_keys: bool = False) -> int:
+    """Score entries a kernel computes for one head: per group of `group` rows, the `lanes`-wide
+    blocks that cover the union of its rows' allowed columns, group * lanes each. Rows are
+    queries and columns keys (kernel.cpp; amx.cpp's forward), or with `by_keys` rows are keys
+    and columns the queries that may attend them (amx.cpp's backward)."""
     lq, lk = (x.reshape(-1).long().cpu() for x in (q_lengths, kv_lengths))
-    groups = (lq + group - 1) // group
+    n_rows, n_cols = (lk, lq) if by_keys else (lq, lk)
+    groups = (n_rows + group - 1) // group
     if int(groups.sum()) == 0:
         return 0
-    seq = torch.repeat_interleave(torch.arange(lq.numel()), groups)
+    seq = torch.repeat_interleave(torch.arange(n_rows.numel()), groups)
     start = lengths_to_offsets(groups)[:-1]
     rank = torch.arange(int(groups.sum())) - torch.repeat_interleave(start, groups)
-    i = (rank * group)[:, None] + torch.arange(group)    # (groups, group) query indices
-    n_q, n_k = lq[seq][:, None], lk[seq][:, None]
-    lo, hi = torch.zeros_like(i), n_k.expand_as(i)
-    if causal:
-        hi = torch.minimum(hi, i + 1)
-    if window is not None:
-        lo = (i - window + 1).clamp(min=0)
-        if not causal:
+    i = (rank * group)[:, None] + torch.arange(group)    # (groups, group) row indices
+    n_r, n_c = n_rows[seq][:, None], n_cols[seq][:, None]
+    lo, hi = torch.zeros_like(i), n_c.expand_as(i)
+    if by_keys:               # the queries that attend key i (kernel's queries_of)
+        if causal:
+            lo = i.clone()
+        if window is not None:
             hi = torch.minimum(hi, i + window)
-    rows = (i < n_q) & (hi > lo)
-    lo_g = torch.where(rows, lo, n_k).amin(dim=1)
+            if not causal:
+                lo = (i - window + 1).clamp(min=0)
+    else:                     # the keys query i attends (keys_of)
+        if causal:
+            hi = torch.minimum(hi, i + 1)
+        if window is not None:
+            lo = (i - window + 1).clamp(min=0)
+            if not causal:
+                hi = torch.minimum(hi, i + window)
+    rows = (i < n_r) & (hi > lo)
+    lo_g = torch.where(rows, lo, n_c).amin(dim=1)
     hi_g = torch.where(rows, hi, 0).amax(dim=1)
-    blocks = torch.where(rows.any(dim=1), (hi_g + LANES - 1) // LANES - lo_g // LANES, 0)
-    return int(blocks.sum()) * group * LANES
+    blocks = torch.where(rows.any(dim=1), (hi_g + lanes - 1) // lanes - lo_g // lanes, 0)
+    return int(blocks.sum()) * group * lanes
 
 
 def _split(q_offsets: Tensor, kv_offsets: Tensor, heads: int, parts: int) -> list[Tensor]:
@@ -114,15 +125,15 @@ def _split(q_offsets: Tensor, kv_offsets: Tensor, heads: int, parts: int) -> lis
     return [torch.tensor(b, dtype=torch.int64) for b in bins if b]
 
 
-def _launch(activation: str, grads: tuple | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor | None,
-            q_offsets: Tensor, kv_offsets: Tensor, causal: bool, window: int, qk_scale: float,
-            out_scale: float) -> int:
-    """Runs the kernel over every pair, split across torch's thread count; entries computed.
-    grads: None (forward into out) or (grad_out, dq, dk, dv)."""
+def launch(entry: str, activation: str, grads: tuple | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor | None,
+           q_offsets: Tensor, kv_offsets: Tensor, causal: bool, window: int, qk_scale: float,
+           out_scale: float) -> int:
+    """Runs the library's `entry` over every pair, split across torch's thread count; entries
+    computed. grads: None (forward into out) or (grad_out, dq, dk, dv)."""
     global _pool, _pool_size
     lib = library()
-    assert not isinstance(lib, str), lib  # _unavailable refused it before dispatch
-    fn = getattr(lib, ENTRY_POINTS[_dtype_name(q)])
+    assert not isinstance(lib, str), lib  # the kernel's unavailable() refused it before dispatch
+    fn = getattr(lib, entry)
     go, dq, dk, dv = grads if grads is not None else (None, None, None, None)
     for name, t in (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
         if t.dtype != torch.int64 or t.device.type != "cpu":   # the C++ loops read int64_t on the host
@@ -140,7 +151,7 @@ def _launch(activation: str, grads: tuple | None, q: Tensor, k: Tensor, v: Tenso
         got = fn(ACT_IDS[activation], int(grads is not None), *ptr, pairs.data_ptr(), pairs.numel(), H, D,
                  int(causal), window, qk_scale, out_scale, *strides)
         if got < 0:
-            raise AssertionError(f"cpu_fused refused activation={activation} head_dim={D}")
+            raise AssertionError(f"{entry} refused activation={activation} head_dim={D} (returned {got})")
         return got
 
     parts = _split(q_offsets, kv_offsets, H, max(1, min(torch.get_num_threads(), (q_offsets.numel() - 1) * H)))
@@ -175,7 +186,8 @@ def _fwd_body(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Te
     """out (Tq, H, D) in q's dtype. window 0: none."""
     q_, k_, v_ = (_kernel_input(x) for x in (q, k, v))
     out = torch.empty(q_.shape, dtype=q_.dtype)
-    _launch(activation, None, q_, k_, v_, out, q_offsets, kv_offsets, causal, window, qk_scale, out_scale)
+    launch(ENTRY_POINTS[_dtype_name(q_)], activation, None, q_, k_, v_, out, q_offsets, kv_offsets, causal, window,
+           qk_scale, out_scale)
     return out.to(q.dtype)
 
 
@@ -185,8 +197,8 @@ def _bwd_body(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tens
     """(dq, dk, dv) in the inputs' dtypes, contiguous."""
     go, q_, k_, v_ = (_kernel_input(x) for x in (grad_out, q, k, v))
     dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype) for x in (q_, k_, v_))
-    _launch(activation, (go, dq, dk, dv), q_, k_, v_, None, q_offsets, kv_offsets, causal, window, qk_scale,
-            out_scale)
+    launch(ENTRY_POINTS[_dtype_name(q_)], activation, (go, dq, dk, dv), q_, k_, v_, None, q_offsets, kv_offsets,
+           causal, window, qk_scale, out_scale)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
