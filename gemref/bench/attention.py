@@ -16,7 +16,7 @@ A batch holds about --tokens rows (default max(2 * max_len, 1024)). The referenc
 
 Repetitions run round-robin over the kernels so load bursts on a shared machine hit all of
 them alike. On an oversubscribed CPU pass --threads (e.g. 1): the many-op kernels suffer
-most from OpenMP threads waiting on descheduled peers (cpu_jagged.py).
+most from OpenMP threads waiting on descheduled peers (gemref/attention/cpu_jagged/op.py).
 """
 from __future__ import annotations
 

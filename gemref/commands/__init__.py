@@ -13,6 +13,6 @@ Conventions every command follows (docs/design.md, "CLI conventions"):
     --device auto|cpu|cuda   default auto (cuda when available)
     --steps N                optimisation steps of one training run; counts of anything else are
                              named for it: --steps-per-window, --steps-per-strategy, ...
-    --json PATH / --out DIR  checked before any work starts (commands/args.py)
+    --json PATH / --out DIR  checked before any work starts (gemref/options.py)
     user mistakes            UsageError (gemref/errors.py): one line on stderr, exit 2
 """

@@ -93,7 +93,7 @@ class RungModel:
     gather_bytes: int = 2           # bytes per parameter in FSDP all-gathers (bf16; 1 with float8 all-gather)
 
 
-# What each rung of gemref/ladder.py changes in the projection (the fields it sets; the rest
+# What each rung of gemref/waterfall/ladder.py changes in the projection (the fields it sets; the rest
 # carry over from the rung before).
 CHANGES: dict[str, dict] = {
     "baseline": {},

@@ -1,4 +1,4 @@
-"""How each rung of the ladder (gemref/ladder.py) changes the TrainConfig of the rung before it.
+"""How each rung of the ladder (gemref/waterfall/ladder.py) changes the TrainConfig of the rung before it.
 
 A rung returns the next TrainConfig, or a sentence saying why it does not apply here (then
 the next rung builds on the last rung that ran). Rungs change how the model runs, never

@@ -1,4 +1,4 @@
-"""Tile operations of the `cpu_jagged` kernel (gemref/attention/cpu_jagged.py).
+"""Tile operations of the `cpu_jagged` kernel (gemref/attention/cpu_jagged/op.py).
 
 Moving rows between the jagged (T, H, D) tensors and the padded buffers of a plan
 (gemref/attention/cpu_jagged/plan.py) is one `index_select` each way (a gather runs ~3x
