@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import replace
 
 import torch
 
-from ..config import PRECISIONS, PRESETS, Preset, override
+from ..config import PRECISIONS, PRESETS, override
 from ..data.folder import dataset_preset
 from ..env import cpu_info, versions
 from ..files import write_json
 from ..mfu.cpu_probe import CONTENDED_BELOW   # process CPU / (wall x threads) below it: the run waited for cores
 from ..options import add_dataset_arg, add_device_arg, int_at_least, nonnegative_int, output_file, positive_int
-from ..waterfall.precision_step import compare_step_precisions, speedup_text
+from ..waterfall.precision_step import compare_step_precisions, preset_at_width, speedup_text
 from ..report import format_table
 from ..report.seed_band import K_SE
 
@@ -57,17 +56,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
 
 
-def _at_width(preset: Preset, width: int) -> Preset:
-    """The preset's architecture at d_model = width (UsageError if its heads do not divide it)."""
-    return preset if width == preset.model.d_model else replace(preset, model=override(preset.model, d_model=width))
-
-
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     logging.getLogger("gemref.precision.apply").setLevel(logging.ERROR)
     base = dataset_preset(args.preset, args.dataset)
     widths = args.d_model or [base.model.d_model]
-    presets = [_at_width(base, w) for w in widths]           # every width checked before any run
+    presets = [preset_at_width(base, w) for w in widths]           # every width checked before any run
     info = cpu_info()
     cpu = f"{info.model_name} (family {info.family} model {info.model})"
     records = []

@@ -13,13 +13,16 @@ and the eval losses (nats per sample, one per seed) go through gemref/report/see
 precision keeps the reference's quality when its mean lies within k standard errors of the
 reference's seed-to-seed spread.
 
+`preset_at_width(preset, width)` is the preset's architecture at another d_model (its heads
+kept): what bf16 gives on a CPU's matrix engine depends on how wide the GEMMs are.
+
 Seconds are wall-clock seconds of the step alone (forward, backward, optimizer; not the data
 fetch). Nothing here bounds a time: the numbers are what this machine did in this run.
 """
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..config import Preset, TrainConfig, override
 from ..data.loader import make_loader
@@ -44,6 +47,12 @@ class StepComparison:
     def as_record(self) -> dict:
         return {"rows": self.rows, "steps_s": self.steps_s, "eval_loss": self.eval_loss,
                 "reference": self.reference, "seeds": self.seeds}
+
+
+def preset_at_width(preset: Preset, width: int) -> Preset:
+    """The preset's architecture at d_model = width, heads kept (head dim = width / heads); a
+    width its heads do not divide is a UsageError naming both."""
+    return preset if width == preset.model.d_model else replace(preset, model=override(preset.model, d_model=width))
 
 
 def speedup(reference_s: list[float], variant_s: list[float]) -> tuple[float, float, float]:
