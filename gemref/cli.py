@@ -5,7 +5,7 @@ mistake (a bad flag, value or path: argparse's errors and gemref.errors.UsageErr
 line on stderr and exits 2; any other error is a bug and keeps its traceback (exit 1). SIGINT
 (Ctrl-C) or SIGTERM stops a command cleanly: its children are killed (the launcher's ranks,
 the notebooks' kernels), temporary files removed, folder locks released, and it prints one
-line and exits 130 (SIGINT) or 143 (SIGTERM) (gemref/parallel/interrupt.py).
+line and exits 130 (SIGINT) or 143 (SIGTERM) (gemref/runtime/interrupt.py).
 
 Subcommands live in gemref/commands/ (one module each; see its docstring for the contract).
 Registering one is one line in COMMANDS. Only the subcommand being run is configured, so
@@ -23,7 +23,7 @@ from typing import Callable
 
 from .options import data_dir
 from .errors import UsageError
-from .parallel.interrupt import Interrupted, signals_raise
+from .runtime.interrupt import Interrupted, signals_raise
 
 COMMANDS = (
     "gemref.commands.data",

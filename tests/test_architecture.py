@@ -183,3 +183,54 @@ def test_modules_stay_readable():
     long = {name: n for name, path in module_files().items()
             if (n := len(path.read_text().splitlines())) > 400}
     assert long == {}
+
+
+def design_techniques(text: str | None = None) -> list[dict[str, list[str]]]:
+    """The rows of docs/design.md's technique table ("One technique, one place"): per row the
+    backticked names of each column (package, config, chapter, benchmark, tests)."""
+    text = DESIGN.read_text() if text is None else text
+    lines = text.split("<!-- techniques:", 1)[1].splitlines()[1:]
+    header = [c.strip() for c in lines[0].strip().strip("|").split("|")]
+    rows = []
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows.append({name: cell.split("`")[1::2] for name, cell in zip(header, cells)} | {"technique": [cells[0]]})
+    return rows
+
+
+def missing_in_technique_table(rows: list[dict[str, list[str]]]) -> list[str]:
+    """What the table names that does not exist: packages and test files (paths from the
+    repository root), chapters (notebooks/<name>.ipynb), benchmarks (`gemref bench` names) and
+    config fields (TrainConfig's)."""
+    from dataclasses import fields
+
+    from gemref.bench import bench_names
+    from gemref.config import TrainConfig
+
+    root, config = PACKAGE.parent, {f.name for f in fields(TrainConfig)}
+    missing = []
+    for row in rows:
+        what = row["technique"][0]
+        missing += [f"{what}: {p}" for p in row["package"] + row["tests"] if not (root / p).exists()]
+        missing += [f"{what}: chapter {c}" for c in row["chapter"] if not (root / "notebooks" / f"{c}.ipynb").exists()]
+        missing += [f"{what}: bench {b}" for b in row["benchmark"] if b not in bench_names()]
+        missing += [f"{what}: field {f}" for f in row["config (`TrainConfig` fields)"] if f not in config]
+        missing += [f"{what}: no package"] * (not row["package"]) + [f"{what}: no tests"] * (not row["tests"])
+    return missing
+
+
+def test_the_technique_table_names_what_exists():
+    rows = design_techniques()
+    assert len(rows) >= 9 and missing_in_technique_table(rows) == []
+
+
+def test_the_technique_table_check_finds_a_moved_package():
+    """A row naming the old gemref/compile.py, a chapter and a bench that do not exist, and a
+    field TrainConfig lacks, is caught on each."""
+    text = ("<!-- techniques: x -->\n| technique | package | config (`TrainConfig` fields) | chapter | benchmark | tests |\n"
+            "|---|---|---|---|---|---|\n| compile | `gemref/compile.py` | `compile_mode` | `04_compile` | `compiled` "
+            "| `tests/test_compile.py` |\n")
+    assert missing_in_technique_table(design_techniques(text)) == [
+        "compile: gemref/compile.py", "compile: chapter 04_compile", "compile: bench compiled", "compile: field compile_mode"]

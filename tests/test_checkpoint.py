@@ -14,8 +14,8 @@ from torch.distributed.checkpoint import FileSystemWriter
 from gemref.config import get_preset, override
 from gemref.data.batches import batch_with_lengths
 from gemref.model import GEMRef, ranking_loss
-from gemref.parallel.checkpoint_files import complete_checkpoints
-from gemref.parallel.checkpoint import (latest_checkpoint, load_checkpoint, resume_checkpoint, run_description,
+from gemref.checkpoint.folder import complete_checkpoints
+from gemref.checkpoint import (latest_checkpoint, load_checkpoint, resume_checkpoint, run_description,
                                         save_checkpoint, start_from_checkpoint)
 
 TINY = get_preset("tiny")

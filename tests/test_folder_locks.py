@@ -1,6 +1,6 @@
 """One writer per folder (issue 27): a second gemref process writing a folder another one holds
 (checkpoints, a dataset, a waterfall's or the notebooks' --out) is refused in one line naming
-the folder and the holder's pid; a killed holder releases the folder (gemref/parallel/locks.py)."""
+the folder and the holder's pid; a killed holder releases the folder (gemref/runtime/locks.py)."""
 from __future__ import annotations
 
 import os
@@ -14,10 +14,10 @@ import pytest
 
 from gemref.cli import main
 from gemref.errors import UsageError
-from gemref.parallel.checkpoint_files import claim_folder
-from gemref.parallel.locks import LOCK_NAME, folder_lock, holder
+from gemref.checkpoint.folder import claim_folder
+from gemref.runtime.locks import LOCK_NAME, folder_lock, holder
 
-HOLD = "import sys, time; from gemref.parallel.locks import folder_lock\n" \
+HOLD = "import sys, time; from gemref.runtime.locks import folder_lock\n" \
        "with folder_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)\n"
 
 

@@ -117,7 +117,7 @@ def test_measure_gives_flops_mfu_and_op_classes_of_the_example():
 
 @needs_torchrec
 def test_a_compiled_region_keeps_the_flops_and_compiles_once():
-    """gemref/compile.py's CompiledRegion on the example's dense region (its `mix` method)."""
+    """gemref/compile/apply.py's CompiledRegion on the example's dense region (its `mix` method)."""
     from gemref.compile import CompiledRegion, CompileStats
     from gemref.interop.example_model import example_batch, example_lengths, example_loss
     model, stats = example(), CompileStats()

@@ -1,7 +1,7 @@
 """Ctrl-C and SIGTERM end a long command cleanly (issue 27): the real `gemref` command in a
 subprocess, signalled mid-run, exits 130/143 with one line on stderr (no traceback, no leaked
 semaphores), leaves no process it started alive (ranks, notebook kernels and theirs) and no
-half-written output (gemref/parallel/interrupt.py, gemref/parallel/launch.py, gemref/cli.py,
+half-written output (gemref/runtime/interrupt.py, gemref/parallel/launch.py, gemref/cli.py,
 gemref/walkthrough/batch.py)."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gemref.parallel.interrupt import Interrupted, signals_raise
+from gemref.runtime.interrupt import Interrupted, signals_raise
 
 ROOT = Path(__file__).resolve().parents[1]
 RANK = "spawn_main"        # in a spawned rank's command line

@@ -66,3 +66,15 @@ def test_gpu_ranks_need_their_profiled_compute():
 def test_a_summary_without_timed_steps_says_so():
     with pytest.raises(ValueError, match="no timed steps"):
         summary([RANK0], Peak(PEAK, "test", "fp32"), warmup_steps=3)
+
+
+def test_seconds_at_is_the_definition_solved_for_time():
+    """6e12 FLOPs at 40% of a 1e15 FLOP/s peak take 6e12 / 4e14 = 15 ms, and that time gives
+    back 40% through `mfu`; an MFU outside (0, 1] or no peak is a clear error."""
+    from gemref.mfu import meter
+
+    assert meter.seconds_at(6e12, 0.4, 1e15) == pytest.approx(0.015)
+    assert meter.mfu(6e12, meter.seconds_at(6e12, 0.4, 1e15), 1e15) == pytest.approx(0.4)
+    for bad in ((1e12, 0.0, 1e15), (1e12, 1.5, 1e15), (1e12, 0.5, None), (1e12, 0.5, 0.0)):
+        with pytest.raises(ValueError, match="need 0 < mfu <= 1 and a positive peak"):
+            meter.seconds_at(*bad)

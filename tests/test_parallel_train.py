@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from gemref.config import get_preset, override
-from gemref.parallel.checkpoint import latest_checkpoint
+from gemref.checkpoint import latest_checkpoint
 from gemref.parallel.launch import spawn
-from gemref.files import to_jsonable
+from gemref.runtime.files import to_jsonable
 
 pytestmark = pytest.mark.multiproc
 TINY = get_preset("tiny")

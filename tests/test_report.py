@@ -3,7 +3,7 @@ import os
 import stat
 
 from gemref.report import markdown_table
-from gemref.files import write_json
+from gemref.runtime.files import write_json
 
 
 def test_markdown_table_has_the_text_tables_cells():

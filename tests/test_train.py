@@ -20,7 +20,7 @@ from gemref.data.sampler import StepBatches
 from gemref.env import resolve_device
 from gemref.mfu.peak import peak_flops
 from gemref.model import GEMRef
-from gemref.parallel.checkpoint import latest_checkpoint, load_checkpoint, run_description
+from gemref.checkpoint import latest_checkpoint, load_checkpoint, run_description
 from gemref.parallel.launch import spawn
 from gemref.report.records import RunRecord
 from gemref.report.seed_band import difference_tolerance, seed_band

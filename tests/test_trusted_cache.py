@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gemref import files
+from gemref.runtime import files
 from gemref.attention.cpu_fused import build
 from gemref.env import CpuInfo
 from gemref.errors import UsageError

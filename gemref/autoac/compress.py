@@ -233,7 +233,7 @@ def wrap_compressed(fn, compression: SavedCompression, module: nn.Module):
         with compression.hooks(module):
             return fn(*args, **kwargs)
 
-    # torch.compile(wrapper) (gemref/compile.py compiles a block's regions after AC is applied)
+    # torch.compile(wrapper) (gemref/compile/apply.py compiles a block's regions after AC is applied)
     # must compile fn but run the hooks eagerly around it: skip this frame only.
     run = torch.compiler.disable(run, recursive=False)
     run.gemref_compressed = fn

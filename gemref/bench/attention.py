@@ -34,7 +34,7 @@ from ..data.jagged import lengths_to_offsets
 from ..errors import UsageError
 from ..mfu.memory import track_peak_memory
 from ..report import format_table
-from ..files import write_json
+from ..runtime.files import write_json
 from ..mfu.timing import interleaved
 
 PROFILES = ("fixed", "uniform", "skewed")

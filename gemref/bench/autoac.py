@@ -36,7 +36,7 @@ from ..data.folder import dataset_preset
 from ..data.loader import EventDataset, make_loader
 from ..env import versions
 from ..errors import UsageError
-from ..files import write_json
+from ..runtime.files import write_json
 from ..mfu.flops import executed_flops, model_flops, step_flops
 from ..mfu.meter import mfu, run_peak
 from ..mfu.timing import StepRecord, interleaved, timed_step

@@ -42,7 +42,7 @@ from ..data.loader import make_loader
 from ..data.sampler import StepBatches
 from ..env import versions
 from ..report import format_table
-from ..files import write_json
+from ..runtime.files import write_json
 from ..train import evaluate, setup
 from .autoac import Trainer, make_bench, paired_steps, strategy_model
 

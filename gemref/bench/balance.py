@@ -47,7 +47,7 @@ from ..mfu.flops import sample_cost_coefficients
 from ..errors import UsageError
 from ..parallel.launch import cpu_ranks, launch, to_rank0
 from ..report import format_table
-from ..files import write_json
+from ..runtime.files import write_json
 from ..env import versions
 
 

@@ -8,13 +8,13 @@ vs_eager (the median over batches of compiled/eager step time on the same batch:
 differ in rows and longest history, so their times spread more than the variants differ),
 MFU of each, graphs compiled, and recompiles after warm-up.
 
-First, the region plan (gemref/compile.py plan_regions; attention runs the same kernel
+First, the region plan (gemref/compile/plan.py plan_regions; attention runs the same kernel
 either way, so this is what compile changes): forward+backward time of each region kind of
 layer 0 and of the loss, eager vs compiled, medians of --region-reps interleaved calls on the
 first batch; the kinds compiled faster by more than the plan's margin are kept. The steps then
 compare three variants: eager, every region compiled, and only the plan's regions compiled
 (what the waterfall's compile rung runs). Before both, the fixed cost of one compiled call
-(gemref/compile.py call_overhead: a trivial region compiled vs eager, forward+backward).
+(gemref/compile/plan.py call_overhead: a trivial region compiled vs eager, forward+backward).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from ..config import override
 from ..mfu.meter import percentile
 from ..mfu.timing import interleaved
 from ..report import format_table
-from ..files import write_json
+from ..runtime.files import write_json
 from ..env import versions
 from ..train import build_model
 from .autoac import Bench, Trainer, make_bench, run_mfu, strategy_model
@@ -43,7 +43,7 @@ STEP_COLUMNS = ("variant", "median_step_s", "p10_step_s", "p90_step_s", "vs_eage
 
 
 def region_plan(b: Bench, reps: int = 5) -> RegionPlan:
-    """The region plan on the bench's first batch (gemref/compile.py plan_regions)."""
+    """The region plan on the bench's first batch (gemref/compile/plan.py plan_regions)."""
     return plan_regions(strategy_model(b, "none", compiled=False), b.batches[0], reps=reps)
 
 

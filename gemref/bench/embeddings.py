@@ -32,7 +32,7 @@ from ..config import get_preset, override
 from ..data.batches import representative_batch
 from ..env import versions
 from ..errors import UsageError
-from ..files import write_json
+from ..runtime.files import write_json
 from ..interop.lib import quiet_torchrec
 from ..mfu.timing import interleaved
 from ..options import output_file

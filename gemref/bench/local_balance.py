@@ -43,7 +43,7 @@ from ..env import versions
 from ..mfu.flops import sample_cost_coefficients
 from ..parallel.launch import cpu_ranks, launch, to_rank0
 from ..report import format_table
-from ..files import write_json
+from ..runtime.files import write_json
 from .balance import gem_model
 
 SIM_COLUMNS = ("ranks", "policy", "imbalance", "imbalance_worst", "of_optimum", "of_kk", "gap_closed",

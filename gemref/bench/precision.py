@@ -30,7 +30,7 @@ from ..precision.sqnr import compare_linear
 from ..config import PRECISION_KERNELS as KERNELS, PRECISIONS
 from ..precision.apply import apply_precision
 from ..report import format_table
-from ..files import write_json
+from ..runtime.files import write_json
 from ..train import run as train_run
 
 DEFAULT_DIMS = {

@@ -25,7 +25,7 @@ import torch
 from ..config import PRECISIONS, PRESETS, override
 from ..data.folder import dataset_preset
 from ..env import cpu_info, versions
-from ..files import write_json
+from ..runtime.files import write_json
 from ..mfu.cpu_probe import CONTENDED_BELOW   # process CPU / (wall x threads) below it: the run waited for cores
 from ..options import add_dataset_arg, add_device_arg, int_at_least, nonnegative_int, output_file, positive_int
 from ..waterfall.precision_step import compare_step_precisions, preset_at_width, speedup_text

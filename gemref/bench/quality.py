@@ -37,7 +37,7 @@ from ..config import PRESETS, Preset, override
 from ..data.baselines import Ids, fit_baselines
 from ..data.folder import dataset_preset, described_manifest
 from ..errors import UsageError
-from ..files import atomic_write_text, write_json
+from ..runtime.files import atomic_write_text, write_json
 from ..model import TASKS
 from ..options import add_dataset_arg, add_device_arg, device_of, int_at_least, output_dir, output_file, positive_int
 from ..report import format_table, markdown_table

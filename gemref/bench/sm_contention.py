@@ -25,7 +25,7 @@ from ..options import output_file
 from ..config import PRESETS, get_preset
 from ..errors import UsageError
 from ..report import format_table
-from ..files import write_json
+from ..runtime.files import write_json
 from ..simulate.cost_model import HARDWARE, NCCL_COLLECTIVE_SMS, sm_count
 from ..simulate.projection import (GEM_SM_CONTENTION_MAX, GEM_SMFREE_QPS_GAIN, GPU_COUNTS, LADDER, Options,
                                    hardware_of)

@@ -42,7 +42,7 @@ from ..mfu.op_classes import CLASSES, ancestors_of, op_class
 from ..mfu.peak import device_name, peak_flops
 from ..mfu.profile import quiet_profile
 from ..report import format_table
-from ..files import write_json
+from ..runtime.files import write_json
 from ..env import versions
 from ..train import sample_batch, setup
 

@@ -41,7 +41,7 @@ from ..env import versions
 from ..errors import UsageError
 from ..mfu.memory import track_peak_memory
 from ..report import format_table
-from ..files import write_json
+from ..runtime.files import write_json
 from ..mfu.timing import interleaved
 
 VARIANTS = ("full", "window")

@@ -61,8 +61,8 @@ def run_generate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..data.shards import dataset_dir, generate_dataset
-    from ..files import write_json
-    from ..parallel.locks import folder_lock
+    from ..runtime.files import write_json
+    from ..runtime.locks import folder_lock
     from ..report import format_table
 
     preset = data_config(args.preset, args.set)
@@ -96,7 +96,7 @@ def print_check(summary: dict) -> None:
 
 def run_check(args: argparse.Namespace) -> int:
     from ..data.check import check_folder
-    from ..files import write_json
+    from ..runtime.files import write_json
 
     summary = check_folder(args.folder)
     print_check(summary)
@@ -110,7 +110,7 @@ def run_movielens(args: argparse.Namespace) -> int:
     from ..data.check import check_folder
     from ..data.movielens import DEFAULT_MAX_HISTORY, prepare
     from ..errors import UsageError
-    from ..files import write_json
+    from ..runtime.files import write_json
 
     if args.sample and args.wheel:
         raise UsageError("--sample converts gemref's own sample: it takes no --wheel")

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from ..mfu.verify import flops_report
     from ..train import sample_batch, setup
     from ..report import format_table
-    from ..files import write_json
+    from ..runtime.files import write_json
 
     preset = get_preset(args.preset)
     train = train_config_from_args(args, preset.train)

@@ -38,10 +38,10 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from ..parallel.locks import folder_lock
+    from ..runtime.locks import folder_lock
     from ..walkthrough.batch import NotebookFailure, run_notebooks
     from ..walkthrough.params import load_grid, parse_params, select_notebooks
-    from ..files import write_json
+    from ..runtime.files import write_json
     from ..report import format_table
 
     params = parse_params(split_pairs(args.param, "--param"), select_notebooks(args.notebooks))
@@ -69,8 +69,8 @@ def build(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from ..files import write_json
-    from ..parallel.locks import folder_lock
+    from ..runtime.files import write_json
+    from ..runtime.locks import folder_lock
     from ..walkthrough.batch import read_summary
     from ..walkthrough.book import build_book
     from ..walkthrough.batch import NotebookFailure

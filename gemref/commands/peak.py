@@ -20,7 +20,7 @@ from ..config import PRESETS
 from ..errors import UsageError
 from ..mfu.gpu_table import DTYPES   # a plain table: no torch at import
 from ..report import fmt, format_table
-from ..files import write_json
+from ..runtime.files import write_json
 from ..options import add_device_arg, output_file
 
 NAME = "peak"

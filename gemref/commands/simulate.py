@@ -60,7 +60,7 @@ def run_project(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from ..report import format_table
-    from ..files import write_json
+    from ..runtime.files import write_json
     from ..simulate.projection import GPU_COUNTS, Options, check_gpus, project
     from ..simulate.summary import (at, findings, gem_band, load_waterfall, measured_mfu, mfu_pivot,
                                     parse_mfu_assumption, rung_deltas, table_rows)
@@ -90,7 +90,7 @@ def run_project(args: argparse.Namespace) -> int:
 
 def run_validate(args: argparse.Namespace) -> int:
     from ..report import format_table
-    from ..files import write_json
+    from ..runtime.files import write_json
     from ..simulate.validate import validate
 
     for ranks in args.ranks:

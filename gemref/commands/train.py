@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..data.folder import dataset_preset
     from ..parallel.launch import torchrun_world
-    from ..parallel.locks import folder_lock
+    from ..runtime.locks import folder_lock
     from ..report import fmt, format_table
     from ..report.figures import run_figure, save_figure
     from ..report.rows import run_row

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..data.folder import dataset_preset
-    from ..parallel.locks import folder_lock
+    from ..runtime.locks import folder_lock
     from ..waterfall import check_options
 
     preset = dataset_preset(get_preset(args.preset), args.dataset)
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, preset, options: tuple[str, ...], device: str, out) -> int:
     from ..report import format_table, markdown_table
-    from ..files import atomic_write_text, write_json
+    from ..runtime.files import atomic_write_text, write_json
     from ..report.figures import save_figure, waterfall_breakdown_figure, waterfall_figure
     from ..waterfall import BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, notes, run_waterfall, table_rows
 

@@ -174,7 +174,7 @@ class TrainConfig:
     # --- switches (the ladder of docs/design.md) ---
     jagged: bool = False        # rung 1: keep histories jagged instead of padding to max_len
     kernel: str = "reference"   # rung 2: gdpa kernel (reference = naive materialised)
-    compile: bool = False       # rung 3: torch.compile, block by block (gemref/compile.py)
+    compile: bool = False       # rung 3: torch.compile, block by block (gemref/compile/apply.py)
     compile_regions: str = "all"  # with compile: the region kinds compiled (COMPILE_REGIONS, comma-separated); the rest eager
     ac: str = "none"            # rung 4: activation checkpointing: none, full, auto (AutoAC), pt2
     ac_budget: float = 1.0      # auto/pt2: activation memory budget, fraction of the no-AC bytes

@@ -126,7 +126,7 @@ def check_field_types(obj: Any) -> None:
             raise UsageError(f"{type(obj).__name__}.{name} expects {expected(tp)}, got {value!r}")
 
 
-# torch.compile's region kinds (gemref/compile.py REGION_KINDS, plus the loss): TrainConfig.compile_regions
+# torch.compile's region kinds (gemref/compile/apply.py REGION_KINDS, plus the loss): TrainConfig.compile_regions
 COMPILE_REGIONS = ("sequence.project", "sequence.mix", "interaction", "cross.project", "cross.mix", "loss")
 
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import UsageError
-from ..files import atomic_write_text, write_json
+from ..runtime.files import atomic_write_text, write_json
 
 log = logging.getLogger(__name__)
 

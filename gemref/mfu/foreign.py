@@ -21,7 +21,7 @@ gemref's one step timer (timing.py `timed_step`) and returns a `ForeignRecord`:
 gemref's switches on such a model (tests/test_foreign_model.py, chapter 13):
   * jagged attention: the model calls `gemref.attention.gdpa` on a KeyedJaggedTensor's
     JaggedTensor values/offsets (gemref/interop/example_model.py);
-  * torch.compile of a region: gemref/compile.py `CompiledRegion(name, fn, CompileStats(), owner)`
+  * torch.compile of a region: gemref/compile/apply.py `CompiledRegion(name, fn, CompileStats(), owner)`
     wraps any of the model's own methods (dim 0 dynamic); `compile_model` itself only knows
     GEMRef's blocks. A region first called under FlopCounterMode is never compiled after it
     (torch 2.13: dynamo gives up on the frame), so `measure` counts a step's FLOPs after it ran.

@@ -35,6 +35,14 @@ def mfu(flops: float, device_seconds: float, peak: float | None) -> float | None
     return flops / (device_seconds * peak)
 
 
+def seconds_at(flops: float, mfu_value: float, peak: float) -> float:
+    """The definition solved for time: seconds `flops` take at MFU `mfu_value` of `peak` (the
+    scale projection's compute time from an assumed local MFU)."""
+    if not 0 < mfu_value <= 1 or not peak or peak <= 0:
+        raise ValueError(f"need 0 < mfu <= 1 and a positive peak, got mfu={mfu_value}, peak={peak}")
+    return flops / (peak * mfu_value)
+
+
 def gemm_dtype(precision: str, device_type: str, emulated: bool = False) -> str:
     """The dtype a run's GEMMs ran in, whose peak its MFU divides by (the PaLM / Megatron /
     torchtitan convention: model FLOPs over the peak of the compute dtype): fp32 runs fp32, bf16

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ..files import private_path, write_json
+from ..runtime.files import private_path, write_json
 from ..env import CpuInfo, cache_root, cpu_info
 from .cpu_probe import CONTENDED_BELOW, isa_ceiling, measure_clock_hz, probe
 from .gpu_table import gpu_peak_flops

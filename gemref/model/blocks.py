@@ -14,7 +14,7 @@ History tokens are (rows, d) in the layout of `SequenceLayout`; non-sequence tok
 (B, N, d). Each block is wrapped in `torch.profiler.record_function` so a profile shows
 where the time goes. The blocks with attention split at it: `project` (dense, before),
 the layout's attention call, `mix` (dense, after). torch.compile compiles `project`, `mix`
-and the interaction block as regions (gemref/compile.py) while attention runs its own kernels.
+and the interaction block as regions (gemref/compile/apply.py) while attention runs its own kernels.
 """
 from __future__ import annotations
 

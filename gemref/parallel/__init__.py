@@ -9,11 +9,10 @@
     memory.py       bytes per rank of parameters, gradients and optimizer state
     comm.py         backend choice (gloo, nccl, ncclx), collective recording, overlap
     volume.py       analytic bytes per step of every collective
-    checkpoint.py   atomic distributed checkpoints (torch.distributed.checkpoint)
-    checkpoint_files.py  what is on disk in a checkpoint folder, checked without unpickling
     launch.py       local spawned ranks and torchrun's environment
-    interrupt.py    SIGINT/SIGTERM as an exception; children in their own group, killed with it
-    locks.py        one writer per folder (fcntl.flock), the second one refused
+
+Checkpoints (gemref/checkpoint/) and what every command needs from the OS, files, folder locks
+and interrupts (gemref/runtime/), have packages of their own: none of them is parallelism.
 
 gemref/train/compose.py composes them with the other switches; launch.py starts ranks (the one launcher).
 This file imports nothing: `import gemref.parallel` stays cheap, and each submodule pulls in

@@ -25,7 +25,7 @@ stays a UsageError, so the CLI exits 2 with one line; a ValueError stays a Value
 the rank's traceback in its message); a rank that dies kills the
 others; past `timeout_s` every rank is killed and TimeoutError raised. Backends are
 checked before any process starts (gemref/parallel/comm.py). Nothing outlives the call: each
-spawned rank leads its own process group and dies with its parent (gemref/parallel/interrupt.py),
+spawned rank leads its own process group and dies with its parent (gemref/runtime/interrupt.py),
 and however the call ends (an error, Ctrl-C, SIGTERM) every rank's group is killed and reaped.
 
 A rank's stderr goes to a file in the launch's folder, which this process copies to its own
@@ -70,7 +70,7 @@ from ..env import resolve_device
 from ..errors import UsageError, user_input
 from ..options import check_local_ranks
 from . import comm
-from .interrupt import kill_group, own_group, starting_children
+from ..runtime.interrupt import kill_group, own_group, starting_children
 from .mesh import check_world, local_device, release_meshes
 
 DEFAULT_TIMEOUT_S = 300.0

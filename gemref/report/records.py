@@ -88,7 +88,7 @@ class RunRecord(MeterSummary):
     config: dict[str, dict[str, Any]]     # {"model", "data", "train"}: the dataclasses as dicts (the switches)
     resolved: Resolved
     environment: dict[str, str | None]    # the knobs that change what runs (gemref/env.py KNOBS)
-    compile: dict[str, Any] | None        # gemref/compile.py CompileStats, None when not compiled
+    compile: dict[str, Any] | None        # gemref/compile/apply.py CompileStats, None when not compiled
     ac_plan: dict[str, Any] | None        # the checkpointing plan applied, None when none
     hfu_counts_recompute: bool            # False for PT2's budget: its partitioner recompute is not counted
     device: DeviceInfo

@@ -59,6 +59,7 @@ from ..config import MeshShape, Preset
 from ..data.synthetic import draw_lengths
 from ..waterfall.ladder import KEYS, rung as ladder_rung
 from ..mfu.flops import executed_flops, model_flops, sample_cost_coefficients
+from ..mfu import meter
 from ..mfu.peak import gpu_peak
 from ..parallel.memory import projected_rank_bytes
 from .cost_model import KINDS, HardwareProfile, get_profile
@@ -270,12 +271,12 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
                              table_sync_every=options.table_sync_every)
             coll = with_sm_shares(coll, hw, options.transport, options.collective_sms, options.sm_share)
             m, source = local[r.key]
-            compute_s = st["rank_flops"] / (peak.flops * m)
+            compute_s = meter.seconds_at(st["rank_flops"], m, peak.flops)
             step = predict_step(compute_s, st["imbalance"], coll)
             state = state_bytes(preset.model, mesh.shard, sparse)
             rows.append({"gpus": W, "rung": r.title, "key": r.key, "mesh": str(mesh), "batch_per_gpu": b,
                          "local_mfu": m, "local_mfu_source": source, "imbalance": st["imbalance"], **step,
-                         "mfu": st["rank_flops"] / (step["step_s"] * peak.flops), "rank_flops": st["rank_flops"],
+                         "mfu": meter.mfu(st["rank_flops"], step["step_s"], peak.flops), "rank_flops": st["rank_flops"],
                          "peak_flops": peak.flops, "transport": options.transport,
                          "collective_sms": options.collective_sms, "sm_share": options.sm_share,
                          "table_sync_every": options.table_sync_every,

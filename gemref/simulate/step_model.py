@@ -155,6 +155,7 @@ def one_step(cfg, mesh: MeshShape, hw: HardwareProfile, *, batch: int, tokens: i
     kind on `transport` (or `collective_sms`; `sm_share` overrides both). `batch`/`tokens`:
     samples and history events per rank. Adds the collectives and `comm_share_no_overlap`:
     the comm share of the step when nothing overlaps."""
+    from ..mfu.meter import seconds_at
     from ..mfu.peak import gpu_peak
 
     if not 0 < local_mfu <= 1:
@@ -165,7 +166,7 @@ def one_step(cfg, mesh: MeshShape, hw: HardwareProfile, *, batch: int, tokens: i
     rows = comm_rows(step_collectives(cfg, mesh, batch, tokens, jagged, gather_bytes, sparse_sharding), mesh, hw,
                      table_sync_every=table_sync_every)
     rows = with_sm_shares(rows, hw, transport, collective_sms, sm_share)
-    compute_s = model_flops / (peak.flops * local_mfu)
+    compute_s = seconds_at(model_flops, local_mfu, peak.flops)
     step = predict_step(compute_s, imbalance, rows)
     serial = predict_step(compute_s, imbalance, exposed_only(rows))
     return {**step, "comm_share_no_overlap": serial["exposed_s"] / serial["step_s"],

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dataclasses import replace
 
+from ..mfu import meter
 from .cost_model import NCCL_COLLECTIVE_SMS, sm_count
 from .projection import (GEM_MFU_BAND, GEM_SM_CONTENTION_MAX, GEM_SMFREE_QPS_GAIN, LADDER, Options, RungModel,
                          check_mfu, hardware_of, project)
@@ -61,9 +62,9 @@ def gem_band(rows: list[dict], gpus: int, band=GEM_MFU_BAND) -> dict:
 
 def mfu_at(row: dict, local_mfu: float) -> float:
     """The row's projected E2E MFU had its local MFU been `local_mfu` (same collectives, same imbalance)."""
-    compute = row["rank_flops"] / (row["peak_flops"] * local_mfu)
+    compute = meter.seconds_at(row["rank_flops"], local_mfu, row["peak_flops"])
     step = predict_step(compute, row["imbalance"], row["collectives"])["step_s"]   # each holds its sm_share
-    return row["rank_flops"] / (step * row["peak_flops"])
+    return meter.mfu(row["rank_flops"], step, row["peak_flops"])
 
 
 def required_local_mfu(row: dict, target: float) -> float | None:

@@ -41,14 +41,14 @@ from ..data.jagged import JaggedBatch
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches
 from ..errors import UsageError
-from ..files import to_jsonable, write_json
+from ..runtime.files import to_jsonable, write_json
 from ..interop.tables import engine_record
 from ..mfu.memory import track_peak_memory
 from ..mfu.meter import run_peak, summary
 from ..mfu.timing import StepRecord
 from ..model import TASKS, ranking_loss
 from ..parallel import launch
-from ..parallel.checkpoint import checkpoint_path, run_description, save_checkpoint, start_from_checkpoint
+from ..checkpoint import checkpoint_path, run_description, save_checkpoint, start_from_checkpoint
 from ..parallel.fsdp import reshard_all
 from ..parallel.memory import global_parameters, rank_bytes
 from ..parallel.parallelize import measure_comm, rank_times

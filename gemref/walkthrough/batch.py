@@ -36,8 +36,8 @@ from pathlib import Path
 
 
 from ..errors import UsageError
-from ..files import atomic_write_text, write_json
-from ..parallel.interrupt import children, kill_group
+from ..runtime.files import atomic_write_text, write_json
+from ..runtime.interrupt import children, kill_group
 from .metrics import read_metrics
 from .params import NOTEBOOK_DIR, check_params, declared_parameters, expand_grid, load_profile, profile_params, select_notebooks
 from ..report import format_table

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .batch import OverBudget, run_notebooks
 from ..report import fmt
-from ..files import atomic_write_text
+from ..runtime.files import atomic_write_text
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WATERFALL_CHAPTER = "10_waterfall"

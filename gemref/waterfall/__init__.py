@@ -30,7 +30,7 @@ import torch
 from ..config import MeshShape, Preset, override
 from ..env import knobs, versions
 from ..mfu.peak import device_name
-from ..files import write_json
+from ..runtime.files import write_json
 from ..parallel import launch
 from .rows import BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, build_rows, notes, table_rows
 from .runner import Settings, dtype_name, launch_measure

@@ -30,7 +30,7 @@ RUNGS: tuple[RungSpec, ...] = (
              "Flash (softmax) / GDPA (pointwise) kernels on jagged sequences", "gemref/attention/"),
     RungSpec(3, "compile", "3 + compile", "--compile --compile-regions PLAN",
              "regional `torch.compile` of the region kinds measured faster than eager here, shape-generic "
-             "for jagged batches", "gemref/compile.py"),
+             "for jagged batches", "gemref/compile/"),
     RungSpec(4, "autoac", "4 + AutoAC, larger batch", "--ac auto",
              "AutoAC: checkpoint what a memory budget requires, spend the memory on a larger batch",
              "gemref/autoac/solver.py"),

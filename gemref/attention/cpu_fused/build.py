@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 
 from ...env import cache_root, cpu_info
-from ...files import atomic_write_text, private_path
+from ...runtime.files import atomic_write_text, private_path
 
 log = logging.getLogger(__name__)
 

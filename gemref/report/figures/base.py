@@ -8,7 +8,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from ...files import atomic_write_bytes, atomic_write_text
+from ...runtime.files import atomic_write_bytes, atomic_write_text
 
 log = logging.getLogger(__name__)
 TEMPLATE = "plotly_white"

@@ -52,7 +52,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
 
 from ..errors import UsageError
-from .checkpoint_files import (checkpoint_path, claim_folder, complete_checkpoints, fsync_dir, latest_checkpoint,
+from .folder import (checkpoint_path, claim_folder, complete_checkpoints, fsync_dir, latest_checkpoint,
                                remove_checkpoint, resume_checkpoint, run_description, verify_checkpoint,
                                write_manifest)
 

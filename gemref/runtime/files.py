@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import UsageError
+from ..errors import UsageError
 
 _stat = os.stat          # tests replace it to fake another owner or a group-writable mode
 

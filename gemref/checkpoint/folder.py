@@ -6,7 +6,7 @@
 
 checkpoint.json lists the step, the identity and every file's bytes and sha256;
 `verify_checkpoint` compares a folder with it and with the loading run's identity, and
-`claim_folder` decides whether a run may write into D. gemref/parallel/checkpoint.py (the
+`claim_folder` decides whether a run may write into D. gemref/checkpoint/dcp.py (the
 collective save and load) says what an identity is and why this matters.
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 from ..errors import UsageError
 from ..config import Preset, TrainConfig
 from ..data.manifest import sha256_file
-from ..files import atomic_write_text
-from .locks import LOCK_NAME
+from ..runtime.files import atomic_write_text
+from ..runtime.locks import LOCK_NAME
 
 FORMAT = "gemref-checkpoint/1"
 OWNER, MANIFEST = "owner.json", "checkpoint.json"

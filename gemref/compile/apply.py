@@ -1,4 +1,4 @@
-"""torch.compile one region at a time (regional compilation), shape-generic for jagged batches.
+"""Applying torch.compile to a model, one region at a time (regional compilation), shape-generic for jagged batches.
 
 Regions: in every GEMLayer, the dense parts of each block, `SequenceBlock.project` / `.mix`,
 `InteractionBlock.forward`, `CrossBlock.project` / `.mix` (gemref/model/blocks.py), plus the
@@ -43,8 +43,8 @@ import torch._functorch.config
 import torch.fx.experimental._config as fx_config
 from torch import Tensor, nn
 
-from .config import COMPILE_REGIONS
-from .model import ranking_loss
+from ..config import COMPILE_REGIONS
+from ..model import ranking_loss
 
 # region kind -> (block, method) of every GEMLayer; COMPILE_REGIONS (gemref/config) adds "loss"
 REGION_KINDS = {"sequence.project": ("sequence", "project"), "sequence.mix": ("sequence", "mix"),
@@ -179,155 +179,3 @@ def loss_function(model: nn.Module) -> Callable[..., Tensor]:
     """The loss to use with this model: the compiled region if the model is compiled."""
     stats = _STATS.get(model)
     return stats.loss if stats is not None and stats.loss is not None else ranking_loss
-
-
-
-
-def region_inputs(model: nn.Module, forward: Callable[[], Any]) -> dict[str, tuple]:
-    """The arguments each region kind of the first layer gets when `forward()` runs the model
-    (detached; floating-point ones require grad so a region can be run forward+backward)."""
-    layer = model.layers[0]
-    inputs: dict[str, tuple] = {}
-    for name, (block_name, method) in REGION_KINDS.items():
-        block = getattr(layer, block_name)
-
-        def spy(*args, _name=name, _fn=getattr(block, method)):
-            inputs.setdefault(_name, tuple(a.detach().requires_grad_(a.is_floating_point()) for a in args))
-            return _fn(*args)
-        setattr(block, method, spy)
-    try:
-        with torch.no_grad():
-            forward()
-    finally:
-        for block_name, method in REGION_KINDS.values():
-            delattr(getattr(layer, block_name), method)
-    return inputs
-
-
-def run_region(fn: Callable, args: tuple) -> None:
-    """Forward and backward of one region (the sum of its outputs as the loss)."""
-    outs = fn(*args)
-    sum(o.float().sum() for o in (outs if isinstance(outs, tuple) else (outs,))).backward()
-
-
-def eager_vs_compiled(eager: Callable, compiled: Callable, args: tuple, reps: int,
-                      warmup: int = 1) -> tuple[float, float]:
-    """Median seconds of one forward+backward call (`run_region`) of `eager` and of `compiled` on
-    `args`, interleaved and alternating who goes first (gemref/mfu/timing.interleaved), after
-    `warmup` untimed rounds, so a change in the machine's load hits both."""
-    import statistics
-
-    from .mfu.timing import interleaved, stopwatch
-
-    device = next((a.device for a in args if isinstance(a, Tensor)), torch.device("cpu"))
-    fns = {"eager": eager, "compiled": compiled}
-
-    def timed(name: str) -> float:
-        with stopwatch(device) as elapsed:
-            run_region(fns[name], args)
-        return elapsed[0]
-
-    samples = interleaved({n: (lambda k, n=n: timed(n)) for n in fns}, reps, warmup=warmup, alternate=True)
-    return statistics.median(samples["eager"]), statistics.median(samples["compiled"])
-
-
-PLAN_MARGIN = 0.03     # a region kind is compiled only if compiled is this much faster (median) than eager
-PLAN_REPS = 7          # interleaved forward+backward calls per variant and region when planning
-
-
-@dataclass
-class RegionPlan:
-    """Which region kinds to compile: those whose compiled forward+backward beat eager by more
-    than `margin` on the model's own inputs; `rows` has each kind's measurement."""
-
-    kept: tuple[str, ...]
-    rows: list[dict]
-    margin: float
-
-    def regions_text(self) -> str:
-        """TrainConfig.compile_regions of this plan ("" when no region wins)."""
-        return ",".join(self.kept)
-
-
-def plan_regions(model: nn.Module, batch: Any, *, reps: int = PLAN_REPS, margin: float = PLAN_MARGIN) -> RegionPlan:
-    """Measure every region kind of layer 0 and the loss, eager against compiled,
-    forward+backward on the inputs `model(batch)` hands them; keep the kinds whose median
-    compiled time is below (1 - margin) x eager's.
-
-    `model` is an eager GEMRef (left unchanged); each kind is compiled afresh with its own
-    backend (so no graph is shared with a later `compile_model`), dim 0 dynamic as there. The
-    calls alternate (`eager_vs_compiled`, one warm-up call each). Rows: region, eager_ms,
-    compiled_ms (medians, milliseconds), speedup (eager/compiled), compile_s (seconds), kept.
-    """
-    if reps < 1 or not 0.0 <= margin < 1.0:
-        raise ValueError(f"need reps >= 1 and margin in [0, 1), got {reps}, {margin}")
-    logits: list[Tensor] = []
-    inputs = region_inputs(model, lambda: logits.append(model(batch)))
-    inputs["loss"] = (logits[0].detach().float().requires_grad_(True), batch.labels)
-    fns = {kind: getattr(getattr(model.layers[0], block), method) for kind, (block, method) in REGION_KINDS.items()}
-    fns["loss"] = ranking_loss
-    rows = []
-    for kind in COMPILE_REGIONS:
-        stats = CompileStats()
-        region = CompiledRegion(kind, fns[kind], stats, model, backend=inductor_backend.__wrapped__(None))  # own graphs
-        start = time.perf_counter()
-        run_region(region, inputs[kind])                  # compiles (forward and backward)
-        compile_s = time.perf_counter() - start
-        eager, compiled = eager_vs_compiled(fns[kind], region, inputs[kind], reps)
-        rows.append({"region": kind, "eager_ms": 1e3 * eager, "compiled_ms": 1e3 * compiled,
-                     "speedup": eager / compiled, "compile_s": compile_s, "kept": compiled < (1 - margin) * eager})
-    model.zero_grad(set_to_none=True)                    # the timing runs left gradients on the weights
-    return RegionPlan(tuple(r["region"] for r in rows if r["kept"]), rows, margin)
-
-
-def call_overhead(reps: int = 50, width: int = 64) -> dict[str, float]:
-    """Seconds a compiled region costs per forward+backward call beyond the work inside it: a
-    trivial region (LayerNorm-free y = x * w + x on one (1, width) row) timed eager and compiled
-    (dim 0 dynamic, gemref's backend), interleaved, medians of `reps` calls each. The difference
-    is the fixed cost (dynamo's guard check, AOTAutograd's forward and backward wrappers, the
-    graph call) that fusion inside a region must win back before the region gains."""
-    def tiny(x: Tensor, w: Tensor) -> Tensor:
-        return x * w + x
-
-    x = torch.randn(1, width, requires_grad=True)
-    w = torch.randn(width, requires_grad=True)
-    region = CompiledRegion("overhead", tiny, CompileStats(), backend=inductor_backend.__wrapped__(None))
-    run_region(region, (x, w))                            # compiles
-    eager, compiled = eager_vs_compiled(tiny, region, (x, w), reps, warmup=2)
-    return {"eager_s": eager, "compiled_s": compiled, "overhead_s": compiled - eager}
-
-
-_FUSED = r"\b(cpp_fused_\w+|triton_\w+_fused_\w+)\s*=\s*async_compile"
-# the GEMMs a graph leaves to a library: inductor's extern BLAS calls, and gemref's FastLinear ops
-_MATMULS = r"extern_kernels\.(?:mm|addmm|bmm|baddbmm)\b|torch\.ops\.fastlinear\.\w+"
-
-
-def generated_kernels(codes: list[str], labels: list[str]) -> list[dict]:
-    """Per graph of inductor's output code (e.g. from torch._inductor.utils.run_and_get_code):
-    its fused kernels (a name lists the ops fused into one loop) and the GEMMs left to a library."""
-    import re
-
-    return [{"graph": label, "fused_kernels": re.findall(_FUSED, code), "matmuls": len(re.findall(_MATMULS, code))}
-            for label, code in zip(labels, codes)]
-
-
-def fused_kernels(model: nn.Module, forward: Callable[[], Any]) -> list[dict]:
-    """What inductor generates for each region kind of the first layer: per pass, the fused
-    kernels (a name lists the ops fused into one loop) and the matmuls left to the BLAS.
-
-    `model` is an eager GEMRef and `forward()` runs it once; every region is then compiled
-    afresh (in a temporary inductor cache) and run forward+backward.
-    """
-    from torch._inductor import utils as inductor_utils
-
-    fresh_cache = getattr(inductor_utils, "fresh_cache", None) or inductor_utils.fresh_inductor_cache
-    inputs = region_inputs(model, forward)
-    rows = []
-    for name, (block_name, method) in REGION_KINDS.items():
-        fn = torch.compile(getattr(getattr(model.layers[0], block_name), method),
-                           backend=inductor_backend.__wrapped__(None))   # a new backend: a new graph
-        with fresh_cache():
-            _, codes = inductor_utils.run_and_get_code(run_region, fn, inputs[name])
-        for row in generated_kernels(codes, ["forward", "backward"]):
-            rows.append({"region": name, "pass": row.pop("graph"), **row})
-    return rows
