@@ -22,7 +22,9 @@ from typing import Callable
 
 import torch
 from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
 
+from ..data.jagged import offsets_to_lengths
 from .reference import default_qk_scale
 
 
@@ -43,6 +45,23 @@ class JaggedGDPAOps:
                                                                  v.new_empty(v.shape)))
         self.fwd.register_autograd(self._backward, setup_context=self._setup_context)
         OPAQUE_BODIES.update({self.fwd: forward, self.bwd: backward})
+
+    def count_flops(self, executed_flops: Callable[..., tuple[int, int]]) -> None:
+        """FlopCounterMode prices the two ops by the kernel's formula: `executed_flops(q_lengths,
+        kv_lengths, heads, head_dim, causal, window)` -> (forward, backward) FLOPs (window 0: None)."""
+        def flops(q: Tensor, q_offsets: Tensor, kv_offsets: Tensor, causal: bool, window: int) -> tuple[int, int]:
+            return executed_flops(offsets_to_lengths(q_offsets), offsets_to_lengths(kv_offsets), q.shape[1],
+                                  q.shape[2], causal, window or None)
+
+        def fwd(q, k, v, q_offsets, kv_offsets, activation, causal, window, *args, out_val=None, **kwargs) -> int:
+            return flops(q, q_offsets, kv_offsets, causal, window)[0]
+
+        def bwd(grad_out, q, k, v, q_offsets, kv_offsets, activation, causal, window, *args, out_val=None,
+                **kwargs) -> int:
+            return flops(q, q_offsets, kv_offsets, causal, window)[1]
+
+        register_flop_formula(getattr(torch.ops.gemref, f"{self.name}_fwd"), get_raw=True)(fwd)
+        register_flop_formula(getattr(torch.ops.gemref, f"{self.name}_bwd"), get_raw=True)(bwd)
 
     @staticmethod
     def _setup_context(ctx, inputs, output):

@@ -412,14 +412,6 @@ int64_t backward(const Pair& p, const uint16_t* go, int64_t gs, const uint16_t* 
 }
 
 // ----------------------------------------------------------------------------- all pairs
-struct Args {
-  const int64_t *q_offsets, *kv_offsets, *pairs;
-  int64_t n_pairs, heads, head_dim;
-  bool causal;
-  int64_t window;
-  int64_t go_stride, q_stride, k_stride, v_stride;
-};
-
 template <class Tiles, int A>
 int64_t run_pairs(const Args& a, bool grads, const uint16_t* go, const uint16_t* q, const uint16_t* k,
                   const uint16_t* v, uint16_t* out, uint16_t* dq, uint16_t* dk, uint16_t* dv, float qk_scale,
@@ -451,8 +443,7 @@ int64_t dispatch(int act, const Args& a, bool grads, const uint16_t* go, const u
   if (a.head_dim < 1 || a.head_dim > 4 * DC) return -1;
   switch (act) {
 #define GEMREF_ACT(X) case X: return run_pairs<Tiles, X>(a, grads, go, q, k, v, out, dq, dk, dv, float(s1), float(s2));
-    GEMREF_ACT(SILU) GEMREF_ACT(GELU) GEMREF_ACT(GELU_TANH) GEMREF_ACT(RELU) GEMREF_ACT(RELU2)
-    GEMREF_ACT(LEAKY_RELU) GEMREF_ACT(IDENTITY)
+    GEMREF_EACH_ACT(GEMREF_ACT)
 #undef GEMREF_ACT
     default: return -1;
   }

@@ -32,17 +32,15 @@ from typing import Iterator
 
 import torch
 from torch import Tensor
-from torch.utils.flop_counter import register_flop_formula
 
-from ...data.jagged import offsets_to_lengths
 from ...env import cpu_info
 from ..api import register_kernel
 from ..jagged_op import JaggedGDPAOps
 from .build import AMX_ENTRY_POINTS, library
-from .op import ACT_IDS, computed_entries, launch
+from .op import ACT_IDS, MAX_HEAD_DIM, computed_entries, fused_unavailable, launch
 
 GROUP, BLOCK, CHUNK = 16, 32, 32   # amx.cpp's TQ (tile rows), TK (keys / queries per block), DC (head-dim chunk)
-MAX_HEAD_DIM = 4 * CHUNK
+assert MAX_HEAD_DIM == 4 * CHUNK        # the family's limit is amx.cpp's too (its dispatch refuses more)
 AUTO_MIN_HEAD_DIM = 32             # kernel="auto" takes this kernel from this head dim on (module doc)
 
 _emulate = threading.local()
@@ -133,36 +131,14 @@ def _bwd_body(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tens
 OPS = JaggedGDPAOps("cpu_fused_amx", _fwd_body, _bwd_body)
 
 
-def _flops(q: Tensor, q_offsets: Tensor, kv_offsets: Tensor, causal: bool, window: int) -> tuple[int, int]:
-    return cpu_fused_amx_executed_flops(offsets_to_lengths(q_offsets), offsets_to_lengths(kv_offsets), q.shape[1],
-                                        q.shape[2], causal, window or None)
-
-
-@register_flop_formula(torch.ops.gemref.cpu_fused_amx_fwd, get_raw=True)
-def _fwd_flop(q, k, v, q_offsets, kv_offsets, activation, causal, window, *args, out_val=None, **kwargs) -> int:
-    return _flops(q, q_offsets, kv_offsets, causal, window)[0]
-
-
-@register_flop_formula(torch.ops.gemref.cpu_fused_amx_bwd, get_raw=True)
-def _bwd_flop(grad_out, q, k, v, q_offsets, kv_offsets, activation, causal, window,
-              *args, out_val=None, **kwargs) -> int:
-    return _flops(q, q_offsets, kv_offsets, causal, window)[1]
+OPS.count_flops(cpu_fused_amx_executed_flops)
 
 
 def _unavailable(q: Tensor, activation: str, causal: bool, window: int | None) -> str | None:
-    if q.device.type != "cpu":
-        return f"cpu_fused_amx is a CPU kernel and q is on {q.device.type}"
-    if q.dtype != torch.bfloat16:
+    if q.device.type == "cpu" and q.dtype != torch.bfloat16:
         return f"AMX-BF16 multiplies bf16: q is {q.dtype} (a float32 model runs cpu_fused)"
-    if activation not in ACT_IDS:
-        return (f"pointwise activations only, got {activation!r} (softmax rows need statistics over all "
-                "their keys: use cpu_jagged or sdpa)")
-    if q.shape[-1] > MAX_HEAD_DIM:
-        return f"head dim {q.shape[-1]} > {MAX_HEAD_DIM}"
-    if getattr(_emulate, "on", False):
-        lib = library()
-        return lib if isinstance(lib, str) else None
-    return amx_unavailable()
+    reason = fused_unavailable("cpu_fused_amx", q, activation)
+    return reason if reason is not None or getattr(_emulate, "on", False) else amx_unavailable()
 
 
 def _auto_skip(q: Tensor, activation: str, causal: bool, window: int | None) -> str | None:

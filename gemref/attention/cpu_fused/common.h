@@ -14,6 +14,8 @@
 namespace {
 
 enum Act { SILU = 1, GELU, GELU_TANH, RELU, RELU2, LEAKY_RELU, IDENTITY };  // op.py ACT_IDS
+// X(activation) for each of them: a kernel's dispatch switch is `switch (act) { GEMREF_EACH_ACT(CASE) }`
+#define GEMREF_EACH_ACT(X) X(SILU) X(GELU) X(GELU_TANH) X(RELU) X(RELU2) X(LEAKY_RELU) X(IDENTITY)
 constexpr int L = 16;   // lanes of a vector (float32: one AVX-512 register)
 
 template <typename T> struct Vec;
@@ -144,6 +146,16 @@ template <typename T, int A> inline void activate(typename Vec<T>::type s, typen
     }
   }
 }
+
+// What every entry point gets (the C interface of kernel.cpp and amx.cpp): the pairs b * H + h to
+// compute, the offsets, the mask and the inputs' row strides.
+struct Args {
+  const int64_t *q_offsets, *kv_offsets, *pairs;
+  int64_t n_pairs, heads, head_dim;
+  bool causal;
+  int64_t window;
+  int64_t go_stride, q_stride, k_stride, v_stride;  // input row strides, in elements
+};
 
 // ------------------------------------------------------------------------------ geometry
 struct Range { int64_t lo, hi; };

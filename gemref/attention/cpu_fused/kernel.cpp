@@ -166,14 +166,6 @@ struct Pair {
   }
 };
 
-struct Args {
-  const int64_t *q_offsets, *kv_offsets, *pairs;
-  int64_t n_pairs, heads, head_dim;
-  bool causal;
-  int64_t window;
-  int64_t go_stride, q_stride, k_stride, v_stride;  // input row strides, in elements
-};
-
 template <typename S, int A, int NV, typename T = typename Compute<S>::type>
 int64_t run_pairs(const Args& a, bool grads, const S* go, const S* q, const S* k, const S* v, S* out, S* dq, S* dk,
                   S* dv, T qk_scale, T out_scale) {
@@ -219,8 +211,7 @@ int64_t dispatch(int act, const Args& a, bool grads, const S* go, const S* q, co
                  S* dq, S* dk, S* dv, double s1, double s2) {
   switch (act) {
 #define GEMREF_ACT(X) case X: return by_width<S, X>(a, grads, go, q, k, v, out, dq, dk, dv, T(s1), T(s2));
-    GEMREF_ACT(SILU) GEMREF_ACT(GELU) GEMREF_ACT(GELU_TANH) GEMREF_ACT(RELU) GEMREF_ACT(RELU2)
-    GEMREF_ACT(LEAKY_RELU) GEMREF_ACT(IDENTITY)
+    GEMREF_EACH_ACT(GEMREF_ACT)
 #undef GEMREF_ACT
     default: return -1;
   }

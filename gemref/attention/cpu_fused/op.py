@@ -40,7 +40,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
-from torch.utils.flop_counter import register_flop_formula
 
 from ...data.jagged import lengths_to_offsets, offsets_to_lengths
 from ..api import register_kernel
@@ -214,29 +213,18 @@ def cpu_fused_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: int, 
     return 2 * per_entry * fwd, 5 * per_entry * bwd
 
 
-def _flops(q: Tensor, q_offsets: Tensor, kv_offsets: Tensor, causal: bool, window: int) -> tuple[int, int]:
-    return cpu_fused_executed_flops(offsets_to_lengths(q_offsets), offsets_to_lengths(kv_offsets), q.shape[1],
-                                    q.shape[2], causal, window or None)
-
-
-@register_flop_formula(torch.ops.gemref.cpu_fused_fwd, get_raw=True)
-def _fwd_flop(q, k, v, q_offsets, kv_offsets, activation, causal, window, *args, out_val=None, **kwargs) -> int:
-    return _flops(q, q_offsets, kv_offsets, causal, window)[0]
-
-
-@register_flop_formula(torch.ops.gemref.cpu_fused_bwd, get_raw=True)
-def _bwd_flop(grad_out, q, k, v, q_offsets, kv_offsets, activation, causal, window,
-              *args, out_val=None, **kwargs) -> int:
-    return _flops(q, q_offsets, kv_offsets, causal, window)[1]
+OPS.count_flops(cpu_fused_executed_flops)
 
 
 # -------------------------------------------------------------------------- entry points
 gdpa_cpu_fused = OPS  # the gdpa entry point (KernelFn)
 
 
-def _unavailable(q: Tensor, activation: str, causal: bool, window: int | None) -> str | None:
+def fused_unavailable(kernel: str, q: Tensor, activation: str) -> str | None:
+    """What the cpu_fused family (this kernel and amx_op's) cannot run: another device, softmax,
+    a head dim above MAX_HEAD_DIM, a library that did not build."""
     if q.device.type != "cpu":
-        return f"cpu_fused is a CPU kernel and q is on {q.device.type}"
+        return f"{kernel} is a CPU kernel and q is on {q.device.type}"
     if activation not in ACT_IDS:
         return (f"pointwise activations only, got {activation!r} (softmax rows need statistics over all "
                 "their keys: use cpu_jagged or sdpa)")
@@ -244,6 +232,10 @@ def _unavailable(q: Tensor, activation: str, causal: bool, window: int | None) -
         return f"head dim {q.shape[-1]} > {MAX_HEAD_DIM}"
     lib = library()
     return lib if isinstance(lib, str) else None
+
+
+def _unavailable(q: Tensor, activation: str, causal: bool, window: int | None) -> str | None:
+    return fused_unavailable("cpu_fused", q, activation)
 
 
 register_kernel("cpu_fused", gdpa_cpu_fused, _unavailable, cpu_fused_executed_flops)
