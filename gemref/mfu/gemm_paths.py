@@ -195,7 +195,7 @@ def linear_gemm(path: str, role: str, a: Tensor, b: Tensor, bias: Tensor | None 
         raise ValueError(f"role={role!r}; valid: {', '.join(ROLES)}")
     if a.numel() == 0 or b.numel() == 0:
         path = "blas"
-    blocked = a.numel() > 0 and b.numel() > 0 and _row_blocked(path, a.dtype)
+    blocked = _row_blocked(path, a.dtype)
     if role == "grad_weight":
         def product(g: Tensor, x: Tensor) -> Tensor:      # g^T x
             return torch.mm(g.t(), x) if path == "blas" else onednn_linear(g.t(), x.t())

@@ -11,7 +11,7 @@ of 0.36 ms; fp32 oneDNN lost 2-3x the same way. MKL's fp32 sgemm builds nothing 
 `row_blocks(m)` covers rows [0, m) with: full blocks of ROW_BLOCK rows; then one block of the
 largest multiple of STEP rows that fits; then the last rows (< STEP) zero-padded to the next
 power of two >= MIN_TAIL. So every GEMM a Linear runs has one of at most
-1 + ROW_BLOCK / STEP + log2(STEP / MIN_TAIL) row counts (12 here), whatever the batch. Row
+1 + (ROW_BLOCK / STEP - 1) + log2(STEP / MIN_TAIL) row counts (11 here), whatever the batch. Row
 counts under WHOLE_BELOW run whole: those are the per-sample GEMMs (a batch's samples, or
 samples x non-sequence tokens), whose count repeats every step, and where every extra call's
 fixed cost (tens of microseconds with cold caches) would outweigh a primitive built once.

@@ -37,7 +37,7 @@ from ...env import cpu_info
 from ..api import register_kernel
 from ..jagged_op import JaggedGDPAOps
 from .build import AMX_ENTRY_POINTS, library
-from .op import ACT_IDS, MAX_HEAD_DIM, computed_entries, fused_unavailable, launch
+from .op import ACT_IDS, MAX_HEAD_DIM, computed_entries, fused_unavailable, launch, rows_contiguous
 
 GROUP, BLOCK, CHUNK = 16, 32, 32   # amx.cpp's TQ (tile rows), TK (keys / queries per block), DC (head-dim chunk)
 assert MAX_HEAD_DIM == 4 * CHUNK        # the family's limit is amx.cpp's too (its dispatch refuses more)
@@ -107,7 +107,7 @@ def cpu_fused_amx_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: i
 def _input(x: Tensor) -> Tensor:
     """x as the kernel reads it: bf16 (asserted: _unavailable admits nothing else), (H, D) rows contiguous."""
     assert x.dtype == torch.bfloat16, x.dtype
-    return x if x.stride(-1) == 1 and (x.shape[1] <= 1 or x.stride(1) == x.shape[2]) else x.contiguous()
+    return x if rows_contiguous(x) else x.contiguous()
 
 
 def _fwd_body(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, activation: str,
@@ -129,8 +129,6 @@ def _bwd_body(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tens
 
 
 OPS = JaggedGDPAOps("cpu_fused_amx", _fwd_body, _bwd_body)
-
-
 OPS.count_flops(cpu_fused_amx_executed_flops)
 
 

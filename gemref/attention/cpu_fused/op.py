@@ -140,7 +140,7 @@ def launch(entry: str, activation: str, grads: tuple | None, q: Tensor, k: Tenso
     q_offsets, kv_offsets = q_offsets.contiguous(), kv_offsets.contiguous()
     H, D = q.shape[1], q.shape[2]
     for t in (go, q, k, v):
-        assert t is None or _rows_contiguous(t), "inputs need contiguous (H, D) rows (_kernel_input)"
+        assert t is None or rows_contiguous(t), "inputs need contiguous (H, D) rows (_kernel_input)"
     for t in (out, dq, dk, dv):
         assert t is None or t.is_contiguous()
     ptr = [t.data_ptr() if t is not None else None for t in (go, q, k, v, out, dq, dk, dv, q_offsets, kv_offsets)]
@@ -167,7 +167,7 @@ def _dtype_name(x: Tensor) -> str:
     return str(x.dtype).removeprefix("torch.")
 
 
-def _rows_contiguous(x: Tensor) -> bool:
+def rows_contiguous(x: Tensor) -> bool:
     """True when each token's (H, D) block is contiguous: the kernel then reads x in place,
     whatever its row stride."""
     return x.dim() == 3 and x.stride(2) == 1 and (x.shape[1] <= 1 or x.stride(1) == x.shape[2])
@@ -177,7 +177,7 @@ def _kernel_input(x: Tensor) -> Tensor:
     """x as the kernel reads it: its own dtype where the library has one (float32, float64,
     bfloat16), else float32; copied only when its (H, D) rows are not contiguous."""
     x = x if _dtype_name(x) in ENTRY_POINTS else x.to(compute_dtype(x))
-    return x if _rows_contiguous(x) else x.contiguous()
+    return x if rows_contiguous(x) else x.contiguous()
 
 
 def _fwd_body(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, activation: str,
