@@ -15,7 +15,7 @@ half of every tile's reduction is padding, and at short histories the fixed cost
 block (scores stored to memory for the activation, activations loaded back as a tile) outweighs
 the products it saves. Measured on a Xeon with AMX (2026-12-05), one thread, causal silu,
 forward+backward, against cpu_fused on the same bf16 inputs: 64 sequences of 40 events, head
-dim 16: 0.74x; 4 x 512, head dim 16: 1.26x; 16 x 128, head dim 32: 1.35x; 4 x 512, head dim
+dim 16: 0.63x; 4 x 512, head dim 16: 1.26x; 16 x 128, head dim 32: 1.27x; 4 x 512, head dim
 64: 2.5x (`gemref bench attention --dtype bfloat16 --causal --head-dim D` compares them).
 
 Runs where the CPU has AMX-BF16, the compiler targets it (-march=native) and Linux grants the
