@@ -16,7 +16,8 @@ block (scores stored to memory for the activation, activations loaded back as a 
 the products it saves. Measured on a Xeon with AMX (2026-12-05), one thread, causal silu,
 forward+backward, against cpu_fused on the same bf16 inputs: 64 sequences of 40 events, head
 dim 16: 0.63x; 4 x 512, head dim 16: 1.26x; 16 x 128, head dim 32: 1.27x; 4 x 512, head dim
-64: 2.5x (`gemref bench attention --dtype bfloat16 --causal --head-dim D` compares them).
+64: 2.5x (a one-off timing of equal lengths; `gemref bench attention --dtype bfloat16 --kernels
+cpu_fused cpu_fused_amx --causal --head-dim D` makes the same comparison on its length profiles).
 
 Runs where the CPU has AMX-BF16, the compiler targets it (-march=native) and Linux grants the
 process the tile state; otherwise the kernel is unavailable with that reason and kernel="auto"
