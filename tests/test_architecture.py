@@ -187,7 +187,7 @@ def test_modules_stay_readable():
 
 def design_techniques(text: str | None = None) -> list[dict[str, list[str]]]:
     """The rows of docs/design.md's technique table ("One technique, one place"): per row the
-    backticked names of each column (package, config, chapter, benchmark, tests)."""
+    backticked names of each column (package, config section, switches, chapter, benchmark, tests)."""
     text = DESIGN.read_text() if text is None else text
     lines = text.split("<!-- techniques:", 1)[1].splitlines()[1:]
     header = [c.strip() for c in lines[0].strip().strip("|").split("|")]
@@ -201,22 +201,25 @@ def design_techniques(text: str | None = None) -> list[dict[str, list[str]]]:
 
 
 def missing_in_technique_table(rows: list[dict[str, list[str]]]) -> list[str]:
-    """What the table names that does not exist: packages and test files (paths from the
-    repository root), chapters (notebooks/<name>.ipynb), benchmarks (`gemref bench` names) and
-    config fields (TrainConfig's)."""
-    from dataclasses import fields
-
+    """What the table names that does not exist: packages, config modules and test files (paths
+    from the repository root), chapters (notebooks/<name>.ipynb), benchmarks (`gemref bench`
+    names), config sections (TrainConfig fields that are sections) and switches (each one of its
+    row's section)."""
     from gemref.bench import bench_names
-    from gemref.config import TrainConfig
+    from gemref.config.train import sections, switch_fields_of
 
-    root, config = PACKAGE.parent, {f.name for f in fields(TrainConfig)}
+    root = PACKAGE.parent
     missing = []
     for row in rows:
         what = row["technique"][0]
-        missing += [f"{what}: {p}" for p in row["package"] + row["tests"] if not (root / p).exists()]
+        section_cell = row["config section (`TrainConfig` field, module)"]
+        modules, named = [c for c in section_cell if c.endswith(".py")], [c for c in section_cell if "." not in c]
+        missing += [f"{what}: {p}" for p in row["package"] + modules + row["tests"] if not (root / p).exists()]
         missing += [f"{what}: chapter {c}" for c in row["chapter"] if not (root / "notebooks" / f"{c}.ipynb").exists()]
         missing += [f"{what}: bench {b}" for b in row["benchmark"] if b not in bench_names()]
-        missing += [f"{what}: field {f}" for f in row["config (`TrainConfig` fields)"] if f not in config]
+        missing += [f"{what}: section {n}" for n in named if n not in sections()]
+        switches = {flag for n in named if n in sections() for flag in switch_fields_of(n)}
+        missing += [f"{what}: switch {f}" for f in row["switches (command line, `override`)"] if f not in switches]
         missing += [f"{what}: no package"] * (not row["package"]) + [f"{what}: no tests"] * (not row["tests"])
     return missing
 
@@ -227,10 +230,14 @@ def test_the_technique_table_names_what_exists():
 
 
 def test_the_technique_table_check_finds_a_moved_package():
-    """A row naming the old gemref/compile.py, a chapter and a bench that do not exist, and a
-    field TrainConfig lacks, is caught on each."""
-    text = ("<!-- techniques: x -->\n| technique | package | config (`TrainConfig` fields) | chapter | benchmark | tests |\n"
-            "|---|---|---|---|---|---|\n| compile | `gemref/compile.py` | `compile_mode` | `04_compile` | `compiled` "
-            "| `tests/test_compile.py` |\n")
+    """A row naming the old gemref/compile.py, a config module, a chapter, a bench and a section
+    that do not exist, and switches no section has or another section holds, is caught on each."""
+    text = ("<!-- techniques: x -->\n| technique | package | config section (`TrainConfig` field, module) | "
+            "switches (command line, `override`) | chapter | benchmark | tests |\n"
+            "|---|---|---|---|---|---|---|\n| compile | `gemref/compile.py` | `compiling` (`gemref/config/compiling.py`) "
+            "| `compile_mode` | `04_compile` | `compiled` | `tests/test_compile.py` |\n"
+            "| balance | `gemref/balance/` | `balancing` (`gemref/config/balance.py`) | `ac` | | | `tests/test_balance.py` |\n")
     assert missing_in_technique_table(design_techniques(text)) == [
-        "compile: gemref/compile.py", "compile: chapter 04_compile", "compile: bench compiled", "compile: field compile_mode"]
+        "compile: gemref/compile.py", "compile: gemref/config/compiling.py", "compile: chapter 04_compile",
+        "compile: bench compiled", "compile: section compiling", "compile: switch compile_mode",
+        "balance: switch ac"]

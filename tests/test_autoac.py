@@ -271,7 +271,7 @@ def test_training_with_autoac_is_training_without_it(data_root):
     assert auto["loss_curve"] == plain["loss_curve"]
     plan = auto["ac_plan"]
     assert plan["predicted_bytes"] <= plan["budget_bytes"] and plan["counts"]
-    assert auto["config"]["train"]["ac"] == "auto" and plain["ac_plan"] is None
+    assert auto["config"]["train"]["activation_checkpoint"]["mode"] == "auto" and plain["ac_plan"] is None
     recompute = auto["executed_flops_per_step"] - plain["executed_flops_per_step"]
     assert (recompute > 0) == ("full" in plan["counts"])
 

@@ -7,13 +7,12 @@ import json
 import subprocess
 import sys
 import textwrap
-from dataclasses import fields
 
 import pytest
 
 from gemref import cli
 from gemref.cli import build_parser, main
-from gemref.config import TrainConfig, get_preset
+from gemref.config import get_preset, switch_names
 from gemref.errors import UsageError
 
 
@@ -63,16 +62,26 @@ def test_steps_means_the_optimisation_steps_of_a_training_run_only():
                    "--steps-per-policy", "--steps-per-run", "--steps-per-seed"}
 
 
+FLAT_SWITCHES = (
+    "batch_size", "steps", "lr", "weight_decay", "warmup_steps", "eval_every", "eval_batches", "seed", "num_workers",
+    "jagged", "kernel", "compile", "compile_regions", "ac", "ac_budget", "ac_compress", "ac_plan", "balance", "mesh",
+    "reshard_after_forward", "sparse_sharding", "backend", "precision", "precision_kernel", "precision_min_dim",
+    "embeddings", "torchrec_sharding", "torchrec_2d", "checkpoint_dir", "checkpoint_every", "resume",
+    "checkpoint_overwrite")
+
+
 def test_train_has_one_option_per_trainconfig_field():
     train = dict(all_parsers())[("gemref", "train")]
     opts = options(train)
-    for f in fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        assert opts[flag].dest == f.name and opts[flag].default is None and opts[flag].help, f.name
+    # the flags of the flat TrainConfig before it had sections: the sections kept every one
+    assert switch_names() == FLAT_SWITCHES
+    for name in switch_names():
+        flag = "--" + name.replace("_", "-")
+        assert opts[flag].dest == name and opts[flag].default is None and opts[flag].help, name
     args = train.parse_args(["--lr", "0.01", "--no-reshard-after-forward", "--jagged", "--set", "seed=3"])
     from gemref.commands.switches import train_config_from_args
     cfg = train_config_from_args(args, get_preset("tiny").train)
-    assert (cfg.lr, cfg.reshard_after_forward, cfg.jagged, cfg.seed) == (0.01, False, True, 3)
+    assert (cfg.lr, cfg.parallelism.reshard_after_forward, cfg.attention.jagged, cfg.seed) == (0.01, False, True, 3)
     assert cfg.steps == get_preset("tiny").train.steps                # not given: the preset's
 
 
@@ -251,4 +260,4 @@ def test_train_typed_switches_reach_the_record_through_the_real_cli(data_root, t
     r = gemref("train", "--preset", "tiny", "--steps", "2", "--device", "cpu", "--quiet", "--json",
                str(tmp_path / "run.json"), "--set", "jagged=yes", "--eval-batches", "1", "--warmup-steps", "1")
     assert r.returncode == 0, r.stderr
-    assert json.loads((tmp_path / "run.json").read_text())["config"]["train"]["jagged"] is True
+    assert json.loads((tmp_path / "run.json").read_text())["config"]["train"]["attention"]["jagged"] is True

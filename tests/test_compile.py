@@ -95,7 +95,8 @@ def test_compiled_autoac_run_records_compile_stats_and_plan(data_root):
     train = override(TINY.train, steps=5, warmup_steps=1, eval_batches=1, jagged=True, batch_size=16,
                      compile=True, ac="auto", ac_budget=0.5)
     record = run(TINY, train, device="cpu", progress=False, measure_memory=False)
-    assert record["config"]["train"]["compile"] is True and record["config"]["train"]["ac"] == "auto"
+    assert record["config"]["train"]["compilation"]["enabled"] is True
+    assert record["config"]["train"]["activation_checkpoint"]["mode"] == "auto"
     assert record["compile"]["recompiles"] == 0 and record["compile"]["regions"] == 5 * CFG.n_layers + 1
     assert record["compile"]["compile_s"] >= 0 and compile_stats(model_pair()[0]) is None
     plan = record["ac_plan"]
@@ -163,7 +164,7 @@ def test_compile_regions_without_compile_is_refused():
 
     with pytest.raises(UsageError, match="read only with compile"):
         override(TINY.train, compile_regions="loss")
-    assert override(TINY.train, compile=True, compile_regions="loss ,sequence.mix").compile_regions
+    assert override(TINY.train, compile=True, compile_regions="loss ,sequence.mix").compilation.regions
 
 
 def test_the_region_plan_keeps_exactly_the_kinds_below_its_margin(monkeypatch):

@@ -6,6 +6,7 @@ By class: typed values (1), output paths (2), files the user names (3), rank lim
 """
 import json
 import math
+import re
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from gemref.options import (MAX_RANKS_ENV, RANKS_PER_CPU, check_local_ranks, che
                                   check_output_file, max_local_ranks)
 from gemref.config import DataConfig, ModelConfig, TrainConfig, get_preset, override
 from gemref.errors import UsageError, user_input
+from gemref.commands.switches import parse_switch
 from gemref.config.values import has_type, parse_field
 from gemref.walkthrough.params import check_params, declared_parameters, parse_param
 from gemref.walkthrough.batch import run_notebooks
@@ -60,7 +62,7 @@ def cli(capsys):
     (["train", "--set", "steps=1.5"], "TrainConfig.steps expects an integer, got '1.5'"),
     (["data", "generate", "--set", "n_train=abc"], "DataConfig.n_train expects an integer, got 'abc'"),
     (["train", "--set", "lr=[1,"], "TrainConfig.lr expects a finite number, got '[1,'"),
-    (["train", "--set", "jagged=maybe"], "TrainConfig.jagged expects a boolean (true/false, 1/0, yes/no), got 'maybe'"),
+    (["train", "--set", "jagged=maybe"], "jagged expects a boolean (true/false, 1/0, yes/no), got 'maybe'"),
     (["train", "--lr", "nan"], "argument --lr: expected a finite number, got 'nan'"),
     (["train", "--set", "kernel=fastest"], "--set kernel=fastest: valid: auto, reference"),
     (["data", "generate", "--set", "zipf_a=-3"], "DataConfig.zipf_a must be > 0, got -3.0"),
@@ -73,13 +75,32 @@ def test_values_are_parsed_by_the_field_type(cli, args, message):
 
 
 def test_typed_values_through_the_real_cli():
-    assert "TrainConfig.jagged expects a boolean" in error_line(gemref("train", "--set", "jagged=maybe"))
+    assert "jagged expects a boolean" in error_line(gemref("train", "--set", "jagged=maybe"))
     assert "DataConfig.n_train expects an integer" in error_line(gemref("data", "generate", "--set", "n_train=abc"))
 
 
+@pytest.mark.parametrize("name, text, value", [
+    ("lr", "1e-3", 1e-3), ("lr", "2", 2.0), ("steps", " 12 ", 12), ("jagged", "YES", True), ("jagged", "0", False),
+    ("mesh", "2x2", "2x2"), ("ac_budget", "0.5", 0.5), ("kernel", "auto", "auto"),
+])
+def test_parse_switch_accepts(name, text, value):
+    parsed = parse_switch(name, text)
+    assert parsed == value and type(parsed) is type(value)
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("steps", "1.5", "TrainConfig.steps expects an integer"), ("steps", "1e3", "TrainConfig.steps expects"),
+    ("steps", "true", "TrainConfig.steps expects"), ("lr", "inf", "TrainConfig.lr expects a finite number"),
+    ("lr", "", "TrainConfig.lr expects"), ("jagged", "maybe", "jagged expects a boolean"),
+    ("jagged", "2", "jagged expects a boolean"), ("ac_budget", "half", "ac_budget expects a finite number"),
+    ("kernel", "fastest", "--set kernel=fastest: valid: auto, reference"), ("foo", "1", "unknown TrainConfig field 'foo'"),
+])
+def test_parse_switch_rejects_naming_the_switch_and_type(name, text, message):
+    with pytest.raises(UsageError, match="^" + re.escape(message)):
+        parse_switch(name, text)
+
+
 @pytest.mark.parametrize("cls, name, text, value", [
-    (TrainConfig, "lr", "1e-3", 1e-3), (TrainConfig, "lr", "2", 2.0), (TrainConfig, "steps", " 12 ", 12),
-    (TrainConfig, "jagged", "YES", True), (TrainConfig, "jagged", "0", False), (TrainConfig, "mesh", "2x2", "2x2"),
     (ModelConfig, "sparse_vocab", "[8, 64]", (8, 64)), (ModelConfig, "sparse_vocab", "8,64", (8, 64)),
     (ModelConfig, "sparse_vocab", "(5,)", (5,)),
 ])
@@ -89,9 +110,7 @@ def test_parse_field_accepts(cls, name, text, value):
 
 
 @pytest.mark.parametrize("cls, name, text", [
-    (TrainConfig, "steps", "1.5"), (TrainConfig, "steps", "1e3"), (TrainConfig, "steps", "true"),
-    (TrainConfig, "lr", "inf"), (TrainConfig, "lr", ""), (TrainConfig, "jagged", "maybe"),
-    (TrainConfig, "jagged", "2"), (ModelConfig, "sparse_vocab", "[1,"), (ModelConfig, "sparse_vocab", "[1, x]"),
+    (TrainConfig, "steps", "1.5"), (TrainConfig, "lr", "inf"), (ModelConfig, "sparse_vocab", "[1,"), (ModelConfig, "sparse_vocab", "[1, x]"),
     (ModelConfig, "sparse_vocab", "[1, 2)"),
 ])
 def test_parse_field_rejects_naming_field_and_type(cls, name, text):
@@ -105,7 +124,7 @@ def test_has_type_keeps_bools_out_of_numbers():
 
 
 @pytest.mark.parametrize("cfg, change, message", [
-    (TINY.train, {"jagged": "maybe"}, "TrainConfig.jagged expects a boolean"),
+    (TINY.train, {"jagged": "maybe"}, "^jagged expects a boolean"),
     (TINY.train, {"steps": 2.0}, "TrainConfig.steps expects an integer"),
     (TINY.train, {"lr": math.nan}, "TrainConfig.lr expects a finite number"),
     (TINY.train, {"lr": 0.0}, "TrainConfig.lr must be > 0"),

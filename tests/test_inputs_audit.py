@@ -59,8 +59,8 @@ def test_config_ranges_the_first_pass_missed(cfg, change, message):
 def test_config_range_edges_still_accepted():
     assert override(TINY.train, seed=MAX_SEED).seed == MAX_SEED
     assert override(TINY.model, window=TINY.model.max_len).window == TINY.model.max_len
-    assert override(TINY.train, checkpoint_dir="ck", resume=True).resume      # resume without saving more
-    assert override(TINY.train, checkpoint_dir="ck", checkpoint_every=2, steps=2).checkpoint_every == 2
+    assert override(TINY.train, checkpoint_dir="ck", resume=True).checkpoint.resume      # resume without saving more
+    assert override(TINY.train, checkpoint_dir="ck", checkpoint_every=2, steps=2).checkpoint.every == 2
 
 
 def test_a_huge_seed_through_the_real_cli():

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gemref.cli import main
-from gemref.config import MeshShape, TrainConfig, get_preset
+from gemref.config import MeshShape, TrainConfig, get_preset, override
 from gemref.errors import UsageError
 from gemref.interop.lib import available
 
@@ -32,12 +32,13 @@ needs_torchrec = pytest.mark.skipif(not available(), reason="TorchRec is not ins
 ])
 def test_configs_2d_cannot_run_are_usage_errors(changes, names):
     with pytest.raises(UsageError) as e:
-        TrainConfig(**changes)
+        override(TrainConfig(), **changes)
     assert all(n in str(e.value) for n in names) and "\n" not in str(e.value), str(e.value)
 
 
 def test_a_2d_config_on_a_mesh_with_replicas_and_shards_is_accepted():
-    assert TrainConfig(embeddings="torchrec", mesh="2x2", torchrec_2d=True, torchrec_sharding="row_wise").torchrec_2d
+    assert override(TrainConfig(), embeddings="torchrec", mesh="2x2", torchrec_2d=True,
+                    torchrec_sharding="row_wise").embedding_tables.torchrec_2d
 
 
 def test_the_cli_refuses_2d_on_cpu_in_one_line_before_any_rank_starts(capsys):

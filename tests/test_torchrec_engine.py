@@ -28,7 +28,7 @@ needs_torchrec = pytest.mark.skipif(not available(), reason="TorchRec is not ins
 ])
 def test_impossible_combinations_are_usage_errors_naming_both(changes, names):
     with pytest.raises(UsageError) as e:
-        TrainConfig(**changes)
+        override(TrainConfig(), **changes)
     assert all(n in str(e.value) for n in names), str(e.value)
 
 

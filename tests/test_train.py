@@ -216,7 +216,7 @@ def test_the_record_names_what_the_config_resolved_to_and_the_knobs(data_root, m
     monkeypatch.setenv("GEMREF_CPU_GEMM", "blas")
     record = run(TINY, override(TINY.train, steps=2, warmup_steps=1, eval_batches=1, jagged=True, kernel="auto"),
                  device="cpu", progress=False, measure_memory=False)
-    assert "switches" not in record and record["config"]["train"]["kernel"] == "auto"
+    assert "switches" not in record and record["config"]["train"]["attention"]["kernel"] == "auto"
     assert record["resolved"]["kernel"] in ("cpu_fused", "cpu_jagged") and record["resolved"]["precision"] == "fp32"
     assert record["environment"]["GEMREF_CPU_GEMM"] == "blas" and "GEMREF_GDPA" in record["environment"]
 
@@ -224,8 +224,8 @@ def test_the_record_names_what_the_config_resolved_to_and_the_knobs(data_root, m
 def test_jagged_run_records_its_switches(data_root):
     train = override(TINY.train, steps=4, warmup_steps=1, eval_batches=1, jagged=True, kernel="auto")
     record = run(TINY, train, device="cpu", progress=False, measure_memory=False)
-    assert record["config"]["train"]["jagged"] is True
-    assert record["config"]["train"]["kernel"] == "auto" and record["resolved"]["kernel"] != "auto"
+    assert record["config"]["train"]["attention"]["jagged"] is True
+    assert record["config"]["train"]["attention"]["kernel"] == "auto" and record["resolved"]["kernel"] != "auto"
 
 
 # ----------------------------------------------------------------------------- it stops on NaN/inf
@@ -313,5 +313,5 @@ def test_bad_settings_are_value_errors():
 
 
 def test_unknown_precision_is_rejected():
-    with pytest.raises(ValueError, match="unknown precision 'fp4'; valid: auto, fp32"):
+    with pytest.raises(ValueError, match="precision='fp4'; valid: auto, fp32"):
         override(TINY.train, precision="fp4")

@@ -336,7 +336,7 @@ def test_every_recorded_window_satisfies_the_decomposition(record):
 def test_na_rung_is_kept_with_its_reason_and_skipped(record):
     rows = record[0]["rungs"]
     assert rows[2]["status"] == "n/a here: never applies"
-    assert rows[3]["config"]["train"]["jagged"] is True          # the next rung builds on rung 1
+    assert rows[3]["config"]["train"]["attention"]["jagged"] is True          # the next rung builds on rung 1
     assert (record[1] / "waterfall.json").exists()
 
 
@@ -396,7 +396,7 @@ def test_two_ranks_interleave_in_one_launch(data_root):
                         ladder=[by_key["baseline"], by_key["load_balance"], by_key["fsdp_2d"]])
     rows = rec["rungs"]
     assert [r["status"] for r in rows] == ["ran"] * 3 and rec["groups"] == [[0, 1, 2]]
-    assert rows[2]["config"]["train"]["mesh"] == "1x2" and rows[1]["config"]["train"]["balance"] == "kk"
+    assert rows[2]["config"]["train"]["parallelism"]["mesh"] == "1x2" and rows[1]["config"]["train"]["balancing"]["policy"] == "kk"
     for r in rows:
         if r["windows_kept"]:
             assert r["local_mfu"] * r["scaling_ratio"] == pytest.approx(r["mfu"], rel=1e-9)
@@ -409,10 +409,10 @@ def test_two_ranks_interleave_in_one_launch(data_root):
 def test_with_local_balances_rung_5_locally_and_unknown_options_list_the_valid_ones():
     by_key = {rung.key: rung for rung in LADDER}
     cpu = torch.device("cpu")
-    assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2)).balance == "kk"
-    assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2, ("local",))).balance == "local"
+    assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2)).balancing.policy == "kk"
+    assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2, ("local",))).balancing.policy == "local"
     assert check_options(["window", "local"]) == ("local", "window")        # WITH_OPTIONS' order
-    assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2, ("shared",))).balance == "shared"
+    assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2, ("shared",))).balancing.policy == "shared"
     assert list(WITH_OPTIONS) == ["local", "shared", "compressed_ac", "window", "torchrec"]
     with pytest.raises(UsageError, match="unknown waterfall option.s. 'fast'; valid: local, shared, compressed_ac, window, "
                                          "torchrec"):
@@ -430,8 +430,8 @@ def test_with_torchrec_shards_rung_6s_tables_with_torchrec_instead_of_gemrefs_ro
     cpu = torch.device("cpu")
     native = fsdp.configure(TINY.train, Context(TINY, cpu, 2))
     torchrec = fsdp.configure(TINY.train, Context(TINY, cpu, 2, ("torchrec",)))
-    assert (native.embeddings, native.sparse_sharding, native.mesh) == ("native", "row", "1x2")
-    assert (torchrec.embeddings, torchrec.sparse_sharding, torchrec.mesh) == ("torchrec", "none", "1x2")
+    assert (native.embedding_tables.engine, native.parallelism.sparse_sharding, native.parallelism.mesh) == ("native", "row", "1x2")
+    assert (torchrec.embedding_tables.engine, torchrec.parallelism.sparse_sharding, torchrec.parallelism.mesh) == ("torchrec", "none", "1x2")
 
 
 def test_with_window_sets_a_quarter_of_max_len_on_every_rung():
@@ -450,13 +450,14 @@ def test_with_compressed_ac_rung_4_trains_with_compressed_saved_activations(data
                         out_dir=tmp_path, log=lambda s: None)
     jagged, autoac = rec["rungs"]
     assert rec["with"] == {"compressed_ac": WITH_OPTIONS["compressed_ac"]}
-    assert autoac["config"]["train"]["ac"] == "auto" and autoac["config"]["train"]["ac_compress"] == "mxfp8"
-    assert autoac["batch_size"] > jagged["batch_size"] and jagged["config"]["train"]["ac_compress"] == "none"
+    assert autoac["config"]["train"]["activation_checkpoint"]["mode"] == "auto"
+    assert autoac["config"]["train"]["activation_checkpoint"]["compress"] == "mxfp8"
+    assert autoac["batch_size"] > jagged["batch_size"] and jagged["config"]["train"]["activation_checkpoint"]["compress"] == "none"
     plan = autoac["ac_plan"]
     assert plan["counts"].get("compressed", 0) > 0 and plan["counts"].get("full", 0) == 0 and jagged["ac_plan"] is None
-    assert "C" in autoac["config"]["train"]["ac_plan"]      # the plan the parent solved, handed to the rank as is
+    assert "C" in autoac["config"]["train"]["activation_checkpoint"]["plan"]      # the plan the parent solved, handed to the rank as is
     assert notes(rec)[0] == f"with compressed_ac: {WITH_OPTIONS['compressed_ac']}"
-    assert json.loads((tmp_path / "rung1_autoac.json").read_text())["row"]["config"]["train"]["ac_compress"] == "mxfp8"
+    assert json.loads((tmp_path / "rung1_autoac.json").read_text())["row"]["config"]["train"]["activation_checkpoint"]["compress"] == "mxfp8"
 
 
 def test_the_compile_rung_compiles_the_plans_regions_or_says_why_none(monkeypatch):
@@ -480,7 +481,7 @@ def test_the_compile_rung_compiles_the_plans_regions_or_says_why_none(monkeypatc
     monkeypatch.setattr(rungs, "plan_regions", fake_plan(None, None, rows))
     threads = torch.get_num_threads()
     out = compile_rung.configure(start, Context(TINY, torch.device("cpu"), 2))
-    assert out.compile and out.compile_regions == "sequence.mix"
+    assert out.compilation.enabled and out.compilation.regions == "sequence.mix"
     assert seen == {"rows": 4, "threads": 1} and torch.get_num_threads() == threads
     lost = [{**r, "kept": False} for r in rows]
     monkeypatch.setattr(rungs, "plan_regions", fake_plan(None, None, lost))
@@ -510,4 +511,5 @@ def test_the_autoac_rung_builds_on_a_compile_rung_that_compiled_only_some_region
     start = override(TINY.train, jagged=True, kernel="auto", compile=True, compile_regions="interaction",
                      batch_size=16)
     out = by_key["autoac"].configure(start, Context(TINY, torch.device("cpu"), 2))
-    assert isinstance(out, str) or (out.compile and out.compile_regions == "interaction" and out.ac == "auto")
+    assert isinstance(out, str) or (out.compilation.enabled and out.compilation.regions == "interaction"
+                                    and out.activation_checkpoint.mode == "auto")

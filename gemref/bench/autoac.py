@@ -103,7 +103,7 @@ def strategy_config(b: Bench, strategy: str, plan: Plan | None = None, *, budget
                     compiled: bool | None = None, compress: str = "none") -> TrainConfig:
     """The TrainConfig of a strategy (training's switches, so train.build_model applies it: AC
     before compile, as in training). `plan`: AutoAC's solved plan for "auto"."""
-    compiled = b.train.compile if compiled is None else compiled
+    compiled = b.train.compilation.enabled if compiled is None else compiled
     if strategy == "pt2":
         return override(b.train, compile=True, ac="pt2", ac_budget=budget, ac_compress="none")
     if strategy == "auto":
@@ -176,10 +176,10 @@ def budget_sweep(b: Bench, budgets=DEFAULT_BUDGETS, *, pt2: bool = True, log=pri
     for f in budgets:
         if not 0.0 < f <= 1.0:
             raise ValueError(f"budgets are fractions in (0, 1], got {f}")
-    eager_twin = b.device.type == "cpu" and b.train.compile   # CPU can't see compiled + checkpointed bytes
+    eager_twin = b.device.type == "cpu" and b.train.compilation.enabled   # CPU can't see compiled + checkpointed bytes
     log("profiling every block (eager) ...")
     eager = strategy_model(b, "none", compiled=False)
-    profile = profile_blocks(eager, b.batches[0], options=("full",) if b.train.compile else ("selective", "full"),
+    profile = profile_blocks(eager, b.batches[0], options=("full",) if b.train.compilation.enabled else ("selective", "full"),
                              autocast_dtype=b.autocast)
     base = profile.base_bytes
     reference_backward = backward_flops(forward_loss(eager, b.batches[0], b.autocast), eager)
@@ -249,7 +249,7 @@ def batch_gain(b: Bench, memory_budget: int | None = None, max_batch: int | None
     log(f"searching batch sizes under {memory_budget / 2**20:.1f} MiB ...")
     found = find_batch_size(eager, batch_of, memory_budget, autocast_dtype=b.autocast,
                             max_batch=min(len(b.dataset), max_batch or 16 * b.train.batch_size),
-                            options=("full",) if b.train.compile else ("selective", "full"))
+                            options=("full",) if b.train.compilation.enabled else ("selective", "full"))
     log(f"timing batch {found.no_ac_batch} without AC against batch {found.autoac_batch} with AutoAC ...")
     cfg, count = b.preset.model, len(b.batches)
     batches = {"none": timed_batches(b, found.no_ac_batch, count), "auto": timed_batches(b, found.autoac_batch, count)}
@@ -314,7 +314,7 @@ def run(args) -> int:
     log = lambda s: print(s, flush=True)   # noqa: E731
     sweep = budget_sweep(b, budgets, pt2=not args.no_pt2, log=log)
     title = (f"AutoAC bench: {b.preset.name}, batch {b.train.batch_size}, kernel {b.s.kernel}, "
-             f"compile={b.train.compile}, {b.device.type} ({torch.get_num_threads()} threads), "
+             f"compile={b.train.compilation.enabled}, {b.device.type} ({torch.get_num_threads()} threads), "
              f"no-AC activations {sweep['profile']['base_bytes'] / 2**20:.1f} MiB ({sweep['profile']['method']})")
     print(format_table(sweep["rows"], SWEEP_COLUMNS, title=title))
     if sweep["done_when"]:
@@ -324,7 +324,7 @@ def run(args) -> int:
               f"{'met' if d['met'] else 'NOT met'})")
     record = {"kind": "bench_autoac", "preset": b.preset.name, "data": asdict(b.preset.data),
               "batch_size": b.train.batch_size,
-              "kernel": b.s.kernel, "compile": b.train.compile, "steps": args.steps_per_strategy, "warmup": args.warmup,
+              "kernel": b.s.kernel, "compile": b.train.compilation.enabled, "steps": args.steps_per_strategy, "warmup": args.warmup,
               "device": {"type": b.device.type, "threads": torch.get_num_threads(), "machine": platform.machine()},
               "versions": versions(),
               "peak_flops": b.peak, **sweep}

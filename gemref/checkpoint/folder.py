@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import UsageError
-from ..config import Preset, TrainConfig
+from ..config import Preset, TrainConfig, switch_values
 from ..data.manifest import sha256_file
 from ..runtime.files import atomic_write_text
 from ..runtime.locks import LOCK_NAME
@@ -65,7 +65,7 @@ def resume_checkpoint(root: str | Path) -> tuple[int, Path]:
 def run_description(preset: Preset, train: TrainConfig) -> dict:
     """The caller's part of a run's identity: preset name, model and data configs, trajectory fields."""
     desc = {"preset": preset.name, "model": asdict(preset.model), "data": asdict(preset.data),
-            "train": {name: getattr(train, name) for name in TRAJECTORY_FIELDS}}
+            "train": {name: switch_values(train)[name] for name in TRAJECTORY_FIELDS}}
     return json.loads(json.dumps(desc))
 
 

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     s = setup(preset, train, device=args.device)
     report = flops_report(s, sample_batch(s), verify=args.verify)
     print(format_table(report["components"], title=f"FLOPs of one training step ({preset.name}, "
-                       f"batch {train.batch_size}, jagged={train.jagged}, kernel={report['kernel']})"))
+                       f"batch {train.batch_size}, jagged={train.attention.jagged}, kernel={report['kernel']})"))
     for line in report["summary"]:
         print(line)
     if args.json:

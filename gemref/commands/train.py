@@ -45,17 +45,17 @@ def plan_ranks(train: TrainConfig, ranks: int | None, torchrun: int | None, devi
     ranks, backend, transport) are gemref/parallel/launch.py's preflight; the rank count
     against the machine (the same check the preflight makes) comes first, so that a count this
     machine cannot run is named before anything derived from it."""
-    if train.torchrec_2d and device_type != "cuda":   # before any rank starts: DMPCollection asserts CUDA
+    if train.embedding_tables.torchrec_2d and device_type != "cuda":   # before any rank starts: DMPCollection asserts CUDA
         from ..interop.sharders import two_d_refusal
         raise UsageError(two_d_refusal(device_type))
-    mesh = parse_mesh(train.mesh)
+    mesh = parse_mesh(train.parallelism.mesh)
     world = ranks if ranks is not None else torchrun
     if world is None:
         if mesh.world > 1:
-            raise UsageError(f"--mesh {train.mesh} needs {mesh.world} ranks: add --ranks {mesh.world} "
+            raise UsageError(f"--mesh {train.parallelism.mesh} needs {mesh.world} ranks: add --ranks {mesh.world} "
                              "(or launch with torchrun)")
-        for flag, value, what in (("--balance", train.balance, "splits each global batch across ranks"),
-                                  ("--sparse-sharding", train.sparse_sharding, "shards the embedding tables "
+        for flag, value, what in (("--balance", train.balancing.policy, "splits each global batch across ranks"),
+                                  ("--sparse-sharding", train.parallelism.sparse_sharding, "shards the embedding tables "
                                                                                "across ranks")):
             if value != "none":      # one process: nothing to split, the switch would do nothing
                 raise UsageError(f"{flag} {value} {what}: add --ranks N (or launch with torchrun)")
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     preset = dataset_preset(base, args.dataset, train)   # the preset's checks of the config against its data
     out = Path(args.out) if args.out else None
     json_path = args.json or (out / "run.json" if out else None)
-    ckpt_lock = folder_lock(train.checkpoint_dir, "--checkpoint-dir") if train.checkpoint_dir else nullcontext()
+    ckpt_lock = folder_lock(train.checkpoint.folder, "--checkpoint-dir") if train.checkpoint.folder else nullcontext()
     try:
         with ckpt_lock:           # one run writes a checkpoint folder at a time
             records = launch_runs(preset, [train], ranks=args.ranks, device=args.device, json_path=json_path,

@@ -84,7 +84,7 @@ class RegionPlan:
     margin: float
 
     def regions_text(self) -> str:
-        """TrainConfig.compile_regions of this plan ("" when no region wins)."""
+        """The compile_regions switch (TrainConfig.compilation.regions) of this plan ("" when no region wins)."""
         return ",".join(self.kept)
 
 

@@ -1,8 +1,8 @@
 """Typed values of config dataclass fields: parse a user's string by the field's declared type,
 and check that a value has it.
 
-The declared types gemref/config/ uses are int, float, bool, str, tuple[int, ...] and
-int | None:
+The declared types gemref/config/ uses are int, float, bool, str, tuple[int, ...],
+int | None, and (checked, never parsed from text) a dataclass, such as TrainConfig's sections:
     int     decimal integers ("12", "-3"); "1.5" and "abc" are errors
     int | None  an integer as above, or "none" (any case) for None
     float   finite numbers ("0.001", "1e-3", "2"); "nan", "inf" and "abc" are errors
@@ -13,6 +13,7 @@ Errors are UsageErrors naming the field, the expected type and the value given.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -39,6 +40,8 @@ def field_types(cls: type) -> dict[str, Any]:
 
 def expected(tp: Any) -> str:
     """'an integer', 'a finite number', ... for an error message."""
+    if dataclasses.is_dataclass(tp):
+        return f"a {tp.__name__}"
     if tp not in _EXPECTED:
         raise TypeError(f"no parser for declared type {tp!r}; supported: int, float, bool, str, "
                         "tuple[int, ...], int | None")
@@ -115,6 +118,8 @@ def has_type(value: Any, tp: Any) -> bool:
         return isinstance(value, tuple) and all(has_type(v, int) for v in value)
     if tp == OPTIONAL_INT:
         return value is None or has_type(value, int)
+    if dataclasses.is_dataclass(tp):
+        return isinstance(value, tp)
     raise TypeError(f"no check for declared type {tp!r}")
 
 
@@ -125,19 +130,3 @@ def check_field_types(obj: Any) -> None:
         if not has_type(value, tp):
             raise UsageError(f"{type(obj).__name__}.{name} expects {expected(tp)}, got {value!r}")
 
-
-# torch.compile's region kinds (gemref/compile/apply.py REGION_KINDS, plus the loss): TrainConfig.compile_regions
-COMPILE_REGIONS = ("sequence.project", "sequence.mix", "interaction", "cross.project", "cross.mix", "loss")
-
-
-def parse_compile_regions(text: str) -> tuple[str, ...]:
-    """The region kinds `text` names ("all", or COMPILE_REGIONS comma-separated), in COMPILE_REGIONS
-    order; an unknown, repeated or missing name is a UsageError listing the valid ones."""
-    if text == "all":
-        return COMPILE_REGIONS
-    names = [n.strip() for n in text.split(",")]
-    bad = [n for n in names if n not in COMPILE_REGIONS]
-    if bad or not names or len(set(names)) != len(names):
-        raise UsageError(f"compile_regions={text!r}: give 'all' or distinct names among "
-                         f"{', '.join(COMPILE_REGIONS)}, comma-separated")
-    return tuple(n for n in COMPILE_REGIONS if n in names)

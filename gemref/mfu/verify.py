@@ -22,7 +22,7 @@ def flops_report(s, batch, *, verify: bool = False) -> dict:
     cfg, train = s.preset.model, s.train
     model = model_flops(cfg, batch.lengths)
     palm = model_flops(cfg, batch.lengths, convention="palm")
-    executed = executed_flops(cfg, batch.lengths, jagged=train.jagged, kernel=s.kernel, device=s.device)
+    executed = executed_flops(cfg, batch.lengths, jagged=train.attention.jagged, kernel=s.kernel, device=s.device)
     rows = [{"component": c, "model_fwd": model.forward[c],
              "model_train": model.forward[c] + model.backward[c],
              "model_train_palm": palm.forward[c] + palm.backward[c],
@@ -30,7 +30,7 @@ def flops_report(s, batch, *, verify: bool = False) -> dict:
     rows.append({"component": "total", "model_fwd": model.total_forward, "model_train": model.total,
                  "model_train_palm": palm.total, "executed_train": executed.total})
     report = {"preset": s.preset.name, "batch_size": batch.batch_size, "tokens": batch.num_tokens,
-              "jagged": train.jagged, "kernel": s.kernel, "components": rows,
+              "jagged": train.attention.jagged, "kernel": s.kernel, "components": rows,
               "model_flops": model.total, "model_flops_palm": palm.total, "executed_flops": executed.total,
               "waste_flops": executed.total - model.total,
               "summary": [f"model FLOPs/step {model.total:.4e} (train = 3 x forward, real lengths); "

@@ -44,7 +44,7 @@ class ParallelState:
 
     def finish_backward(self, model: nn.Module) -> None:
         """Gradient syncs FSDP does not do itself: the sharded tables' replicas."""
-        if self.train.sparse_sharding != "none":
+        if self.train.parallelism.sparse_sharding != "none":
             sync_replica_grads(model, self.mesh)
 
     def sum(self, values: list[float]) -> list[float]:
@@ -62,12 +62,12 @@ class ParallelState:
 def parallel_state(train: TrainConfig, device: torch.device) -> tuple[ParallelState | None, torch.device]:
     """The mesh over the running process group (and this rank's device); (None, device) in one plain process."""
     if not dist.is_initialized() and comm.ncclx_mesh_built() is None:
-        if train.mesh != "1x1" or train.sparse_sharding != "none":
-            shape = parse_mesh(train.mesh)
-            raise UsageError(f"mesh={train.mesh} / sparse_sharding={train.sparse_sharding} need a process group: "
+        if train.parallelism.mesh != "1x1" or train.parallelism.sparse_sharding != "none":
+            shape = parse_mesh(train.parallelism.mesh)
+            raise UsageError(f"mesh={train.parallelism.mesh} / sparse_sharding={train.parallelism.sparse_sharding} need a process group: "
                              f"pass --ranks {shape.world} or launch with torchrun --nproc-per-node {shape.world}")
         return None, device
-    shape = parse_mesh(train.mesh)
+    shape = parse_mesh(train.parallelism.mesh)
     mesh = build_mesh(shape, device.type)
     backend = "ncclx" if comm.ncclx_mesh_built() is not None else dist.get_backend()
     state = ParallelState(mesh, shape, dist.get_rank(), dist.get_world_size(), backend, train)
@@ -80,12 +80,12 @@ def parallelize(model: nn.Module, train: TrainConfig, state: ParallelState, devi
     bucketed all-reduce overlapped with the backward (replicate.py). Otherwise sparse tables
     first (FSDP must ignore them), then FSDP. `ignored`: a module sharded and updated by someone
     else (TorchRec's tables), left out of DDP and FSDP."""
-    if state.shape.shard == 1 and train.sparse_sharding == "none":
+    if state.shape.shard == 1 and train.parallelism.sparse_sharding == "none":
         apply_replicate(model, state.mesh, ignored_modules=[ignored] if ignored is not None else ())
         return
-    ignored = shard_tables(model, state.mesh, train.sparse_sharding) + \
+    ignored = shard_tables(model, state.mesh, train.parallelism.sparse_sharding) + \
         (list(ignored.parameters()) if ignored is not None else [])
-    apply_fsdp(model, state.mesh, device, reshard_after_forward=train.reshard_after_forward,
+    apply_fsdp(model, state.mesh, device, reshard_after_forward=train.parallelism.reshard_after_forward,
                ignored_params=ignored)
 
 
@@ -123,9 +123,9 @@ def measure_comm(state: ParallelState, preset: Preset, model: nn.Module, batch, 
     comm.attach_times(recorder.collectives, prof)
     tc = state.train
     analytic = step_volume(preset.model, state.shape, rank=state.rank, batch=batch.batch_size,
-                           tokens=batch.num_tokens, jagged=tc.jagged, param_bytes=2 if cuda else 4,
-                           reduce_bytes=4, reshard_after_forward=tc.reshard_after_forward,
-                           sparse_sharding=tc.sparse_sharding)
+                           tokens=batch.num_tokens, jagged=tc.attention.jagged, param_bytes=2 if cuda else 4,
+                           reduce_bytes=4, reshard_after_forward=tc.parallelism.reshard_after_forward,
+                           sparse_sharding=tc.parallelism.sparse_sharding)
     per_rank = state.gather({"recorded": recorder.summary(), "analytic": analytic,
                              "overlap": comm.comm_overlap(prof)})
     rows: dict[tuple[str, str], dict] = {}

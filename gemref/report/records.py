@@ -17,7 +17,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 import torch
 
-from ..config import Preset, TrainConfig
+from ..config import RECORD_VERSION, Preset, TrainConfig, train_as_record
 from ..env import knobs, versions
 from ..mfu.meter import MeterSummary, gemm_dtype
 from ..mfu.timing import StepRecord
@@ -83,9 +83,10 @@ class MemoryRecord(TypedDict):
 class RunRecord(MeterSummary):
     """A training run (`kind` "train"), with the meter's summary keys (gemref/mfu/meter.py)."""
 
+    record_version: int                   # gemref/config/record.py RECORD_VERSION (none before the config's sections: 1)
     kind: Literal["train"]
     preset: str
-    config: dict[str, dict[str, Any]]     # {"model", "data", "train"}: the dataclasses as dicts (the switches)
+    config: dict[str, dict[str, Any]]     # {"model", "data", "train"}: the dataclasses as dicts (the switches, by section)
     resolved: Resolved
     environment: dict[str, str | None]    # the knobs that change what runs (gemref/env.py KNOBS)
     compile: dict[str, Any] | None        # gemref/compile/apply.py CompileStats, None when not compiled
@@ -151,14 +152,15 @@ def run_record(preset: Preset, train: TrainConfig, *, kernel: str, precision: Pr
                embeddings: dict | None = None) -> RunRecord:
     """The record of a finished run from its typed parts (`evals[-1]` is the final evaluation)."""
     record: RunRecord = {
+        "record_version": RECORD_VERSION,
         "kind": "train",
         "preset": preset.name,
-        "config": {"model": asdict(preset.model), "data": asdict(preset.data), "train": asdict(train)},
+        "config": {"model": asdict(preset.model), "data": asdict(preset.data), "train": train_as_record(train)},
         "resolved": {"kernel": kernel, "precision": precision.precision},
         "environment": knobs(),
         "compile": compile,
         "ac_plan": ac_plan,
-        "hfu_counts_recompute": train.ac != "pt2",
+        "hfu_counts_recompute": train.activation_checkpoint.mode != "pt2",
         "device": {"type": device.type, "name": device_name(device), "threads": torch.get_num_threads(),
                    "ranks": ranks},
         "dtype": precision_label(precision),

@@ -314,8 +314,8 @@ def _compare(preset: Preset, train: TrainConfig, plan, lengths, per_part, out: d
 
 def _kinds(preset: Preset, train: TrainConfig) -> tuple[str, ...]:
     """The collective kinds one step of this configuration runs."""
-    mesh = parse_mesh(train.mesh)
-    rows = step_collectives(preset.model, mesh, 1, 1, True, 4, train.sparse_sharding)
+    mesh = parse_mesh(train.parallelism.mesh)
+    rows = step_collectives(preset.model, mesh, 1, 1, True, 4, train.parallelism.sparse_sharding)
     return tuple(k for k in KINDS if any(r["kind"] == k for r in rows))
 
 
@@ -326,10 +326,10 @@ def _predict_step(preset: Preset, train: TrainConfig, tiers: dict, cost: SampleC
     The imbalance is that of the measured one-process seconds of the ranks' parts (the cost the
     ranks really wait for); the model-FLOP imbalance the projection uses is returned next to it."""
     ranks = len(parts)
-    mesh = parse_mesh(train.mesh)
+    mesh = parse_mesh(train.parallelism.mesh)
     tokens = sum(int(lengths[p].sum()) for p in parts) / ranks
     coll = comm_rows(step_collectives(preset.model, mesh, max(1, round(train.batch_size / ranks)), round(tokens), True, 4,
-                                      train.sparse_sharding), mesh, None, kind_tiers=tiers, algorithm="ring")
+                                      train.parallelism.sparse_sharding), mesh, None, kind_tiers=tiers, algorithm="ring")
     coll = exposed_only(coll)
     compute, imb = statistics.mean(seconds), imbalance(seconds)
     result = predict_step((compute + host) * share, imb, coll)

@@ -100,7 +100,7 @@ class Setup:
 
     def flops(self, lengths: Tensor):
         """This run's FLOP accounting of a step on batches of these lengths (gemref/mfu/flops.py)."""
-        return step_flops(self.preset.model, lengths, jagged=self.train.jagged, kernel=self.kernel,
+        return step_flops(self.preset.model, lengths, jagged=self.train.attention.jagged, kernel=self.kernel,
                           ac_choices=applied_plan(self.model), device=self.device)
 
     def timed_step(self, fetch, *, op_classes: bool = False) -> tuple[StepRecord, Tensor, JaggedBatch]:
@@ -111,7 +111,7 @@ class Setup:
 
 def resolve_precision(train: TrainConfig, device: torch.device) -> str:
     """The precision a run uses: `auto` is fp32 on CPU and bf16 autocast on CUDA."""
-    return train.precision if train.precision != "auto" else "bf16" if device.type == "cuda" else "fp32"
+    return train.mixed_precision.recipe if train.mixed_precision.recipe != "auto" else "bf16" if device.type == "cuda" else "fp32"
 
 
 def build_model(preset: Preset, train: TrainConfig, device: torch.device,
@@ -123,39 +123,39 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     # the dtype attention sees: bf16 under bf16 autocast (CUDA's default, CPU's "bf16"), else fp32
     dtype = torch.bfloat16 if precision == "bf16" or (device.type == "cuda" and precision != "fp32") else torch.float32
     cfg = preset.model
-    kernel = resolve_model_kernel(train.kernel, device, dtype, cfg.n_heads, cfg.head_dim, cfg.activation,
-                                  cfg.window) if train.jagged else "reference"
+    kernel = resolve_model_kernel(train.attention.kernel, device, dtype, cfg.n_heads, cfg.head_dim, cfg.activation,
+                                  cfg.window) if train.attention.jagged else "reference"
     torch.manual_seed(train.seed)
-    model = GEMRef(cfg, jagged=train.jagged, kernel=kernel).to(device)
-    report = apply_precision(model, precision, device=device, kernel=train.precision_kernel,
-                             min_dim=train.precision_min_dim)
+    model = GEMRef(cfg, jagged=train.attention.jagged, kernel=kernel).to(device)
+    report = apply_precision(model, precision, device=device, kernel=train.mixed_precision.kernel,
+                             min_dim=train.mixed_precision.min_dim)
     # CPU: each Linear GEMM on the fastest measured path, in the dtype its GEMMs run in
     use_fastest_cpu_gemms(model, device, "bf16" if report.autocast_dtype == torch.bfloat16 else "fp32")
-    compression = CompressionSpec(train.ac_compress) if train.ac_compress != "none" else None
-    if train.ac == "full":
+    compression = CompressionSpec(train.activation_checkpoint.compress) if train.activation_checkpoint.compress != "none" else None
+    if train.activation_checkpoint.mode == "full":
         apply_plan(model, {name: "full" for name in ac_blocks(model)})
-    elif train.ac == "auto" and train.ac_plan:   # planned already (e.g. by the waterfall, once per rung)
-        apply_plan(model, parse_plan(train.ac_plan, cfg.n_layers), compression=compression)
-    elif train.ac == "auto":                     # profiled eagerly at the batch this rank runs
+    elif train.activation_checkpoint.mode == "auto" and train.activation_checkpoint.plan:   # planned already (e.g. by the waterfall, once per rung)
+        apply_plan(model, parse_plan(train.activation_checkpoint.plan, cfg.n_layers), compression=compression)
+    elif train.activation_checkpoint.mode == "auto":                     # profiled eagerly at the batch this rank runs
         per_rank = max(1, train.batch_size // (parallel.world if parallel else 1))
         batch = representative_batch(preset, per_rank, device, seed=train.seed)
-        options = ("full",) if train.compile else ("selective", "full")
+        options = ("full",) if train.compilation.enabled else ("selective", "full")
         if compression is None:
-            auto_checkpoint(model, batch, train.ac_budget, options=options, autocast_dtype=report.autocast_dtype)
+            auto_checkpoint(model, batch, train.activation_checkpoint.budget, options=options, autocast_dtype=report.autocast_dtype)
         else:                  # one budget per block, "compressed" one more option for each
-            auto_checkpoint_regions(model, batch, train.ac_budget, compression, options=options,
+            auto_checkpoint_regions(model, batch, train.activation_checkpoint.budget, compression, options=options,
                                     autocast_dtype=report.autocast_dtype)
     elif compression is not None:   # no checkpointing: every block keeps its saved activations compressed
         apply_plan(model, {name: "compressed" for name in ac_blocks(model)}, compression=compression)
-    if train.compile:
-        compile_model(model, activation_memory_budget=train.ac_budget if train.ac == "pt2" else None,
-                      regions=parse_compile_regions(train.compile_regions))
-    if train.embeddings == "torchrec":   # TorchRec's tables (sharded by DMP over the ranks), gemref's dense layers
-        use_torchrec_tables(model, lr=train.lr, sharding=train.torchrec_sharding,
+    if train.compilation.enabled:
+        compile_model(model, activation_memory_budget=train.activation_checkpoint.budget if train.activation_checkpoint.mode == "pt2" else None,
+                      regions=parse_compile_regions(train.compilation.regions))
+    if train.embedding_tables.engine == "torchrec":   # TorchRec's tables (sharded by DMP over the ranks), gemref's dense layers
+        use_torchrec_tables(model, lr=train.lr, sharding=train.embedding_tables.torchrec_sharding,
                             batch_size=max(1, train.batch_size // (parallel.world if parallel else 1)),
-                            two_d_shard=parallel.shape.shard if train.torchrec_2d and parallel else None)
+                            two_d_shard=parallel.shape.shard if train.embedding_tables.torchrec_2d and parallel else None)
     if parallel is not None:
-        parallelize(model, train, parallel, device, ignored=model.tables if train.embeddings == "torchrec" else None)
+        parallelize(model, train, parallel, device, ignored=model.tables if train.embedding_tables.engine == "torchrec" else None)
     return model, kernel, report
 
 
@@ -178,7 +178,7 @@ def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimize
 
 def batch_sampler(lengths, preset: Preset, train: TrainConfig, rank: int, world: int) -> BalancedDistributedBatchSampler:
     """This rank's part of every global batch (drop_last: every step has the full global batch)."""
-    policy = "round_robin" if train.balance == "none" else train.balance
+    policy = "round_robin" if train.balancing.policy == "none" else train.balancing.policy
     cost = SampleCost(*sample_cost_coefficients(preset.model))
     return BalancedDistributedBatchSampler(lengths, train.batch_size, cost, rank=rank, world_size=world,
                                            seed=train.seed, policy=policy, drop_last=True)

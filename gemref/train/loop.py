@@ -107,13 +107,13 @@ def resume_step(s: Setup) -> int:
     against this run before anything is unpickled); else 0, after claiming the checkpoint
     folder for this run (a folder another run owns is refused before any training)."""
     tc = s.train
-    if not (tc.checkpoint_every or tc.resume):
+    if not (tc.checkpoint.every or tc.checkpoint.resume):
         return 0
-    step = start_from_checkpoint(tc.checkpoint_dir, s.model, s.optimizer, global_batch=tc.batch_size,
-                                 seed=tc.seed, resume=tc.resume, run=run_description(s.preset, tc),
-                                 overwrite=tc.checkpoint_overwrite)
+    step = start_from_checkpoint(tc.checkpoint.folder, s.model, s.optimizer, global_batch=tc.batch_size,
+                                 seed=tc.seed, resume=tc.checkpoint.resume, run=run_description(s.preset, tc),
+                                 overwrite=tc.checkpoint.overwrite)
     if step >= tc.steps:
-        raise UsageError(f"{tc.checkpoint_dir} is at step {step}, which is not below steps={tc.steps}: "
+        raise UsageError(f"{tc.checkpoint.folder} is at step {step}, which is not below steps={tc.steps}: "
                          "nothing to train")
     return step
 
@@ -161,8 +161,8 @@ def parallel_record(s: Setup, batch: JaggedBatch, timed: list[StepResult]) -> Pa
     s.optimizer.zero_grad(set_to_none=True)
     times = rank_times(par, [r.work.wall_s for r in timed], [r.work.cpu_s for r in timed],
                        [r.work.samples for r in timed])
-    return {"parallel": {"world": par.world, "mesh": tc.mesh, "backend": par.backend, "balance": tc.balance,
-                         "sparse_sharding": tc.sparse_sharding, "reshard_after_forward": tc.reshard_after_forward},
+    return {"parallel": {"world": par.world, "mesh": tc.parallelism.mesh, "backend": par.backend, "balance": tc.balancing.policy,
+                         "sparse_sharding": tc.parallelism.sparse_sharding, "reshard_after_forward": tc.parallelism.reshard_after_forward},
             "ranks": times, "memory_per_rank": memory, "comm": comm}
 
 
@@ -181,7 +181,7 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
     peak = run_peak(s.device, s.precision.precision, s.rank, s.precision.is_emulated)
     batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, start),
                                num_workers=tc.num_workers, device=s.device))
-    good = checkpoint_path(tc.checkpoint_dir, start) if start else None   # newest checkpoint of a good state
+    good = checkpoint_path(tc.checkpoint.folder, start) if start else None   # newest checkpoint of a good state
     compression = saved_compression(s.model)
     counts_before = dict(compression.stats) if compression else {}
     results: list[StepResult] = []
@@ -191,11 +191,11 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
     for step in bar:
         result = measure_step(s, batches, step)
         if result.nonfinite:
-            raise NonFiniteError(step, result.loss, good, bool(tc.checkpoint_dir and tc.checkpoint_every))
+            raise NonFiniteError(step, result.loss, good, bool(tc.checkpoint.folder and tc.checkpoint.every))
         results.append(result)
         bar.set_postfix(loss=f"{result.loss:.4f}", step_s=f"{result.work.step_s:.3f}")
-        if tc.checkpoint_every and step % tc.checkpoint_every == 0:
-            good = save_checkpoint(tc.checkpoint_dir, step, s.model, s.optimizer, global_batch=tc.batch_size,
+        if tc.checkpoint.every and step % tc.checkpoint.every == 0:
+            good = save_checkpoint(tc.checkpoint.folder, step, s.model, s.optimizer, global_batch=tc.batch_size,
                                    seed=tc.seed, run=run_description(s.preset, tc))
         if tc.eval_every and step % tc.eval_every == 0 and step < tc.steps:
             evals.append(evaluate(s, tc.eval_batches, step))
@@ -222,7 +222,7 @@ def run(preset: Preset | str, train: TrainConfig | None = None, *, device: str =
 
 
 def _run_on_rank(rank: int, world: int, preset: Preset, trains: list[TrainConfig], kwargs: dict):
-    with quiet_torchrec() if any(t.embeddings == "torchrec" for t in trains) else contextlib.nullcontext():
+    with quiet_torchrec() if any(t.embedding_tables.engine == "torchrec" for t in trains) else contextlib.nullcontext():
         records = [run(preset, train, **kwargs) for train in trains]
     return [json.loads(json.dumps(to_jsonable(r))) for r in records] if rank == 0 else None
 
@@ -238,6 +238,6 @@ def launch_runs(preset: Preset, trains: list[TrainConfig], *, ranks: int | None 
     input is checked by the one pre-flight check (gemref/parallel/launch.py) first."""
     if not trains:
         raise ValueError("launch_runs needs at least one TrainConfig")
-    plan = launch.preflight(device, [t.backend for t in trains], [parse_mesh(t.mesh) for t in trains], ranks)
+    plan = launch.preflight(device, [t.parallelism.backend for t in trains], [parse_mesh(t.parallelism.mesh) for t in trains], ranks)
     return launch.launch(_run_on_rank, (preset, list(trains), {"device": plan.device.type, **run_kwargs}), plan,
                          timeout_s=timeout_s)

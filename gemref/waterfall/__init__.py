@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import MeshShape, Preset, override
+from ..config import RECORD_VERSION, MeshShape, Preset, override, train_as_record
 from ..env import knobs, versions
 from ..mfu.peak import device_name
 from ..runtime.files import write_json
@@ -76,7 +76,7 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, window
     settings = Settings(windows, steps_per_window, warmup, window_warmup,
                         windows if max_retries is None else max_retries, profile_steps, measure_memory)
     options = check_options(options)
-    launch.preflight(device, [preset.train.backend], [MeshShape(ranks, 1)], ranks)   # before any rung is planned
+    launch.preflight(device, [preset.train.parallelism.backend], [MeshShape(ranks, 1)], ranks)   # before any rung is planned
     preset = preset_with(preset, options)
     ctx = Context(preset, torch.device(device), ranks, options)
     steps = plan(ladder or LADDER, override(preset.train, eval_every=0, eval_batches=1), ctx)
@@ -92,10 +92,10 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, window
     ran = [r for r in rows if r["status"] == "ran"]
     for row, c, peak in zip(ran, configs, peaks):
         row.update(peak_flops=peak["flops"], peak_source=peak["source"], mfu_basis=f"{peak['dtype']} peak",
-                   config={"model": asdict(preset.model), "train": asdict(c)})
+                   config={"model": asdict(preset.model), "train": train_as_record(c)})
     schedule = ("every rung alive, interleaved" if len(result["groups"]) == 1 else
                 "sliding pairs (the rungs' training state exceeds the memory share for all at once)")
-    record = {"preset": preset.name, "data": asdict(preset.data), "device": device, "ranks": ranks,
+    record = {"record_version": RECORD_VERSION, "preset": preset.name, "data": asdict(preset.data), "device": device, "ranks": ranks,
               "with": {name: WITH_OPTIONS[name] for name in options}, **asdict(settings), "schedule": schedule,
               "groups": result["groups"], "schedstat": result["schedstat"], "retries_used": result["retries_used"],
               "measured_on": provenance(device, ranks), "environment": knobs(), "rungs": rows}

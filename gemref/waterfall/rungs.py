@@ -174,7 +174,7 @@ def _autoac(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     model = build_model(ctx.preset, eager, device)[0]  # eager twin
     batch_of = lambda n: representative_batch(ctx.preset, n, device, seed=train.seed)  # noqa: E731
     budget = step_bytes(model, batch_of(per_rank))
-    options = ("full",) if train.compile else ("selective", "full")
+    options = ("full",) if train.compilation.enabled else ("selective", "full")
     if "compressed_ac" in ctx.options:
         compress = COMPRESSED_AC_FORMAT
         batch = _largest_compressed_batch(model, batch_of, budget, per_rank, 4 * per_rank)

@@ -81,7 +81,7 @@ def free_bytes(device: torch.device) -> float:
 def dtype_name(train: TrainConfig, device: torch.device) -> str:
     """The dtype whose peak a rung's MFU is measured against (gemref/mfu/meter.py `gemm_dtype`;
     float8/MXFP8 on a CPU are always emulated, in fp32)."""
-    emulated = device.type == "cpu" or train.precision_kernel == "emulated"
+    emulated = device.type == "cpu" or train.mixed_precision.kernel == "emulated"
     return gemm_dtype(resolve_precision(train, device), device.type, emulated)
 
 
@@ -137,7 +137,7 @@ def measure(preset: Preset, trains: list[TrainConfig], device: str, settings: Se
     dev = resolve_device(device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     peaks = {d: asdict(peak_flops(dev, d)) for d in sorted({dtype_name(t, dev) for t in trains})} if rank == 0 else {}
-    state = [projected_rank_bytes(preset.model, parse_mesh(t.mesh), t.sparse_sharding)["total"] for t in trains]
+    state = [projected_rank_bytes(preset.model, parse_mesh(t.parallelism.mesh), t.parallelism.sparse_sharding)["total"] for t in trains]
     free = min(_everyone(free_bytes(local_device(dev.type))))
     plan = schedule.groups(state, free)
     alive: dict[int, Rung] = {}
@@ -174,7 +174,7 @@ def measure(preset: Preset, trains: list[TrainConfig], device: str, settings: Se
 
 
 def _rank(rank: int, world: int, preset: Preset, trains: list[TrainConfig], device: str, settings: Settings):
-    with quiet_torchrec() if any(t.embeddings == "torchrec" for t in trains) else contextlib.nullcontext():
+    with quiet_torchrec() if any(t.embedding_tables.engine == "torchrec" for t in trains) else contextlib.nullcontext():
         return measure(preset, trains, device, settings)
 
 
@@ -183,5 +183,5 @@ def launch_measure(preset: Preset, trains: list[TrainConfig], *, ranks: int, dev
     """`measure` on the ranks of the one launcher (gemref/parallel/launch.py: in this process for
     one rank, as one torchrun rank, or on `ranks` spawned local ranks), checked before any
     process group exists. Rank 0's result; None on other torchrun ranks."""
-    plan = launch.preflight(device, [t.backend for t in trains], [parse_mesh(t.mesh) for t in trains], ranks)
+    plan = launch.preflight(device, [t.parallelism.backend for t in trains], [parse_mesh(t.parallelism.mesh) for t in trains], ranks)
     return launch.launch(_rank, (preset, trains, plan.device.type, settings), plan, timeout_s=timeout_s)

@@ -1,0 +1,57 @@
+"""The parallel section (rung 6): the RxS device mesh, FSDP's resharding, the embedding tables'
+sharding and the collectives' backend. `batch_size` (TrainConfig) is the global batch."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from .section import Section, switch
+
+SPARSE_SHARDINGS = ("none", "row", "table")               # gemref/parallel/sparse.py
+BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/comm.py
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """A 2D device mesh RxS (gemref/parallel/mesh.py builds it): R replica groups of S shards."""
+
+    replicate: int   # R: groups holding a full copy of the (sharded) parameters
+    shard: int       # S: ranks a parameter is split across
+
+    @property
+    def world(self) -> int:
+        return self.replicate * self.shard
+
+    def coordinates(self, rank: int) -> tuple[int, int]:
+        """(replicate index, shard index) of a global rank."""
+        return divmod(rank, self.shard)
+
+    def __str__(self) -> str:
+        return f"{self.replicate}x{self.shard}"
+
+
+def parse_mesh(spec: str) -> MeshShape:
+    """"RxS" -> MeshShape; anything else is a UsageError naming the field."""
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(spec))
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise UsageError(f"mesh={spec!r} must look like RxS with R, S >= 1 (e.g. 1x4, 2x2, 4x1)")
+    return MeshShape(int(m.group(1)), int(m.group(2)))
+
+
+@dataclass(frozen=True)
+class ParallelConfig(Section):
+    mesh: str = switch("1x1", "mesh", "rung 6: RxS mesh, R replica groups x S-way sharding (with --ranks N or "
+                       "torchrun: default 1xN, FSDP over all ranks)")
+    reshard_after_forward: bool = switch(True, "reshard_after_forward", "FSDP: free gathered parameters after "
+                                         "forward (--no-...: keep them for backward, more memory, less traffic)")
+    sparse_sharding: str = switch("none", "sparse_sharding", "rung 6: shard the embedding tables", SPARSE_SHARDINGS)
+    backend: str = switch("auto", "backend", "collectives (auto: nccl on cuda, gloo on cpu)", BACKENDS)
+
+    def check(self) -> None:
+        parse_mesh(self.mesh)
+
+    @property
+    def shape(self) -> MeshShape:
+        """The mesh as R and S."""
+        return parse_mesh(self.mesh)

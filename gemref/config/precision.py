@@ -1,0 +1,22 @@
+"""The precision section (rung 7): the Linear GEMMs' number format and its GEMM path."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from .section import Section, switch
+
+PRECISIONS = ("fp32", "bf16", "float8_rowwise", "float8_tensorwise", "mxfp8")   # gemref/precision/apply.py
+PRECISION_KERNELS = ("auto", "native", "emulated")                            # float8/MXFP8 GEMM paths
+
+
+@dataclass(frozen=True)
+class PrecisionConfig(Section):
+    recipe: str = switch("auto", "precision", "rung 7: Linear GEMM precision (auto: fp32 on CPU, bf16 on CUDA)",
+                         ("auto",) + PRECISIONS)
+    kernel: str = switch("auto", "precision_kernel", "float8/MXFP8 GEMM path", PRECISION_KERNELS)
+    min_dim: int = switch(64, "precision_min_dim", "Linear layers with min(in, out) below this stay in high precision")
+
+    def check(self) -> None:
+        if self.min_dim < 0:
+            raise UsageError(f"precision_min_dim must be >= 0, got {self.min_dim}")

@@ -1,0 +1,57 @@
+"""A TrainConfig as a record stores it, and back: the run record's config version.
+
+Records (gemref/report/records.py, the waterfall's) store `dataclasses.asdict(train)`:
+version 2 nests each section under its name ({"attention": {"jagged": ..., "kernel": ...},
+...}). Version 1 (records written before the sections; they carry no version) stored every
+switch flat under its switch name ({"jagged": ..., "ac_budget": ...}); such records still load,
+their names routed as `override` routes them. A record is a file someone handed in: every key
+and value is checked as the dataclasses check them, and an unknown key, a missing section
+field's type or a version newer than this code is a UsageError, never a silent default.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+from typing import Any
+
+from ..errors import UsageError
+from .train import TrainConfig, sections, with_switches
+
+RECORD_VERSION = 2          # the "record_version" of every record gemref writes
+READABLE_VERSIONS = (1, 2)  # 1: flat switches, no "record_version" key
+
+
+def train_as_record(train: TrainConfig) -> dict[str, Any]:
+    """The JSON-able dict a record stores (sections nested)."""
+    return asdict(train)
+
+
+def record_version(record: dict) -> int:
+    """A record's version: its "record_version" (1 where it has none); a version this code does
+    not read is a UsageError."""
+    version = record.get("record_version", 1)
+    if version not in READABLE_VERSIONS:
+        raise UsageError(f"record_version {version!r}: this gemref reads versions "
+                         f"{', '.join(map(str, READABLE_VERSIONS))} (a newer gemref wrote it?)")
+    return version
+
+
+def train_from_record(stored: Any, version: int) -> TrainConfig:
+    """The TrainConfig a record of `version` stored (`record["config"]["train"]`)."""
+    if not isinstance(stored, dict):
+        raise UsageError(f"record config.train must be an object, got {type(stored).__name__}")
+    if version == 1:
+        return with_switches(TrainConfig(), **stored)
+    known = {f.name for f in fields(TrainConfig)}
+    if unknown := sorted(set(stored) - known):
+        raise UsageError(f"record config.train has unknown field(s) {unknown}")
+    values = {}
+    for name, value in stored.items():
+        if name in sections():
+            if not isinstance(value, dict):
+                raise UsageError(f"record config.train.{name} must be an object, got {type(value).__name__}")
+            cls = sections()[name]
+            if unknown := sorted(set(value) - {f.name for f in fields(cls)}):
+                raise UsageError(f"record config.train.{name} has unknown field(s) {unknown}")
+            value = cls(**value)
+        values[name] = value
+    return TrainConfig(**values)

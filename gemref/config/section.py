@@ -1,0 +1,45 @@
+"""What every section of TrainConfig shares: fields that are command-line switches.
+
+A section is one technique's settings (gemref/config/attention.py, compile.py, ...): a frozen
+dataclass whose fields are made with `switch`, which records the field's command-line name
+(its flag: `ac_budget` for ActivationCheckpointConfig.budget), its help line and, for a
+string, its valid values. `gemref train --ac-budget 0.5`, `--set ac_budget=0.5` and
+`override(train, ac_budget=0.5)` all use that name (gemref/config/train.py routes it), so the
+command line stayed flat when the config grew sections. A section checks its own fields when
+built (type, valid values, then `check` for its own rules); rules that span sections live in
+TrainConfig.
+"""
+from __future__ import annotations
+
+from dataclasses import Field, field, fields
+from typing import Any
+
+from ..errors import UsageError
+from .checks import one_of
+from .values import expected, field_types, has_type
+
+
+def switch(default: Any, flag: str, help: str, choices: tuple[str, ...] = ()) -> Any:
+    """A section field: its default, its command-line name, help line and valid values (strings)."""
+    return field(default=default, metadata={"flag": flag, "help": help, "choices": choices})
+
+
+def flag_of(f: Field) -> str:
+    return f.metadata["flag"]
+
+
+class Section:
+    """Base of TrainConfig's sections: type and choice checks by flag name, then `check`."""
+
+    def __post_init__(self) -> None:
+        types = field_types(type(self))
+        for f in fields(self):   # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if not has_type(value, types[f.name]):
+                raise UsageError(f"{flag_of(f)} expects {expected(types[f.name])}, got {value!r}")
+            if f.metadata["choices"]:
+                one_of(flag_of(f), value, f.metadata["choices"])
+        self.check()
+
+    def check(self) -> None:
+        """The section's own rules beyond types and choices (UsageError naming the flags)."""
