@@ -208,15 +208,16 @@ def test_profile_of_a_cpu_jagged_model_recomputes_no_flops_selectively():
 # ----------------------------------------------------------------------------- batch search
 
 
+def first_of(count: int):
+    """batch_of(n): the first n of `count` samples of lengths 1..40, in one fixed order."""
+    lengths = [((7 * i) % 40) + 1 for i in range(count)]
+    return lambda n: batch_with_lengths(CFG, lengths[:n], seed=3)
+
+
 def test_find_batch_size_spends_the_freed_memory_on_a_larger_batch():
-    model = tiny_model()
-    lengths = [((7 * i) % 40) + 1 for i in range(200)]
-
-    def batch_of(n):
-        return batch_with_lengths(CFG, lengths[:n], seed=3)
-
+    model, batch_of = tiny_model(), first_of(200)
     budget = activation_bytes(model, batch_of(16))
-    found = find_batch_size(model, batch_of, budget, max_batch=len(lengths))
+    found = find_batch_size(model, batch_of, budget, max_batch=200)
     assert found.no_ac_batch == 16 and found.no_ac_bytes == budget
     assert found.autoac_batch > 16 and found.autoac_bytes <= budget
     assert found.plan.predicted_bytes <= budget and found.plan.choices
@@ -236,12 +237,7 @@ def test_one_search_finds_the_largest_fitting_batch_in_a_range(low, high, limit)
 
 
 def test_larger_batch_plain_and_compressed_or_why_not():
-    model = tiny_model()
-    lengths = [((7 * i) % 40) + 1 for i in range(64)]
-
-    def batch_of(n):
-        return batch_with_lengths(CFG, lengths[:n], seed=3)
-
+    model, batch_of = tiny_model(), first_of(64)
     budget = activation_bytes(model, batch_of(8))
     plain = larger_batch(model, batch_of, budget, 8)
     assert 8 < plain.batch <= SEARCH_CAP * 8 and plain.compress == "none" and 0 < plain.budget_fraction < 1
