@@ -1,10 +1,10 @@
 """One training step, in pieces: the loss of a batch, its gradients, one optimiser update.
 
 The training loop (gemref/train/, which re-exports these names), the activation profiler
-behind AutoAC (gemref/autoac/profile.py) and the benches (gemref/bench/) all step a model
-with these functions, so a bench times the step that training runs. They take the pieces of
-a step (model, optimizer, batch, autocast dtype, hooks) rather than a run's `train.Setup`, so
-a bench can step models that `train.setup` did not build. The module sits below both
+behind AutoAC (gemref/autoac/profile.py) and the benches (gemref/bench/, gemref/measure/)
+all step a model with these functions, so a bench times the step that training runs. They
+take the pieces of a step (model, optimizer, batch, autocast dtype, hooks) rather than a
+run's `train.Setup`, so a bench can step models that `train.setup` did not build. The module sits below both
 train/ and autoac/ (train/ imports the profiler, so the step cannot live in train/).
 
 No host sync anywhere: the loss comes back detached, on the device, and `nonfinite` returns

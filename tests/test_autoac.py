@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from gemref.autoac.profile import (SavedTensors, activation_bytes, existing_storages, find_batch_size,
-                                   profile_blocks)
+from gemref.autoac.batch_search import SEARCH_CAP, find_batch_size, larger_batch, largest_fitting
+from gemref.autoac.profile import SavedTensors, activation_bytes, existing_storages, profile_blocks
 from gemref.data.batches import batch_with_lengths
 from gemref.autoac.solver import (OPTIONS, ActivationProfile, BlockProfile, ac_blocks, applied_plan, apply_plan,
                                   plan_of, remove_plan, solve)
@@ -208,19 +208,44 @@ def test_profile_of_a_cpu_jagged_model_recomputes_no_flops_selectively():
 # ----------------------------------------------------------------------------- batch search
 
 
+def first_of(count: int):
+    """batch_of(n): the first n of `count` samples of lengths 1..40, in one fixed order."""
+    lengths = [((7 * i) % 40) + 1 for i in range(count)]
+    return lambda n: batch_with_lengths(CFG, lengths[:n], seed=3)
+
+
 def test_find_batch_size_spends_the_freed_memory_on_a_larger_batch():
-    model = tiny_model()
-    lengths = [((7 * i) % 40) + 1 for i in range(200)]
-
-    def batch_of(n):
-        return batch_with_lengths(CFG, lengths[:n], seed=3)
-
+    model, batch_of = tiny_model(), first_of(200)
     budget = activation_bytes(model, batch_of(16))
-    found = find_batch_size(model, batch_of, budget, max_batch=len(lengths))
+    found = find_batch_size(model, batch_of, budget, max_batch=200)
     assert found.no_ac_batch == 16 and found.no_ac_bytes == budget
     assert found.autoac_batch > 16 and found.autoac_bytes <= budget
     assert found.plan.predicted_bytes <= budget and found.plan.choices
     assert not applied_plan(model)
+
+
+@pytest.mark.parametrize("low,high,limit", [(1, 100, 37), (1, 100, 100), (1, 100, 0), (8, 32, 8), (8, 32, 20),
+                                            (8, 32, 5), (8, 32, 99), (0, 3, 2)])
+def test_one_search_finds_the_largest_fitting_batch_in_a_range(low, high, limit):
+    asked = []
+
+    def fits(n):
+        asked.append(n)
+        return n <= limit
+    assert largest_fitting(fits, low, high) == (min(limit, high) if limit >= low else low - 1)
+    assert all(low <= n <= high for n in asked)
+
+
+def test_larger_batch_plain_and_compressed_or_why_not():
+    model, batch_of = tiny_model(), first_of(64)
+    budget = activation_bytes(model, batch_of(8))
+    plain = larger_batch(model, batch_of, budget, 8)
+    assert 8 < plain.batch <= SEARCH_CAP * 8 and plain.compress == "none" and 0 < plain.budget_fraction < 1
+    assert plain.plan.choices and not applied_plan(model)
+    packed = larger_batch(model, batch_of, budget, 8, compress="mxfp8")
+    assert packed.batch > 8 and packed.compress == "mxfp8" and not applied_plan(model)
+    assert larger_batch(model, batch_of, budget // 10, 8) == \
+        "checkpointing frees no room for a larger batch in this memory budget"
 
 
 # ----------------------------------------------------------------------------- user mistakes

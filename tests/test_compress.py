@@ -264,7 +264,7 @@ def test_misuse_is_a_value_error():
 def test_training_with_compressed_activations_stays_in_the_seed_band(data_root):
     """Real runs (tiny preset, 80 steps, 3 seeds): the mean paired difference of eval loss
     (compressed - plain) lies within the plain runs' seed-to-seed range."""
-    from gemref.bench.autoac_regions import parity
+    from gemref.measure.autoac_regions import parity
 
     result = parity("tiny", CompressionSpec("fp8_tensor"), seeds=3, steps=80, data_root=data_root, log=lambda s: None)
     assert result["seed_band"] > 0

@@ -402,3 +402,38 @@ def test_a_measured_validation_run_has_every_field_finite_and_positive(data_root
     assert row["error"] == pytest.approx(row["predicted_s"] / row["measured_s"] - 1)
     assert row["imbalance"] >= 1 and row["flop_imbalance"] >= 1
     assert row["tiers"] and all(t["alpha_us"] >= 0 and t["bandwidth_gb_s"] > 0 for t in row["tiers"].values())
+
+
+# ----------------------------------------------------------------------------- the ladder's changes
+
+
+def test_the_projections_per_rung_changes_are_the_ladder_tables():
+    """Every rung of gemref/waterfall/ladder.py says what it changes in the projection (RungModel
+    fields only), each projected rung is the one before with exactly those set, and no other
+    module keeps a table of per-rung projection changes."""
+    import ast
+    from dataclasses import fields
+    from pathlib import Path
+
+    from gemref.simulate import projection
+    from gemref.waterfall.ladder import KEYS, RUNGS
+
+    names = {f.name for f in fields(projection.RungModel)} - {"key", "title"}
+    assert all(isinstance(r.projection, dict) and set(r.projection) <= names for r in RUNGS)
+    before = projection.RungModel("", "")
+    for spec, model in zip(RUNGS, projection.LADDER, strict=True):
+        changed = {n: getattr(model, n) for n in names if getattr(model, n) != getattr(before, n)}
+        assert changed == {k: v for k, v in spec.projection.items() if getattr(before, k) != v}, spec.key
+        before = model
+
+    def field_table(node) -> bool:        # {"rung key": {RungModel field: ...} or dict(field=...), ...}
+        if not isinstance(node, ast.Dict) or len({getattr(k, "value", None) for k in node.keys} & set(KEYS)) < 3:
+            return False
+        return any(isinstance(v, ast.Call) and getattr(v.func, "id", "") == "dict" and {k.arg for k in v.keywords} & names
+                   or isinstance(v, ast.Dict) and {getattr(k, "value", None) for k in v.keys} & names
+                   for v in node.values)
+
+    package = Path(projection.__file__).parent.parent
+    found = [str(p.relative_to(package)) for p in package.rglob("*.py")
+             if any(field_table(n) for n in ast.walk(ast.parse(p.read_text())))]
+    assert found == [] and not hasattr(projection, "CHANGES")

@@ -297,7 +297,7 @@ def test_a_profiled_step_splits_into_classes(tiny_batch):
 @pytest.fixture(scope="module")
 def record(tmp_path_factory, data_root):
     by_key = {rung.key: rung for rung in LADDER}
-    never = Rung(ladder.RungSpec(9, "never", "x + nothing", "", "", ""), lambda t, c: "n/a here: never applies")
+    never = Rung(ladder.RungSpec(9, "never", "x + nothing", "", "", "", {}), lambda t, c: "n/a here: never applies")
     chosen = [by_key["baseline"], by_key["jagged"], never, by_key["fused_attention"], by_key["autoac"]]
     out = tmp_path_factory.mktemp("wf")
     return run_waterfall(TINY, device="cpu", windows=3, steps_per_window=2, warmup=1, max_retries=0,

@@ -1,5 +1,5 @@
-"""Measure what checkpointing each block buys: the profiling pass behind AutoAC, and the
-batch-size search that turns freed memory into a larger batch.
+"""Measure what checkpointing each block buys: the profiling pass behind AutoAC (the batch-size
+search that turns freed memory into a larger batch is gemref/autoac/batch_search.py).
 
 Every pass runs the training step's own forward and loss (gemref/step.py's `forward_loss`).
 Activation bytes = the memory a training step's forward leaves alive for its backward:
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Callable, Iterator
 
 import torch
@@ -43,8 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from .solver import ActivationProfile, BlockProfile, Plan, ac_blocks, applied_plan, apply_plan, remove_plan, solve
 from ..compile import compile_stats
 from ..data.jagged import JaggedBatch
-from ..mfu.flops import model_flops, recompute_flops
-from ..mfu.memory import track_peak_memory
+from ..mfu.flops import model_flops
 from ..step import forward_loss
 
 
@@ -251,111 +250,3 @@ def auto_checkpoint(model: nn.Module, batch: JaggedBatch, budget_fraction: float
     plan = solve(profile, int(budget_fraction * profile.base_bytes))
     apply_plan(model, plan)
     return plan, profile
-
-
-# ----------------------------------------------------------------------------- batch search
-
-
-@dataclass
-class BatchSearch:
-    """What a memory budget allows without and with AutoAC (bytes as `measure` defines them)."""
-
-    budget_bytes: int
-    measure: str                 # "activation_bytes" (CPU, declared budget) or "peak_step_bytes" (CUDA)
-    no_ac_batch: int
-    no_ac_bytes: int
-    autoac_batch: int
-    autoac_bytes: int            # measured at autoac_batch with the plan applied
-    plan: Plan
-    max_batch: int               # the search's upper end (a batch equal to it may fit more)
-
-
-def step_bytes(model: nn.Module, batch: JaggedBatch, autocast_dtype=None) -> int:
-    """What a memory budget bounds: CPU, the activation bytes; CUDA, the peak device memory of
-    forward + backward (parameters and gradients included). Leaves no gradients."""
-    if batch.values.device.type != "cuda":
-        return activation_bytes(model, batch, autocast_dtype)
-    try:
-        with track_peak_memory(batch.values.device) as peak:
-            forward_loss(model, batch, autocast_dtype).backward()
-    except torch.cuda.OutOfMemoryError:
-        peak.bytes = 2 ** 62
-    model.zero_grad(set_to_none=True)
-    torch.cuda.empty_cache()
-    return peak.bytes
-
-
-def _largest(fits: Callable[[int], bool], max_batch: int) -> int:
-    """Largest n in [1, max_batch] with fits(n), for a monotone fits (doubling, then bisection)."""
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= max_batch and fits(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, max_batch + 1)          # fits(lo) holds, fits(hi) does not (or hi is past the end)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
-
-
-def find_batch_size(model: nn.Module, batch_of: Callable[[int], JaggedBatch], memory_budget: int, *,
-                    max_batch: int, autocast_dtype=None,
-                    options: tuple[str, ...] = ("selective", "full")) -> BatchSearch:
-    """The largest batch that fits `memory_budget` bytes without and with AutoAC.
-
-    `batch_of(n)` must return the first n samples of one fixed order, so memory grows with n.
-    CPU: the budget bounds activation bytes (a declared budget). CUDA: it bounds the peak
-    device memory of a step. With AutoAC a batch fits when the fully checkpointed step fits
-    (the least memory any plan needs); at the largest such batch the plan is AutoAC's
-    least-recompute plan for the budget (on CUDA the non-activation part of the peak, measured
-    under full checkpointing, is taken off the budget first, and the plan is checked).
-    """
-    if memory_budget <= 0 or max_batch < 1:
-        raise ValueError(f"need memory_budget > 0 and max_batch >= 1, got {memory_budget}, {max_batch}")
-    if applied_plan(model):
-        raise ValueError("find_batch_size needs the model without a checkpoint plan")
-    measured: dict[tuple[str, int], int] = {}
-
-    def fits(strategy: str, n: int) -> bool:
-        if strategy == "full":
-            apply_plan(model, {name: "full" for name in ac_blocks(model)})
-        try:
-            measured[strategy, n] = step_bytes(model, batch_of(n), autocast_dtype)
-        finally:
-            remove_plan(model)
-        return measured[strategy, n] <= memory_budget
-
-    measure = "peak_step_bytes" if next(model.parameters()).device.type == "cuda" else "activation_bytes"
-    no_ac = _largest(lambda n: fits("none", n), max_batch)
-    with_ac = _largest(lambda n: fits("full", n), max_batch)
-    if with_ac == 0:
-        raise ValueError(f"even one sample needs {measured['full', 1]:,} bytes with every block "
-                         f"checkpointed, over the budget of {memory_budget:,} bytes")
-    batch = batch_of(with_ac)
-    activation_budget = memory_budget
-    if measure == "peak_step_bytes":
-        apply_plan(model, {name: "full" for name in ac_blocks(model)})
-        activation_budget -= measured["full", with_ac] - activation_bytes(model, batch, autocast_dtype)
-        remove_plan(model)
-    all_full = {name: "full" for name in ac_blocks(model)}
-    plan, used = None, measured["full", with_ac]
-    try:
-        profile = profile_blocks(model, batch, options=options, autocast_dtype=autocast_dtype)
-    except torch.cuda.OutOfMemoryError:     # one block left un-checkpointed does not fit either
-        torch.cuda.empty_cache()
-        profile = None
-    for _ in range(3 if profile is not None else 0):
-        candidate = solve(profile, max(activation_budget, profile.min_bytes))
-        apply_plan(model, candidate.choices)
-        candidate_bytes = step_bytes(model, batch, autocast_dtype)
-        remove_plan(model)
-        if candidate_bytes <= memory_budget:
-            plan, used = candidate, candidate_bytes
-            break
-        activation_budget -= candidate_bytes - memory_budget       # CUDA: tighten by the overshoot
-    if plan is None:
-        plan = Plan(all_full, memory_budget, used, recompute_flops(model.cfg, batch.lengths, all_full,
-                    jagged=model.jagged, kernel=model.kernel), model.cfg.n_layers)
-    return BatchSearch(memory_budget, measure, no_ac, measured.get(("none", no_ac), 0), with_ac, used, plan,
-                       max_batch)

@@ -11,137 +11,36 @@
 2. memory: per format, activation bytes of a step with every block compressed (measured)
    against none, and the hooks' own count (bytes of compressed tensors, bytes stored).
 3. batch: the largest batch whose activations fit the no-AC bytes of --batch-size, without
-   and with compression (`autoac.profile.find_batch_size` called on the plain model and on
+   and with compression (`autoac.batch_search.find_batch_size` called on the plain model and on
    the model under `autoac.compress.compressing`, which compresses the whole forward,
    attention's saved tensors included: right for the pointwise attention of every preset).
 4. step time: training steps of the plain model and of every-block-compressed models,
-   interleaved on the same batches (gemref/bench/autoac.py paired_steps), medians and ratios.
+   interleaved on the same batches (gemref/measure/bench.py paired_steps), medians and ratios.
 5. parity: --parity-seeds real training runs of --parity-steps steps (the preset's data,
    jagged, kernel auto) with and without compression; eval loss per seed, the paired
    difference, and the uncompressed runs' seed-to-seed range (the band it should stay in).
+The measurements are gemref/measure/autoac_regions.py (and autoac_batch.py for the batch).
 CPU timings on a shared machine are noisy: read ratios within one run.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 from dataclasses import asdict
 
-import numpy as np
 import torch
 
-from ..autoac.compress import FORMATS, CompressionSpec, compressing
-from ..autoac.profile import find_batch_size, forward_with_bytes
-from ..autoac.regions import pareto_front, profile_regions, uniform_front, uniform_plan, without_option
-from ..autoac.solver import saved_compression, solve
-from ..errors import UsageError
-from ..options import add_dataset_arg, output_file
-from ..config import Preset, override
+from ..autoac.compress import FORMATS, CompressionSpec
 from ..data.folder import dataset_preset
-from ..data.loader import make_loader
-from ..data.sampler import StepBatches
 from ..env import versions
+from ..errors import UsageError
+from ..measure.autoac_batch import batch_search
+from ..measure.autoac_regions import fronts, memory, parity, step_times
+from ..measure.bench import make_bench
+from ..options import add_dataset_arg, output_file
 from ..report import format_table
 from ..runtime.files import write_json
-from ..train import evaluate, setup
-from .autoac import Trainer, make_bench, paired_steps, strategy_model
 
 DEFAULT_BUDGETS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2)
-
-
-def fronts(b, spec: CompressionSpec, budgets) -> dict:
-    model = strategy_model(b, "none", compiled=False)
-    profile = profile_regions(model, b.batches[0], spec, autocast_dtype=b.autocast)
-    plain = without_option(profile, "compressed")
-    base, flops = profile.base_bytes, profile.model_flops
-    rows = []
-    for f in budgets:
-        for strategy, make in (("uniform", lambda: uniform_plan(plain, f)), ("joint", lambda: solve(plain, int(f * base))),
-                               ("joint+C", lambda: solve(profile, int(f * base)))):
-            try:
-                plan = make()
-            except ValueError:       # below what the strategy can reach
-                rows.append({"budget": f, "strategy": strategy, "plan": "impossible"})
-                continue
-            rows.append({"budget": f, "strategy": strategy, "act_mb": plan.predicted_bytes / 2**20,
-                         "act_pct": 100 * plan.predicted_bytes / base, "fits": plan.predicted_bytes <= f * base,
-                         "recompute_pct": 100 * plan.recompute_flops / flops, "plan": plan.summary()})
-    curve = {name: [(p.predicted_bytes, p.recompute_flops, p.summary()) for p in front]
-             for name, front in (("uniform", uniform_front(plain)), ("joint", pareto_front(plain)),
-                                 ("joint+C", pareto_front(profile)))}
-    dominated = sum(solve(plain, nbytes).recompute_flops <= fl for nbytes, fl, _ in curve["uniform"])
-    return {"base_bytes": base, "model_flops": flops, "rows": rows, "fronts": curve,
-            "joint_no_worse_at": f"{dominated}/{len(curve['uniform'])} uniform points"}
-
-
-def memory(b, formats) -> list[dict]:
-    plain = strategy_model(b, "none", compiled=False)
-    _, base = forward_with_bytes(plain, b.batches[0], b.autocast)
-    rows = [{"format": "none", "act_mb": base / 2**20, "vs_none": 1.0}]
-    for fmt in formats:
-        model = strategy_model(b, "none", compiled=False, compress=fmt)      # every block compressed
-        _, nbytes = forward_with_bytes(model, b.batches[0], b.autocast)
-        stats = saved_compression(model).stats
-        rows.append({"format": fmt, "act_mb": nbytes / 2**20, "vs_none": nbytes / base,
-                     "compressed_mb": stats["compressed_bytes"] / 2**20, "stored_mb": stats["stored_bytes"] / 2**20,
-                     "tensors_compressed": stats["compressed"], "tensors_kept": stats["tensors"] - stats["compressed"]})
-    return rows
-
-
-def batch_search(b, spec: CompressionSpec, max_batch: int) -> dict:
-    order = np.random.default_rng(b.train.seed).permutation(len(b.dataset))
-
-    def batch_of(n):
-        return b.dataset.__getitems__(order[:n].tolist()).to(b.device)
-
-    plain = strategy_model(b, "none", compiled=False)
-    _, budget = forward_with_bytes(plain, batch_of(b.train.batch_size), b.autocast)
-    found = {"none": find_batch_size(plain, batch_of, budget, max_batch=max_batch, autocast_dtype=b.autocast)}
-    model = strategy_model(b, "none", compiled=False)
-    with compressing(model, spec):
-        found[spec.format] = find_batch_size(model, batch_of, budget, max_batch=max_batch, autocast_dtype=b.autocast)
-    return {"budget_bytes": budget, "max_batch": max_batch,
-            "rows": [{"compression": k, "no_ac_batch": v.no_ac_batch, "full_ac_batch": v.autoac_batch,
-                      "autoac_plan": v.plan.summary()} for k, v in found.items()]}
-
-
-def step_times(b, formats) -> list[dict]:
-    reference = Trainer(b, strategy_model(b, "none"))
-    rows = []
-    for fmt in formats:
-        trainer = Trainer(b, strategy_model(b, "none", compiled=False, compress=fmt))
-        timed, ref_timed = paired_steps(b, trainer, b.batches, reference)
-        seconds, ref = [r.step_s for r in timed], [r.step_s for r in ref_timed]
-        rows.append({"format": fmt, "step_s": statistics.median(seconds), "none_step_s": statistics.median(ref),
-                     "vs_none": statistics.median(t / r for t, r in zip(seconds, ref))})
-    return rows
-
-
-def train_eval_loss(preset: str | Preset, seed: int, steps: int, spec: CompressionSpec | None, data_root=None) -> float:
-    """Eval loss after a real training run (jagged, kernel auto), every block compressed if `spec`."""
-    from ..config import get_preset
-
-    p = get_preset(preset) if isinstance(preset, str) else preset
-    s = setup(p, override(p.train, steps=steps, seed=seed, jagged=True, kernel="auto",
-                          ac_compress=spec.format if spec else "none"), device="cpu", data_root=data_root, progress=False)
-    batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, 0), device=s.device))
-    for _ in range(steps):
-        s.step(next(batches))
-    return float(evaluate(s, s.train.eval_batches, steps)["eval_loss"])
-
-
-def parity(preset: str | Preset, spec: CompressionSpec, seeds: int, steps: int, data_root=None, log=print) -> dict:
-    rows = []
-    for seed in range(seeds):
-        log(f"training seed {seed} without and with {spec.format} ...")
-        plain = train_eval_loss(preset, seed, steps, None, data_root)
-        comp = train_eval_loss(preset, seed, steps, spec, data_root)
-        rows.append({"seed": seed, "eval_loss": plain, "eval_loss_compressed": comp, "difference": comp - plain})
-    plain = [r["eval_loss"] for r in rows]
-    diff = statistics.mean(r["difference"] for r in rows)
-    band = max(plain) - min(plain)
-    return {"format": spec.format, "steps": steps, "rows": rows, "mean_difference": diff, "seed_band": band,
-            "within_band": abs(diff) <= band}
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

@@ -36,7 +36,7 @@ from ..report import format_table
 from ..runtime.files import write_json
 from ..env import versions
 from ..train import build_model
-from .autoac import Bench, Trainer, make_bench, run_mfu, strategy_model
+from ..measure.bench import Bench, Trainer, make_bench, run_mfu, strategy_model
 
 STEP_COLUMNS = ("variant", "median_step_s", "p10_step_s", "p90_step_s", "vs_eager", "mfu", "compile_s", "graphs",
                 "recompiles_after_warmup", "regions")

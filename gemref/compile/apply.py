@@ -26,7 +26,7 @@ Measured, per model (`CompileStats`, also in the run record):
 `activation_memory_budget` (0..1] is PyTorch 2's own answer to activation checkpointing
 (`torch._functorch.config.activation_memory_budget`): inductor's min-cut partitioner then
 saves at most that fraction of the region's activations and recomputes the rest. It acts
-inside compiled regions only (gemref/bench/autoac.py compares it with AutoAC). Each budget
+inside compiled regions only (gemref/measure/autoac_sweep.py compares it with AutoAC). Each budget
 is its own backend, hence its own graphs; dynamo keeps at most `recompile_limit` (8) graphs
 per function, so a process that tries many budgets resets dynamo between them (the bench does).
 """

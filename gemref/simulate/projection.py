@@ -12,7 +12,8 @@ the same two factors the waterfall measures (gemref/waterfall/stats.py).
   measured (a waterfall's local MFU per rung, gemref/simulate/summary.py, carried to the
   projected GPU as it is and labelled with where it was measured), given, or by default
   ASSUMED = efficiency x speed-up x model/executed FLOPs. The efficiency and speed-up are
-  the assumptions (RungModel, CHANGES); model/executed comes from gemref/mfu/flops.py on a
+  the assumptions (RungModel; each rung's values in the ladder table,
+  gemref/waterfall/ladder.py `projection`); model/executed comes from gemref/mfu/flops.py on a
   sample of the preset's lengths (padding, materialised attention, recompute: computed).
 * scaling ratio: from the model, what survives the imbalance and the exposed communication.
 * imbalance: max/mean per-rank model FLOPs of global batches of W x b lengths drawn from
@@ -57,7 +58,7 @@ import numpy as np
 from ..balance import SampleCost, imbalance, partition, rank_loads
 from ..config import MeshShape, Preset
 from ..data.synthetic import draw_lengths
-from ..waterfall.ladder import KEYS, rung as ladder_rung
+from ..waterfall.ladder import RUNGS
 from ..mfu.flops import executed_flops, model_flops, sample_cost_coefficients
 from ..mfu import meter
 from ..mfu.peak import gpu_peak
@@ -94,29 +95,12 @@ class RungModel:
     gather_bytes: int = 2           # bytes per parameter in FSDP all-gathers (bf16; 1 with float8 all-gather)
 
 
-# What each rung of gemref/waterfall/ladder.py changes in the projection (the fields it sets; the rest
-# carry over from the rung before).
-CHANGES: dict[str, dict] = {
-    "baseline": {},
-    "jagged": dict(padded=False),
-    "fused_attention": dict(attention="fused"),
-    # torch.compile fuses element-wise ops and launches: typically +15-25% on GPUs.
-    "compile": dict(efficiency=0.42),
-    # AutoAC recomputes ~1/3 of the forward of the checkpointed blocks and doubles the batch.
-    "autoac": dict(recompute=0.12, batch_scale=2.0),
-    "load_balance": dict(policy="kk"),
-    "fsdp_2d": dict(layout="fsdp_2d"),
-    # float8 Linear GEMMs run ~1.6x faster; with casts and the non-GEMM time ~1.25x per step;
-    # torchao's float8 all-gather halves FSDP's gather bytes.
-    "low_precision": dict(compute_speedup=1.25, gather_bytes=1),
-}
-
-
 def _ladder() -> list[RungModel]:
+    """One RungModel per rung of gemref/waterfall/ladder.py: the rung before's, with the fields
+    the ladder table's `projection` column sets."""
     out, rung = [], None
-    for key in KEYS:
-        spec = ladder_rung(key)
-        rung = replace(rung or RungModel(key, spec.title), key=key, title=spec.title, **CHANGES[key])
+    for spec in RUNGS:
+        rung = replace(rung or RungModel(spec.key, spec.title), key=spec.key, title=spec.title, **spec.projection)
         out.append(rung)
     return out
 

@@ -6,7 +6,7 @@ what it computes, so model FLOPs per sample are the same on every rung; a rung t
 the batch size (AutoAC spends the memory it frees on a larger batch) changes FLOPs per
 *step* only. The AutoAC rung's memory budget is the activation memory (CPU; peak step
 memory on CUDA) the previous rung's step used at the batch each rank runs; the rung solves
-its plan there, once, and carries it to the ranks in `TrainConfig.ac_plan`.
+its plan there, once, and carries it to the ranks in the `ac_plan` switch (TrainConfig.activation_checkpoint.plan).
 
 Options (`gemref waterfall --with ...`, WITH_OPTIONS) swap in GEM's later techniques without
 adding rungs: `local` balances rung 5 with policy "local" (each rank from its own pool, no
@@ -29,10 +29,7 @@ from typing import Callable
 
 import torch
 
-from ..autoac.compress import CompressionSpec
-from ..autoac.profile import find_batch_size, step_bytes
-from ..autoac.regions import auto_checkpoint_regions
-from ..autoac.solver import ac_blocks, apply_plan, remove_plan
+from ..autoac.batch_search import larger_batch, step_bytes
 from ..compile import plan_regions
 from ..config import Preset, TrainConfig, override
 from ..data.batches import representative_batch
@@ -51,7 +48,7 @@ WITH_OPTIONS: dict[str, str] = {
     "torchrec": "rung 6 shards the embedding tables with TorchRec's DistributedModelParallel (its planner's plan; "
                 "tables on fused exact Adagrad, fbgemm's CPU kernels have no Adam) instead of gemref's row sharding",
 }
-COMPRESSED_AC_FORMAT = "mxfp8"   # TrainConfig.ac_compress of rung 4 with --with compressed_ac
+COMPRESSED_AC_FORMAT = "mxfp8"   # the ac_compress switch of rung 4 with --with compressed_ac
 WINDOW_FRACTION = 4              # --with window: window = max_len // WINDOW_FRACTION events
 
 
@@ -124,23 +121,6 @@ def _low_precision(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     return f"n/a here: {why} (emulation reproduces the numerics, not the speed)"
 
 
-def _largest_compressed_batch(model, batch_of, budget: int, low: int, high: int) -> int:
-    """The largest batch in [low, high] whose step fits `budget` bytes with every block's saved
-    activations compressed (step bytes grow with the batch: bisection); `low` if none larger does."""
-    def fits(n: int) -> bool:
-        apply_plan(model, {name: "compressed" for name in ac_blocks(model)},
-                   compression=CompressionSpec(COMPRESSED_AC_FORMAT))
-        try:
-            return step_bytes(model, batch_of(n)) <= budget
-        finally:
-            remove_plan(model)
-
-    while high > low:
-        mid = (low + high + 1) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid - 1)
-    return low
-
-
 def _compile(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     """Compile the region kinds that win: each measured eager against compiled on the batch each
     rank runs, with the threads a rank has (gemref.compile.plan_regions), once, here; the ranks
@@ -165,31 +145,21 @@ def _compile(train: TrainConfig, ctx: Context) -> TrainConfig | str:
 def _autoac(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     """Keep the activation memory the previous rung's step used at the batch each rank runs,
     let AutoAC checkpoint just enough that a larger batch fits in it
-    (autoac.profile.find_batch_size), and hand the ranks the plan it solved there (ac_plan:
-    planned once, here, not again on every rank). With `compressed_ac`: the largest batch
-    that fits with every block compressed, then AutoAC with "compressed" one more option per
-    block, solved at that batch (module doc)."""
-    device, per_rank = ctx.device, train.batch_size // ctx.ranks
+    (gemref/autoac/batch_search.py `larger_batch`), and hand the ranks the plan it solved there
+    (ac_plan: planned once, here, not again on every rank). With `compressed_ac`: saved
+    activations compressed decide the batch, and "compressed" is one more option per block
+    (module doc)."""
+    per_rank = train.batch_size // ctx.ranks
     eager = override(train, compile=False, compile_regions="all", ac="none", ac_compress="none")
-    model = build_model(ctx.preset, eager, device)[0]  # eager twin
-    batch_of = lambda n: representative_batch(ctx.preset, n, device, seed=train.seed)  # noqa: E731
-    budget = step_bytes(model, batch_of(per_rank))
-    options = ("full",) if train.compilation.enabled else ("selective", "full")
-    if "compressed_ac" in ctx.options:
-        compress = COMPRESSED_AC_FORMAT
-        batch = _largest_compressed_batch(model, batch_of, budget, per_rank, 4 * per_rank)
-    else:
-        found = find_batch_size(model, batch_of, budget, max_batch=4 * per_rank, options=options)
-        batch, compress, plan = found.autoac_batch, "none", found.plan
-    if batch <= per_rank:
-        return ("n/a here: " + ("compressing" if compress != "none" else "checkpointing")
-                + " frees no room for a larger batch in this memory budget")
-    fraction = min(1.0, budget / step_bytes(model, batch_of(batch)))
-    if compress != "none":
-        plan, _ = auto_checkpoint_regions(model, batch_of(batch), fraction, CompressionSpec(compress), options=options)
-        remove_plan(model)
-    return override(train, ac="auto", ac_budget=fraction, ac_compress=compress, ac_plan=plan.summary(),
-                    batch_size=batch * ctx.ranks)
+    model = build_model(ctx.preset, eager, ctx.device)[0]  # eager twin
+    batch_of = lambda n: representative_batch(ctx.preset, n, ctx.device, seed=train.seed)  # noqa: E731
+    found = larger_batch(model, batch_of, step_bytes(model, batch_of(per_rank)), per_rank,
+                         compress=COMPRESSED_AC_FORMAT if "compressed_ac" in ctx.options else "none",
+                         options=("full",) if train.compilation.enabled else ("selective", "full"))
+    if isinstance(found, str):
+        return f"n/a here: {found}"
+    return override(train, ac="auto", ac_budget=found.budget_fraction, ac_compress=found.compress,
+                    ac_plan=found.plan.summary(), batch_size=found.batch * ctx.ranks)
 
 
 def _needs_ranks(configure):

@@ -43,7 +43,7 @@ def activation_profile_figure(blocks: list[dict], title: str = "what checkpointi
 
 def ac_pareto_figure(rows: list[dict], title: str = "activation memory vs recompute, per strategy") -> go.Figure:
     """Recompute (% of model FLOPs) and step time against activation bytes (% of no AC), one
-    trace per strategy, points labelled by budget; rows from gemref.bench.autoac.budget_sweep."""
+    trace per strategy, points labelled by budget; rows from gemref.measure.autoac_sweep.budget_sweep."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("recompute FLOPs", "step time"))
     for i, strategy in enumerate(dict.fromkeys(r["strategy"] for r in rows)):
         points = {}
@@ -67,7 +67,7 @@ def ac_fronts_figure(fronts: dict[str, list], base_bytes: int, model_flops: int,
                      title: str = "activation memory vs recompute: the Pareto front of each strategy") -> go.Figure:
     """One step line per strategy through its Pareto front: activation bytes (% of no checkpointing)
     against recompute FLOPs (% of the step's model FLOPs), hover = the plan; `fronts` maps a
-    strategy to [(bytes, recompute FLOPs, plan summary)] (gemref.bench.autoac_regions.fronts)."""
+    strategy to [(bytes, recompute FLOPs, plan summary)] (gemref.measure.autoac_regions.fronts)."""
     fig = go.Figure()
     for name, points in fronts.items():
         points = sorted(points)

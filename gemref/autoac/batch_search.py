@@ -1,0 +1,183 @@
+"""Spend the memory AutoAC frees on a larger batch: the batch-size searches.
+
+A memory budget bounds `step_bytes`: on CPU the activation bytes of a step (a declared
+budget, measured as gemref/autoac/profile.py measures them), on CUDA the peak device memory
+of forward + backward. Step bytes grow with the batch, so the largest batch that fits is
+found by one search (`largest_fitting`: doubling, then bisection) over `batch_of(n)`, the
+first n samples of one fixed order. Two questions use it:
+  * `find_batch_size`: the largest batch without AutoAC and with it (every block fully
+    checkpointed: the least memory any plan needs), and AutoAC's plan at the latter;
+  * `larger_batch` (the waterfall's AutoAC rung): the largest batch, up to SEARCH_CAP x the
+    per-rank batch, that fits the budget of the per-rank batch, with AutoAC's plan there;
+    with a compression format, every block's saved activations compressed and nothing
+    recomputed decide the batch, and the plan gets "compressed" as one more option per block
+    (gemref/autoac/regions.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+from torch import nn
+
+from .compress import CompressionSpec
+from .profile import activation_bytes, profile_blocks
+from .regions import auto_checkpoint_regions
+from .solver import Plan, ac_blocks, applied_plan, apply_plan, remove_plan, solve
+from ..data.jagged import JaggedBatch
+from ..mfu.flops import recompute_flops
+from ..mfu.memory import track_peak_memory
+from ..step import forward_loss
+
+SEARCH_CAP = 4      # larger_batch searches batches up to this multiple of the per-rank batch
+
+
+def step_bytes(model: nn.Module, batch: JaggedBatch, autocast_dtype=None) -> int:
+    """What a memory budget bounds: CPU, the activation bytes; CUDA, the peak device memory of
+    forward + backward (parameters and gradients included). Leaves no gradients."""
+    if batch.values.device.type != "cuda":
+        return activation_bytes(model, batch, autocast_dtype)
+    try:
+        with track_peak_memory(batch.values.device) as peak:
+            forward_loss(model, batch, autocast_dtype).backward()
+    except torch.cuda.OutOfMemoryError:
+        peak.bytes = 2 ** 62
+    model.zero_grad(set_to_none=True)
+    torch.cuda.empty_cache()
+    return peak.bytes
+
+
+def step_bytes_under(model: nn.Module, choices: Mapping[str, str], batch: JaggedBatch, *,
+                     compression: CompressionSpec | None = None, autocast_dtype=None) -> int:
+    """`step_bytes` with {block: option} applied for this one step (removed after)."""
+    apply_plan(model, choices, compression=compression)
+    try:
+        return step_bytes(model, batch, autocast_dtype)
+    finally:
+        remove_plan(model)
+
+
+def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int:
+    """The largest n in [low, high] with fits(n), for a monotone fits (true up to some n, false
+    after): doubling from `low`, then bisection. `low - 1` when not even `low` fits."""
+    if not fits(low):
+        return low - 1
+    lo, hi = low, max(2 * low, low + 1)
+    while hi <= high and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, high + 1)               # fits(lo) holds, fits(hi) does not (or hi is past the end)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+@dataclass
+class BatchSearch:
+    """What a memory budget allows without and with AutoAC (bytes as `measure` defines them)."""
+
+    budget_bytes: int
+    measure: str                 # "activation_bytes" (CPU, declared budget) or "peak_step_bytes" (CUDA)
+    no_ac_batch: int
+    no_ac_bytes: int
+    autoac_batch: int
+    autoac_bytes: int            # measured at autoac_batch with the plan applied
+    plan: Plan
+    max_batch: int               # the search's upper end (a batch equal to it may fit more)
+
+
+def find_batch_size(model: nn.Module, batch_of: Callable[[int], JaggedBatch], memory_budget: int, *,
+                    max_batch: int, autocast_dtype=None,
+                    options: tuple[str, ...] = ("selective", "full")) -> BatchSearch:
+    """The largest batch that fits `memory_budget` bytes without and with AutoAC.
+
+    `batch_of(n)` must return the first n samples of one fixed order, so memory grows with n.
+    CPU: the budget bounds activation bytes (a declared budget). CUDA: it bounds the peak
+    device memory of a step. With AutoAC a batch fits when the fully checkpointed step fits
+    (the least memory any plan needs); at the largest such batch the plan is AutoAC's
+    least-recompute plan for the budget (on CUDA the non-activation part of the peak, measured
+    under full checkpointing, is taken off the budget first, and the plan is checked).
+    """
+    if memory_budget <= 0 or max_batch < 1:
+        raise ValueError(f"need memory_budget > 0 and max_batch >= 1, got {memory_budget}, {max_batch}")
+    if applied_plan(model):
+        raise ValueError("find_batch_size needs the model without a checkpoint plan")
+    all_full = {name: "full" for name in ac_blocks(model)}
+    measured: dict[tuple[str, int], int] = {}
+
+    def fits(strategy: str, n: int) -> bool:
+        choices = all_full if strategy == "full" else {}
+        measured[strategy, n] = step_bytes_under(model, choices, batch_of(n), autocast_dtype=autocast_dtype)
+        return measured[strategy, n] <= memory_budget
+
+    measure = "peak_step_bytes" if next(model.parameters()).device.type == "cuda" else "activation_bytes"
+    no_ac = largest_fitting(lambda n: fits("none", n), 1, max_batch)
+    with_ac = largest_fitting(lambda n: fits("full", n), 1, max_batch)
+    if with_ac == 0:
+        raise ValueError(f"even one sample needs {measured['full', 1]:,} bytes with every block "
+                         f"checkpointed, over the budget of {memory_budget:,} bytes")
+    batch = batch_of(with_ac)
+    activation_budget = memory_budget
+    if measure == "peak_step_bytes":
+        apply_plan(model, all_full)
+        activation_budget -= measured["full", with_ac] - activation_bytes(model, batch, autocast_dtype)
+        remove_plan(model)
+    plan, used = None, measured["full", with_ac]
+    try:
+        profile = profile_blocks(model, batch, options=options, autocast_dtype=autocast_dtype)
+    except torch.cuda.OutOfMemoryError:     # one block left un-checkpointed does not fit either
+        torch.cuda.empty_cache()
+        profile = None
+    for _ in range(3 if profile is not None else 0):
+        candidate = solve(profile, max(activation_budget, profile.min_bytes))
+        candidate_bytes = step_bytes_under(model, candidate.choices, batch, autocast_dtype=autocast_dtype)
+        if candidate_bytes <= memory_budget:
+            plan, used = candidate, candidate_bytes
+            break
+        activation_budget -= candidate_bytes - memory_budget       # CUDA: tighten by the overshoot
+    if plan is None:
+        plan = Plan(all_full, memory_budget, used, recompute_flops(model.cfg, batch.lengths, all_full,
+                    jagged=model.jagged, kernel=model.kernel), model.cfg.n_layers)
+    return BatchSearch(memory_budget, measure, no_ac, measured.get(("none", no_ac), 0), with_ac, used, plan,
+                       max_batch)
+
+
+@dataclass(frozen=True)
+class LargerBatch:
+    """What AutoAC buys in a memory budget: the batch it fits (samples per rank), the budget as
+    a fraction of that batch's step bytes with nothing checkpointed (the ac_budget switch),
+    the compression format of saved activations ("none": exact options only) and the plan."""
+
+    batch: int
+    budget_fraction: float
+    compress: str
+    plan: Plan
+
+
+def larger_batch(model: nn.Module, batch_of: Callable[[int], JaggedBatch], budget_bytes: int, per_rank: int, *,
+                 compress: str = "none", options: tuple[str, ...] = ("selective", "full")) -> LargerBatch | str:
+    """The largest batch above `per_rank`, up to SEARCH_CAP x `per_rank`, whose step fits
+    `budget_bytes` with AutoAC, and AutoAC's plan at it; or why no larger batch fits.
+
+    `model`: eager, nothing checkpointed (left so). `compress="none"`: `find_batch_size` (fully
+    checkpointed steps decide the batch). A format: every block's saved activations in it and
+    nothing recomputed decide the batch, then AutoAC with "compressed" as one more option
+    per block is solved at that batch (`regions.auto_checkpoint_regions`)."""
+    high = SEARCH_CAP * per_rank
+    if compress == "none":
+        found = find_batch_size(model, batch_of, budget_bytes, max_batch=high, options=options)
+        batch, plan = found.autoac_batch, found.plan
+    else:
+        spec = CompressionSpec(compress)
+        every_block = {name: "compressed" for name in ac_blocks(model)}
+        batch = largest_fitting(lambda n: step_bytes_under(model, every_block, batch_of(n), compression=spec)
+                                <= budget_bytes, per_rank, high)
+    if batch <= per_rank:
+        return ("compressing" if compress != "none" else "checkpointing") + \
+            " frees no room for a larger batch in this memory budget"
+    fraction = min(1.0, budget_bytes / step_bytes(model, batch_of(batch)))
+    if compress != "none":
+        plan, _ = auto_checkpoint_regions(model, batch_of(batch), fraction, spec, options=options)
+        remove_plan(model)
+    return LargerBatch(batch, fraction, compress, plan)
