@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from .op_classes import CLASSES, classify_cpu, classify_cuda, step_events
+from .op_classes import classify_cpu, classify_cuda, step_events
 from .profile import quiet_profile
 from .timing import stopwatch
 
