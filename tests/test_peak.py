@@ -68,6 +68,19 @@ def test_a_real_probe_at_a_tiny_shape_covers_every_path():
     assert r.flops == max(v["64x48x32"] for v in r.rates.values()) and r.threads == torch.get_num_threads()
 
 
+def test_a_step_gemm_shape_is_probed_on_the_peak_probes_paths(monkeypatch):
+    """probe_gemm (a profiled step's GEMM shapes) times the paths the peak probe would, never an
+    excluded one; a batched shape has the one batched path."""
+    monkeypatch.setattr(cpu_probe, "check_path", lambda p, dtype: (p != "onednn", "excluded here"))
+    r = cpu_probe.probe_gemm(1, 64, 48, 32, reps=2)
+    assert set(r["rates"]) <= set(gemm_paths.PROBE_PATHS) - {"onednn"} and "blas" in r["rates"]
+    assert r["best_flops_per_s"] == max(r["rates"].values()) == r["rates"][r["best_path"]] > 0
+    assert set(cpu_probe.probe_gemm(3, 16, 8, 12, reps=1)["rates"]) == {gemm_paths.BATCHED_PATH}
+    x, w = torch.randn(3, 16, 8), torch.randn(3, 12, 8)
+    ref = torch.einsum("bmk,bnk->bmn", x.double(), w.double())         # X W^T per batch, in fp64
+    assert torch.allclose(gemm_paths.prepare(gemm_paths.BATCHED_PATH, x, w)().double(), ref, atol=1e-5)
+
+
 def test_a_reduced_precision_path_is_excluded(monkeypatch):
     real = gemm_paths.prepare
 

@@ -1,7 +1,8 @@
 """What this CPU can do per dtype (fp32, bf16): the best measured GEMM rate over every path
 torch offers, and the ISA ceiling beside it. No dtype borrows another's figure.
 
-* Probe (`probe`): every path of gemref/mfu/gemm_paths.py accurate in the dtype, on square and
+* Probe (`probe`; `probe_gemm` times the GEMM shapes of a profiled step, gemref/mfu/step_profile.py,
+  on the same paths): every path of gemref/mfu/gemm_paths.py accurate in the dtype, on square and
   model-shaped GEMMs, interleaved (round r of every (shape, path) runs before round r+1, so
   a slow phase of the machine hits all paths alike); a path's rate on a shape is its best
   round, in FLOP/s (2*M*K*N per call, wall clock). The peak is the best rate of any path.
@@ -32,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..env import CpuInfo, proc_cpuinfo
-from .gemm_paths import DTYPES, check_path, prepare, probe_paths
+from .gemm_paths import BATCHED_PATH, DTYPES, PROBE_PATHS, check_path, prepare, probe_paths
 
 # (M, K, N): two squares, then Linear shapes of the presets: "base" (d_model 512) x -> qkv
 # (512 -> 1536) and FFN down (2048 -> 512), "small" (d_model 64) x -> qkv and FFN down.
@@ -184,16 +185,22 @@ def _time_call(fn, flops: int, min_seconds: float = 0.005) -> float:
     return calls * flops / elapsed
 
 
+def usable_paths(paths, dtype: str) -> tuple[list[str], dict[str, str]]:
+    """([the paths that compute the GEMM to `dtype`'s accuracy here], {path: why not} of the others)."""
+    usable, excluded = [], {}
+    for p in paths:
+        ok, why = check_path(p, dtype)
+        (usable.append(p) if ok else excluded.__setitem__(p, why))
+    return usable, excluded
+
+
 def probe(shapes=None, paths=None, rounds: int = ROUNDS, dtype: str = "fp32") -> ProbeResult:
     """Measure every usable `dtype` path on every shape (see the module docstring); shapes and
     paths default to the dtype's own (SHAPES, gemm_paths.probe_paths)."""
     shapes = SHAPES[dtype] if shapes is None else shapes
     paths = probe_paths(dtype) if paths is None else paths
     threads = torch.get_num_threads()
-    usable, excluded = [], {}
-    for p in paths:
-        ok, why = check_path(p, dtype)
-        (usable.append(p) if ok else excluded.__setitem__(p, why))
+    usable, excluded = usable_paths(paths, dtype)
     g = torch.Generator().manual_seed(0)
     calls = {}
     for m, k, n in shapes:
@@ -212,3 +219,26 @@ def probe(shapes=None, paths=None, rounds: int = ROUNDS, dtype: str = "fp32") ->
     return ProbeResult(flops=best[0], path=best[1], shape=tuple(int(v) for v in best[2].split("x")),
                        rates=rates, excluded=excluded, cpu_share=cpu / (wall * threads), threads=threads,
                        seconds=wall, dtype=dtype)
+
+
+def probe_gemm(b: int, m: int, k: int, n: int, reps: int) -> dict:
+    """Best fp32 FLOP/s of each GEMM path on one GEMM shape of a step, (batch, M, K, N): the
+    fastest of `reps` single calls after one warm-up call, on every fp32-accurate path of
+    gemm_paths.py, or a batched shape (b > 1) on its one path (BATCHED_PATH). A path that
+    fails on the shape is left out. {"best_path", "best_flops_per_s", "rates": {path: FLOP/s}}."""
+    g = torch.Generator().manual_seed(0)
+    if b > 1:
+        x, w, paths = torch.randn(b, m, k, generator=g), torch.randn(b, n, k, generator=g), [BATCHED_PATH]
+    else:
+        x, w, paths = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), usable_paths(PROBE_PATHS, "fp32")[0]
+    flops = 2 * b * m * k * n
+    rates = {}
+    for p in paths:
+        try:
+            fn = prepare(p, x, w)
+            fn()
+        except RuntimeError:      # a path this build lists but cannot run for this shape
+            continue
+        rates[p] = max(_time_call(fn, flops, min_seconds=0.0) for _ in range(reps))
+    best = max(rates, key=rates.get)
+    return {"best_path": best, "best_flops_per_s": rates[best], "rates": rates}

@@ -1,6 +1,7 @@
-"""The GEMM paths torch's CPU build offers, one definition each, shared by the peak probe
-(gemref/mfu/cpu_probe.py) and the model's fast Linear (gemref/precision/fast_linear.py), so
-the peak is measured on exactly the code the model can run.
+"""The GEMM paths torch's CPU build offers, one definition each, shared by the peak probe and
+the probe of a profiled step's GEMM shapes (gemref/mfu/cpu_probe.py `probe`, `probe_gemm`) and
+the model's fast Linear (gemref/precision/fast_linear.py), so the peak is measured on exactly
+the code the model can run.
 
 Paths (all compute Y = X @ W^T for X (M, K), W (N, K), in and out in the probed dtype; fp32
 takes every path below, bf16 the first four, `probe_paths`: in bf16 torch.mm and oneDNN run
@@ -19,6 +20,9 @@ bf16 converted to fp32 FMAs):
                  aten then routes fp32 mm to oneDNN with bf16 "fpmath" allowed. Where the
                  CPU has bf16 dot-product units that is NOT an fp32 GEMM; `check_fp32`
                  measures it and excludes it if so (on CPUs where oneDNN keeps fp32 it passes).
+and, outside the peak probe, for the batched GEMMs of a step (a materialised attention's):
+  bmm            torch.bmm of X (B, M, K) and W (B, N, K) transposed (BATCHED_PATH): the aten
+                 op the step itself ran, so it is timed without the check below.
 
 A path exists only if the ops exist in this torch build (`available`). Every candidate is
 checked against an fp64 GEMM of the same (dtype-rounded) operands (`check_path`) before it is
@@ -37,6 +41,7 @@ from .row_blocks import blocked_reduction, blocked_rows
 
 PROBE_PATHS = ("blas", "onednn", "onednn_packed", "onednn_layout", "mkl_packed", "mm_onednn_fpmath")
 BF16_PROBE_PATHS = ("blas", "onednn", "onednn_packed", "onednn_layout")   # MKL's packed sgemm is fp32 only
+BATCHED_PATH = "bmm"                 # the one path of a batched GEMM (not a peak probe path)
 MODEL_PATHS = ("blas", "onednn")     # the paths a training Linear can use (its weight changes)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # relative Frobenius error vs fp64 of the same operands: fp32 GEMMs land ~1e-7; a bf16 GEMM
@@ -107,6 +112,9 @@ def prepare(path: str, x: Tensor, w: Tensor) -> Callable[[], Tensor]:
     if path == "mkl_packed":
         packed = torch.ops.mkl._mkl_reorder_linear_weight(w, x.shape[0])
         return lambda: torch.ops.mkl._mkl_linear(x, packed, w, None, x.shape[0])
+    if path == BATCHED_PATH:
+        wt = w.transpose(1, 2)
+        return lambda: torch.bmm(x, wt)
     if path == "mm_onednn_fpmath":
         wt = w.t()
 
@@ -114,7 +122,7 @@ def prepare(path: str, x: Tensor, w: Tensor) -> Callable[[], Tensor]:
             with _fpmath_bf16():
                 return torch.mm(x, wt)
         return run
-    raise ValueError(f"unknown GEMM path {path!r}; valid: {', '.join(PROBE_PATHS)}")
+    raise ValueError(f"unknown GEMM path {path!r}; valid: {', '.join((*PROBE_PATHS, BATCHED_PATH))}")
 
 
 def relative_error(path: str, m: int = 96, k: int = 200, n: int = 72, seed: int = 0, dtype: str = "fp32") -> float:

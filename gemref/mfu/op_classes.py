@@ -16,10 +16,16 @@ profile reads as "where the step went". Classes:
     other          the rest: embedding lookups, indexing and scatter, copies, layout
                    changes, the autograd engine's and Python's own time
 
-On CPU an event's SELF time is classified (nested ops are not counted twice); on CUDA each
-kernel's device time. Names are matched by substring, lower-cased.
+On CPU an event's SELF time is classified (nested ops are not counted twice; `classify_cpu`,
+which also takes the profiler's own cost out when told it, and lists the GEMM shapes and the
+ops classed other); on CUDA each kernel's device time (`classify_cuda`). Names are matched by
+substring, lower-cased. gemref/mfu/op_profile.py turns a profiled step into the one account of
+where it went.
 """
 from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
 
 CLASSES = ("gemm", "attention", "elementwise", "optimizer", "communication", "other")
 COMPUTE = ("gemm", "attention", "elementwise", "optimizer", "other")   # what a rank computes
@@ -83,22 +89,70 @@ def ancestors_of(event) -> list[str]:
     return out
 
 
-def classify_cpu(events, steps: int = 1) -> dict[str, float]:
-    """Seconds per step by class, from a CPU profile of `steps` training steps: the self time
-    of every event on the thread that ran the step (the thread of its "optimizer" region;
-    gloo's worker threads move the bytes, the step's thread waits for them)."""
+def gemm_shape(name: str, shapes: list) -> tuple[int, int, int, int] | None:
+    """(batch, M, K, N) of a leaf GEMM op from its recorded input shapes; None for any other op."""
+    op = name.split("::")[-1]
+    try:
+        if op == "mm":
+            (m, k), (_, n) = shapes[0], shapes[1]
+            return 1, m, k, n
+        if op == "_linear_pointwise":            # oneDNN's linear: x (M, K), W (N, K)
+            (m, k), (n, _) = shapes[0], shapes[1]
+            return 1, m, k, n
+        if op == "addmm":
+            (m, k), (_, n) = shapes[1], shapes[2]
+            return 1, m, k, n
+        if op in ("bmm", "baddbmm"):
+            (b, m, k), (_, _, n) = shapes[-2:] if op == "bmm" else shapes[1:3]
+            return b, m, k, n
+    except (ValueError, IndexError, TypeError):
+        return None
+    return None
+
+
+def step_events(events) -> list:
+    """The events of a CPU profile on the thread that ran the training step (the thread of its
+    "optimizer" region; gloo's worker threads move the bytes, the step's thread waits for them)."""
     events = list(events)
     regions = [e for e in events if e.name == "optimizer"]
     if not regions:
         raise ValueError("no 'optimizer' region in the profile: profile whole training steps (train.train_step)")
-    thread = regions[0].thread
-    out = dict.fromkeys(CLASSES, 0.0)
-    for e in events:
-        if e.thread != thread or e.name == "optimizer":
-            continue
+    return [e for e in events if e.thread == regions[0].thread]
+
+
+@dataclass
+class CpuClasses:
+    """A CPU profile's self times by op class (seconds per step)."""
+
+    profiled: dict[str, float]           # as the profiler recorded them
+    seconds: dict[str, float]            # each event's share of the profiler's own cost taken out
+    gemm_shapes: dict[tuple, dict]       # {(B, M, K, N): {"calls", "seconds"}} of the GEMM ops
+    other_ops: dict[str, dict]           # {op name: {"calls", "seconds", "profiled_seconds"}} of the ops classed other
+
+
+def classify_cpu(events, steps: int = 1, per_boundary: float = 0.0) -> CpuClasses:
+    """The one classifier of a CPU profile of `steps` training steps: the self time of every event
+    on the step's thread (step_events) to its class (op_class). The profiler's own cost comes out
+    event by event: each event gives back `per_boundary` seconds for itself and for each direct
+    child (gemref/mfu/op_profile.py estimates it), never going below 0."""
+    profiled: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
+    seconds: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
+    shapes: dict[tuple, dict] = defaultdict(lambda: {"calls": 0.0, "seconds": 0.0})
+    other: dict[str, dict] = defaultdict(lambda: {"calls": 0.0, "seconds": 0.0, "profiled_seconds": 0.0})
+    for e in step_events(events):
         cls = op_class(e.name, ancestors_of(e))
-        out[cls] += e.self_cpu_time_total / 1e6 / steps
-    return out
+        s = e.self_cpu_time_total / 1e6
+        kept = max(0.0, s - per_boundary * (1 + len(e.cpu_children))) / steps
+        profiled[cls] += s / steps
+        seconds[cls] += kept
+        shape = gemm_shape(e.name, e.input_shapes) if cls == "gemm" else None
+        use = shapes[shape] if shape is not None else other[e.name] if cls == "other" else None
+        if use is not None:
+            use["calls"] += 1 / steps
+            use["seconds"] += kept
+            if cls == "other":
+                use["profiled_seconds"] += s / steps
+    return CpuClasses(profiled, seconds, dict(shapes), dict(other))
 
 
 def classify_cuda(events, steps: int = 1) -> dict[str, float]:

@@ -11,8 +11,9 @@
 
 and returns a `StepRecord` (this rank's view of the step, base units), the step's result
 (the detached loss) and the batch. With `op_classes=True` the step runs under the profiler
-and the record carries its seconds per op class (gemref/mfu/op_classes.py); a profiled
-step's time includes the profiler's overhead, so it is never a timed step of a window.
+and the record carries its seconds per op class (gemref/mfu/op_classes.py, as recorded); a
+profiled step's time includes the profiler's overhead, so it is never a timed step of a window
+(gemref/mfu/op_profile.py pairs profiled steps with unprofiled ones to take that overhead out).
 
 `interleaved(fns, rounds)` runs variants round-robin (round k of every variant before any
 variant's round k+1; optionally alternating the order), so a slow phase of a shared machine
@@ -110,7 +111,8 @@ def timed_step(fetch: Callable[[], object], run: Callable[[object], T], device: 
     seconds = None
     if profiler is not None:
         from .op_classes import classify_cpu, classify_cuda
-        seconds = (classify_cuda if device.type == "cuda" else classify_cpu)(profiler.events(), 1)
+        events = profiler.events()
+        seconds = classify_cuda(events) if device.type == "cuda" else classify_cpu(events).seconds
     flops = count(batch.lengths)
     record = StepRecord(data_s + elapsed[0], data_s, cpu_s, proc_s, batch.batch_size, batch.num_tokens,
                         flops.model, flops.executed, flops.recompute, seconds)

@@ -3,7 +3,7 @@
 `best_rung(rows)` picks the waterfall rung with the highest MFU; `profile_rung(preset, row)`
 splits one rank's step of it by op class (GEMM, attention, element-wise, optimizer, other)
 with the step time if every GEMM ran at the best rate a probe finds for its shape
-(gemref/bench/step_profile.py); `limit_stacks` gives the figure's bars.
+(gemref/mfu/step_profile.py); `limit_stacks` gives the figure's bars.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def limit_stacks(record: dict) -> dict[str, dict[str, float]]:
 def profile_rung(preset, row: dict, *, ranks: int = 1, warmup: int = 2, timed_steps: int = 5,
                  profile_steps: int = 2, probe_reps: int = 5) -> dict:
     """One rank's step of a waterfall rung (a row of its record) on the CPU, in this process, by
-    op class, with its GEMMs probed alone (gemref.bench.step_profile.profile_step): the rung's
+    op class, with its GEMMs probed alone (gemref.mfu.step_profile.profile_step): the rung's
     recorded config (its model, window included, and its switches, AutoAC's plan and saved-
     activation compression included) at its per-rank batch; load balancing and sharding are
     left out, as they split the work and add communication but leave one rank's local step as
@@ -47,8 +47,8 @@ def profile_rung(preset, row: dict, *, ranks: int = 1, warmup: int = 2, timed_st
     (limit_stacks)."""
     from dataclasses import replace
 
-    from ..bench.step_profile import profile_step
     from ..config import ModelConfig, TrainConfig, override
+    from ..mfu.step_profile import profile_step
     from ..train import sample_batch, setup
 
     model = ModelConfig(**{**row["config"]["model"], "sparse_vocab": tuple(row["config"]["model"]["sparse_vocab"])})

@@ -36,6 +36,7 @@ from ..env import resolve_device
 from ..interop.lib import quiet_torchrec
 from ..mfu.meter import gemm_dtype
 from ..mfu.op_classes import COMPUTE
+from ..mfu.op_profile import OpProfile, account, profile_op_classes
 from ..mfu.peak import peak_flops
 from ..mfu.timing import StepRecord
 from ..parallel import launch
@@ -85,6 +86,15 @@ def dtype_name(train: TrainConfig, device: torch.device) -> str:
     return gemm_dtype(resolve_precision(train, device), device.type, emulated)
 
 
+def profile_seconds(profile: OpProfile) -> dict[str, float]:
+    """A rung's seconds per step by op class for the breakdown (gemref/waterfall/stats.py): the
+    one account of gemref/mfu/op_profile.py (the profiler's own cost out, the untraced time in
+    "other"; `gemref bench step_profile` gives the same), with "compute_per_step_s", the sum of
+    the compute classes (a GPU rank's compute seconds)."""
+    seconds = account(profile).seconds
+    return seconds | {"compute_per_step_s": sum(seconds[c] for c in COMPUTE)}
+
+
 class Rung:
     """One live rung on this rank: its Setup and its endless batch iterator."""
 
@@ -93,9 +103,9 @@ class Rung:
         self.batches = iter(make_loader(self.s.train_set, batch_sampler=StepBatches(self.s.sampler, 0),
                                         num_workers=train.num_workers, device=self.s.device))
 
-    def step(self, op_classes: bool = False) -> StepRecord:
+    def step(self) -> StepRecord:
         """One timed training step (gemref/mfu/timing.py timed_step)."""
-        return self.s.timed_step(lambda: next(self.batches), op_classes=op_classes)[0]
+        return self.s.timed_step(lambda: next(self.batches))[0]
 
     def window(self, rung: int, k: int, attempt: int, settings: Settings) -> Window:
         for _ in range(settings.window_warmup):
@@ -109,10 +119,9 @@ class Rung:
                       self.s.device.type, torch.get_num_threads(), self.s.world)
 
     def profile(self, steps: int) -> dict[str, float]:
-        """Seconds per step by op class (gemref/mfu/op_classes.py), the mean of `steps` profiled steps."""
-        records = [self.step(op_classes=True) for _ in range(steps)]
-        out = {c: sum(r.op_seconds[c] for r in records) / steps for c in records[0].op_seconds}
-        return out | {"compute_per_step_s": sum(out[c] for c in COMPUTE)}
+        """Seconds per step by op class of `steps` profiled steps on one batch (profile_seconds)."""
+        batch = next(self.batches).to(self.s.device)
+        return profile_seconds(profile_op_classes(lambda: self.s.step(batch), steps, self.s.device))
 
     def memory(self) -> dict:
         return measure_step_memory(self.s, next(self.batches).to(self.s.device))

@@ -16,8 +16,8 @@ batches), waiting at the collective (rank r waits max_r' C_r' - C_r for the slow
 queued (ready to run but without a core: the run-queue delay, ~0 in an uncontended window;
 where schedstat exists), exposed communication (the rest of the step: wall - data - compute
 - waiting - queued, floored at 0; on one rank only the timer's gaps), and the compute split
-into GEMMs, attention, element-wise, optimizer and other by the shares of a profiled step
-(gemref/mfu/op_classes.py).
+into GEMMs, attention, element-wise, optimizer and other by the shares of a profiled step, the
+profiler's own cost out (gemref/mfu/op_profile.py: the account `gemref bench step_profile` gives).
 """
 from __future__ import annotations
 
