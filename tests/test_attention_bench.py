@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from gemref.bench.attention import PROFILES, make_lengths
+from gemref.data.batches import LENGTH_PROFILES, make_lengths
 from gemref.cli import main
 
 
@@ -36,7 +36,7 @@ def test_bench_attention_tiny_run_writes_its_record(tmp_path, capsys):
     assert by_kernel[("silu", "reference")]["exec_over_model"] > 2 * by_kernel[("silu", "cpu_jagged")]["exec_over_model"]
 
 
-@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("profile", LENGTH_PROFILES)
 def test_length_profiles_are_deterministic_and_hold_the_max(profile):
     lengths = make_lengths(profile, 256, 2048, seed=3)
     assert lengths == make_lengths(profile, 256, 2048, seed=3)

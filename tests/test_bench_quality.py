@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from gemref.bench.quality import METRICS, band_rows, quality, variant_run
+from gemref.waterfall.quality import METRICS, band_rows, variant_quality, variant_run
 from gemref.cli import main
 from gemref.config import get_preset, override
 from gemref.data.folder import dataset_preset
@@ -48,7 +48,7 @@ def test_each_variant_changes_what_it_names(folder):
 
 
 def test_quality_runs_every_variant_on_the_whole_eval_split_of_the_folder(folder):
-    result = quality(dataset_preset("tiny", folder), ("fast", "window"), seeds=2, steps=2, log=lambda s: None)
+    result = variant_quality(dataset_preset("tiny", folder), ("fast", "window"), seeds=2, steps=2, log=lambda s: None)
     assert [(r["variant"], r["seed"]) for r in result["runs"]] == [("fast", 0), ("window", 0), ("fast", 1), ("window", 1)]
     assert all(r["eval_samples"] == 300 for r in result["runs"])
     assert result["data"]["folder"] == str(folder.resolve()) and result["labels"] == {"click": "click",

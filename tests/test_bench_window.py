@@ -88,7 +88,7 @@ def _row(L, variant, flops, executed, wall, speedup, window=16):
 
 
 def test_takeaway_reads_the_numbers_it_is_given():
-    from gemref.bench.window import window_takeaway
+    from gemref.mfu.attention_cost import window_takeaway
 
     rows = [_row(16, "full", 100, 120, 1.0, 1.0), _row(16, "window", 100, 120, 1.0, 1.0),
             _row(64, "full", 1600, 2000, 8.0, 1.0), _row(64, "window", 400, 500, 2.0, 4.0)]

@@ -1,130 +1,29 @@
 """Attention kernels side by side: time, TFLOP/s, peak memory, speed-up vs reference.
 
-For every max length, length profile, activation and kernel: forward and forward+backward
-median wall time (warm-up, then repetitions; CUDA timed with events after a sync),
-achieved TFLOP/s on the REAL-length model FLOPs (forward: attention_model_flops; forward+
-backward: 3x that, docs/design.md), the kernel's executed/model FLOP ratio (padding, masked
-tiles), peak memory of one forward+backward (a separate, untimed pass) and the speed-up over
-the reference kernel measured in the same run on the same batch.
-
-Length profiles (deterministic from --seed), each with one sequence at the max length:
-  fixed    every sequence at the max length;
-  uniform  the others uniform in [1, max];
-  skewed   the others max * u^4 (u uniform): mostly short histories, as in ads logs.
-A batch holds about --tokens rows (default max(2 * max_len, 1024)). The reference is skipped
-(with the reason) when its padded score tensors would pass REFERENCE_BYTES_CAP.
-
-Repetitions run round-robin over the kernels so load bursts on a shared machine hit all of
-them alike. On an oversubscribed CPU pass --threads (e.g. 1): the many-op kernels suffer
-most from OpenMP threads waiting on descheduled peers (gemref/attention/cpu_jagged/op.py).
+For every max length (--lengths), length profile (--skews), activation and kernel, one row of
+gemref/mfu/attention_cost.py `compare_kernels`: forward and forward+backward median wall time,
+TFLOP/s on the real-length model FLOPs, executed/model FLOPs, peak memory, and the speed-up
+over the reference measured in the same run on the same batch. The batches' lengths are
+gemref/data/batches.py `make_lengths` (fixed, uniform, skewed; deterministic from --seed),
+each about --tokens rows (default max(2 * max_len, 1024)). On an oversubscribed CPU pass
+--threads (e.g. 1).
 """
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
-import time
-from typing import Callable
 
 import torch
 
-from ..attention import ACTIVATIONS, KERNELS, attention_model_flops, gdpa
-from ..options import add_device_arg, device_of, output_file
-from ..data.jagged import lengths_to_offsets
+from ..attention import ACTIVATIONS, KERNELS
+from ..data.batches import LENGTH_PROFILES, make_lengths
 from ..errors import UsageError
-from ..mfu.memory import track_peak_memory
+from ..mfu.attention_cost import compare_kernels
+from ..options import add_device_arg, device_of, output_file
 from ..report import format_table
 from ..runtime.files import write_json
-from ..mfu.timing import interleaved
 
-PROFILES = ("fixed", "uniform", "skewed")
 CPU_LENGTHS = (128, 512, 2048, 4096)
 CUDA_LENGTHS = (128, 512, 1024, 2048, 4096, 8192)
-REFERENCE_BYTES_CAP = 3 << 30  # skip the reference when its score tensors would exceed this
-
-
-def make_lengths(profile: str, max_len: int, tokens: int, seed: int) -> list[int]:
-    """Sequence lengths of one batch: the first at max_len, about `tokens` rows in all."""
-    gen = torch.Generator().manual_seed(seed)
-    lengths = [max_len]
-    while sum(lengths) < tokens:
-        u = float(torch.rand((), generator=gen))
-        if profile == "fixed":
-            lengths.append(max_len)
-        elif profile == "uniform":
-            lengths.append(1 + int(u * max_len) if u < 1 else max_len)
-        elif profile == "skewed":
-            lengths.append(max(1, math.ceil(max_len * u ** 4)))
-        else:
-            raise ValueError(f"unknown length profile {profile!r}; valid: {', '.join(PROFILES)}")
-    return lengths
-
-
-def _seconds(fn: Callable[[], object], device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def compare_kernels(lengths: list[int], kernels: list[str], activation: str, *, heads: int = 2,
-                    head_dim: int = 32, causal: bool = False, window: int | None = None,
-                    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                    warmup: int = 1, reps: int = 3, seed: int = 0) -> tuple[list[dict], list[tuple]]:
-    """Time every kernel that can run this jagged batch (interleaved), then one untimed memory
-    pass each. Returns (one row per kernel, [(kernel, reason)] for those that cannot run here).
-    Speed-ups are over "reference" when it is first in `kernels` and runs."""
-    device = torch.device(device)
-    offsets = lengths_to_offsets(torch.tensor(lengths)).to(device)
-    T = int(offsets[-1])
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v, grad = (torch.randn(T, heads, head_dim, generator=gen).to(device, dtype) for _ in range(4))
-    for x in (q, k, v):
-        x.requires_grad_(True)
-    runnable, skipped = [], []
-    for kernel in kernels:
-        reason = KERNELS[kernel].unavailable(q, activation, causal, window)
-        ref_bytes = 4 * len(lengths) * heads * max(lengths) ** 2 * q.element_size()
-        if kernel == "reference" and ref_bytes > REFERENCE_BYTES_CAP:
-            reason = f"at L={max(lengths)} its padded scores would take ~{ref_bytes / 2 ** 30:.1f} GiB"
-        (runnable.append(kernel) if reason is None else skipped.append((kernel, reason)))
-    opts = dict(activation=activation, causal=causal, window=window, max_len=max(lengths))
-
-    def forward(kernel):
-        return lambda: gdpa(q, k, v, offsets, kernel=kernel, **opts)
-
-    def forward_backward(kernel):
-        return lambda: torch.autograd.grad(gdpa(q, k, v, offsets, kernel=kernel, **opts), (q, k, v), grad)
-
-    fns = {(kernel, "fwd"): forward(kernel) for kernel in runnable}
-    fns.update({(kernel, "fwdbwd"): forward_backward(kernel) for kernel in runnable})
-    seconds = {name: statistics.median(t) for name, t in
-               interleaved({name: (lambda k, fn=fn: _seconds(fn, device)) for name, fn in fns.items()}, reps,
-                           warmup=warmup).items()}
-    model = attention_model_flops(lengths, lengths, heads, head_dim, causal, window)
-    lengths_t = torch.tensor(lengths, device=device)
-    rows = []
-    for kernel in runnable:
-        with track_peak_memory(device) as peak:
-            forward_backward(kernel)()
-        executed = sum(KERNELS[kernel].executed_flops(lengths_t, lengths_t, heads, head_dim, causal, window))
-        fwd_s, fwdbwd_s = seconds[(kernel, "fwd")], seconds[(kernel, "fwdbwd")]
-        rows.append({"kernel": kernel, "fwd_ms": fwd_s * 1e3, "fwdbwd_ms": fwdbwd_s * 1e3,
-                     "fwd_tflops": model / fwd_s / 1e12, "fwdbwd_tflops": 3 * model / fwdbwd_s / 1e12,
-                     "exec_over_model": executed / (3 * model) if model else None,
-                     "peak_mib": peak.bytes / 2 ** 20, "memory_method": peak.method})
-    if runnable and runnable[0] == "reference":
-        for row in rows:
-            row["speedup_fwd"] = rows[0]["fwd_ms"] / row["fwd_ms"]
-            row["speedup_fwdbwd"] = rows[0]["fwdbwd_ms"] / row["fwdbwd_ms"]
-    return rows, skipped
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -134,7 +33,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--activations", nargs="+", default=["softmax", "silu"], choices=ACTIVATIONS)
     parser.add_argument("--lengths", nargs="+", type=int, default=None,
                         help="max sequence lengths (default: 128..4096 on CPU, 128..8192 on CUDA)")
-    parser.add_argument("--skews", nargs="+", default=list(PROFILES), choices=PROFILES)
+    parser.add_argument("--skews", nargs="+", default=list(LENGTH_PROFILES), choices=LENGTH_PROFILES)
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                         help="default: float32 on CPU, bfloat16 on CUDA")
     parser.add_argument("--heads", type=int, default=2)

@@ -1,185 +1,35 @@
 """Sliding-window vs full causal history attention: FLOPs, peak memory, time as the history grows; the window's quality cost.
 
-Attention (`window_sweep`): for every history length L of --lengths, a batch of --batch
-sequences of exactly L events, --heads x --head-dim, causal self-attention through one gdpa
-kernel (--kernel, default cpu_jagged) with no window ("full") and with --window W ("window").
-Per variant: model FLOPs of forward+backward (3x the forward's 4*H*D per allowed pair,
-gemref/attention/flops.py: L(L+1)/2 pairs per sequence for full, sum over rows i of
-min(i+1, W) for the window), the FLOPs the kernel executes (its own count: padding, tiles),
-the peak memory of one untimed forward+backward (gemref.mfu.memory: on CPU the live tensor
-bytes, the kernel's workspace included), and the median wall and process-CPU seconds of
-forward+backward over --reps repetitions after --warmup, the variants interleaved (full,
-window, full, window, ...) so load on a shared machine hits both alike. `cpu_over_wall` is
-process CPU / wall: about the thread count on an idle machine; far below it the process
-waited for cores (contention) and its times are not final figures. `speedup` is the median
-of the per-repetition full/window time ratios.
+Attention: for every history length L of --lengths, a batch of --batch sequences of exactly L
+events, --heads x --head-dim, causal self-attention through one gdpa kernel (--kernel, default
+cpu_jagged) with no window and with --window W, forward+backward over --reps repetitions after
+--warmup (gemref/mfu/attention_cost.py `window_sweep`: the columns and how each is measured).
 
-Quality (`quality_cost`, --quality-seeds N, 0 skips): for each seed 0..N-1, two short
-training runs of --quality-preset (jagged, cpu_jagged, --quality-steps steps, same seed and
-batches), without and with ModelConfig.window = --quality-window, then NE and AUC of both
-tasks on the preset's eval batches. Reported: every run, the paired window - full
-differences, and (N >= 2) the full runs' seed band (max - min over seeds), the spread a
-difference must exceed to mean anything. With N = 1 there is no band: one seed per variant.
+Quality (--quality-seeds N, 0 skips): for each seed 0..N-1, two training runs of
+--quality-preset (--quality-steps steps) without and with ModelConfig.window = --quality-window,
+NE and AUC of both tasks on the preset's eval batches, and (N >= 2) the full runs' seed band
+(gemref/waterfall/quality.py `quality_cost`). With N = 1 there is no band: one seed per variant.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
-from dataclasses import replace
-from typing import Callable
 
 import torch
 
-from ..attention import ACTIVATIONS, KERNELS, attention_model_flops, gdpa
-from ..options import add_dataset_arg, int_at_least, nonnegative_int, output_file, positive_int
-from ..config import PRESETS, Preset, get_preset, override
+from ..attention import ACTIVATIONS, KERNELS
+from ..config import PRESETS
 from ..data.folder import dataset_preset
-from ..data.jagged import lengths_to_offsets
 from ..env import versions
 from ..errors import UsageError
-from ..mfu.memory import track_peak_memory
+from ..mfu.attention_cost import window_sweep, window_takeaway
+from ..options import add_dataset_arg, int_at_least, nonnegative_int, output_file, positive_int
 from ..report import format_table
 from ..runtime.files import write_json
-from ..mfu.timing import interleaved
+from ..waterfall.quality import quality_cost
 
-VARIANTS = ("full", "window")
-METRICS = ("ne_click", "auc_click", "ne_conversion", "auc_conversion")
 ATTENTION_COLUMNS = ("history_len", "variant", "model_gflop", "executed_gflop", "flops_vs_full", "peak_mib",
                      "wall_ms", "cpu_ms", "cpu_over_wall", "speedup")
-
-
-def _wall_and_cpu(fn: Callable[[], object]) -> tuple[float, float]:
-    """(wall seconds, process CPU seconds) of one call."""
-    w0, c0 = time.perf_counter(), time.process_time()
-    fn()
-    cpu = time.process_time() - c0
-    return time.perf_counter() - w0, cpu
-
-
-def window_sweep(lengths: list[int], window: int, *, batch: int = 2, heads: int = 2, head_dim: int = 32,
-                 activation: str = "silu", kernel: str = "cpu_jagged", warmup: int = 1, reps: int = 3,
-                 seed: int = 0) -> list[dict]:
-    """One row per (history length, variant) on CPU; see the module docstring for the columns."""
-    rows = []
-    for L in lengths:
-        seq = [L] * batch
-        offsets = lengths_to_offsets(torch.tensor(seq))
-        gen = torch.Generator().manual_seed(seed)
-        q, k, v, grad = (torch.randn(L * batch, heads, head_dim, generator=gen) for _ in range(4))
-        for x in (q, k, v):
-            x.requires_grad_(True)
-        windows = {"full": None, "window": window}
-        reason = next((r for w in windows.values() if (r := KERNELS[kernel].unavailable(q, activation, True, w))),
-                      None)
-        if reason:
-            raise UsageError(f"--kernel {kernel} cannot run here: {reason}")
-
-        def step(w):
-            return lambda: torch.autograd.grad(gdpa(q, k, v, offsets, activation=activation, causal=True, window=w,
-                                                    kernel=kernel, max_len=L), (q, k, v), grad)
-
-        samples = interleaved({name: (lambda k, fn=step(w): _wall_and_cpu(fn)) for name, w in windows.items()}, reps,
-                              warmup=warmup)
-        times = {name: {"wall": [w for w, _ in t], "cpu": [c for _, c in t]} for name, t in samples.items()}
-        full_model = 3 * attention_model_flops(seq, seq, heads, head_dim, True, None)
-        lengths_t = torch.tensor(seq)
-        for name, w in windows.items():
-            with track_peak_memory("cpu") as peak:
-                step(w)()
-            model = 3 * attention_model_flops(seq, seq, heads, head_dim, True, w)
-            executed = sum(KERNELS[kernel].executed_flops(lengths_t, lengths_t, heads, head_dim, True, w))
-            wall, cpu = statistics.median(times[name]["wall"]), statistics.median(times[name]["cpu"])
-            ratios = [f / x for f, x in zip(times["full"]["wall"], times[name]["wall"])]
-            rows.append({"history_len": L, "variant": name, "window": w, "batch": batch,
-                         "model_flops": model, "executed_flops": executed, "model_gflop": model / 1e9,
-                         "executed_gflop": executed / 1e9, "flops_vs_full": model / full_model,
-                         "peak_mib": peak.bytes / 2 ** 20, "memory_method": peak.method,
-                         "wall_ms": wall * 1e3, "cpu_ms": cpu * 1e3, "cpu_over_wall": cpu / wall,
-                         "speedup": statistics.median(ratios)})
-    return rows
-
-
-def train_and_evaluate(preset_name: str | Preset, window: int | None, seed: int, steps: int, data_root=None) -> dict:
-    """Eval NE/AUC (both tasks) after `steps` training steps (jagged, cpu_jagged) of the preset
-    (a name, or a Preset: e.g. one on a dataset folder), its model's window set to `window`."""
-    from ..data.loader import make_loader
-    from ..data.sampler import StepBatches
-    from ..train import evaluate, setup
-
-    preset = get_preset(preset_name) if isinstance(preset_name, str) else preset_name
-    preset = replace(preset, model=override(preset.model, window=window))
-    train = override(preset.train, steps=steps, seed=seed, jagged=True, kernel="cpu_jagged")
-    s = setup(preset, train, device="cpu", data_root=data_root, progress=False)
-    batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, 0), device=s.device))
-    for _ in range(steps):
-        s.step(next(batches))
-    result = evaluate(s, train.eval_batches, steps)
-    return {m: float(result[m]) for m in METRICS}
-
-
-def quality_cost(preset: str | Preset, window: int, seeds: int, steps: int, data_root=None, log=print) -> dict:
-    """Paired full/window training runs per seed (see the module docstring)."""
-    runs, diffs = [], []
-    for seed in range(seeds):
-        log(f"training {getattr(preset, 'name', preset)} seed {seed}: full, then window {window} ...")
-        pair = {name: train_and_evaluate(preset, w, seed, steps, data_root)
-                for name, w in (("full", None), ("window", window))}
-        runs += [{"seed": seed, "variant": name, **m} for name, m in pair.items()]
-        diffs.append({"seed": seed, **{m: pair["window"][m] - pair["full"][m] for m in METRICS}})
-    summary = []
-    for m in METRICS:
-        full = [r[m] for r in runs if r["variant"] == "full"]
-        band = max(full) - min(full) if seeds >= 2 else None
-        mean_diff = statistics.mean(d[m] for d in diffs)
-        summary.append({"metric": m, "full_mean": statistics.mean(full),
-                        "window_mean": statistics.mean(r[m] for r in runs if r["variant"] == "window"),
-                        "mean_difference": mean_diff, "full_seed_band": band,
-                        "within_band": None if band is None else abs(mean_diff) <= band})
-    return {"preset": getattr(preset, "name", preset), "window": window, "steps": steps, "seeds": seeds, "runs": runs,
-            "differences": diffs, "summary": summary}
-
-
-def window_takeaway(rows: list[dict], quality: dict | None = None) -> list[str]:
-    """Sentences that read a `window_sweep` (and `quality_cost`) result: what the window saved at
-    the longest history, how the costs grew, and the quality difference against the seed band."""
-    by = {(r["history_len"], r["variant"]): r for r in rows}
-    lengths = sorted({r["history_len"] for r in rows})
-    top, low = lengths[-1], lengths[0]
-    full, win = by[(top, "full")], by[(top, "window")]
-    W = win["window"]
-    lines = [f"At L = {top} events a window of {W} computes {win['flops_vs_full']:.1%} of full causal attention's "
-             f"model FLOPs, and the kernel executes {win['executed_flops'] / full['executed_flops']:.1%} of its "
-             f"full-attention FLOPs; forward+backward ran {win['speedup']:.2f}x faster ({full['wall_ms']:.1f} -> "
-             f"{win['wall_ms']:.1f} ms; process CPU / wall {full['cpu_over_wall']:.2f} and "
-             f"{win['cpu_over_wall']:.2f}), peak memory {full['peak_mib']:.1f} -> {win['peak_mib']:.1f} MiB."]
-    if top > low:
-        grow = {v: by[(top, v)]["model_flops"] / by[(low, v)]["model_flops"] for v in VARIANTS}
-        lines.append(f"From L = {low} to {top} ({top / low:.0f}x longer) full attention's FLOPs grew "
-                     f"{grow['full']:.1f}x, the window's {grow['window']:.1f}x.")
-    more = [L for L in lengths if by[(L, "window")]["executed_flops"] > by[(L, "full")]["executed_flops"]]
-    if more:
-        lines.append(f"At L = {', '.join(map(str, more))} the windowed kernel executed MORE FLOPs than full attention: "
-                     "with a history a few windows long its band tiles cover more than the full causal triangle "
-                     "(which it splits into blocks), so the window pays off only on longer histories.")
-    short = [L for L in lengths if L <= W]
-    if short:
-        lines.append(f"Histories of at most {W} events (here L = {', '.join(map(str, short))}) fit in the window: "
-                     "it changes nothing there.")
-    for s in (quality or {}).get("summary", []):
-        if s["metric"] not in ("ne_click", "auc_click"):
-            continue
-        head = (f"Eval {s['metric']}: {s['full_mean']:.4f} full vs {s['window_mean']:.4f} with window "
-                f"{quality['window']} ({s['mean_difference']:+.4f})")
-        if s["full_seed_band"] is None:
-            lines.append(head + "; one seed per variant, so no seed band: this difference cannot be told from "
-                                "seed noise.")
-        else:
-            where = "inside" if s["within_band"] else "outside"
-            lines.append(head + f", {where} the full runs' seed band {s['full_seed_band']:.4f} over "
-                                f"{quality['seeds']} seeds.")
-    return lines
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

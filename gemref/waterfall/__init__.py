@@ -17,6 +17,7 @@ attention, element-wise, optimizer, exposed communication, waiting at the collec
     stats.py     window figures, paired ratios, the breakdown
     rows.py      rows, tables and footnotes
     precision_step.py  rung 7 on its own: whole steps per precision interleaved, the speed-up and the loss band
+    quality.py   what a rung or technique costs in eval NE/AUC: trained over seeds, against the seed band
 """
 from __future__ import annotations
 

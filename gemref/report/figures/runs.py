@@ -151,7 +151,7 @@ def grouped_bars_figure(categories: list[str], series: dict[str, list[float]], t
 
 def window_figure(rows: list[dict], title: str = "full causal vs sliding-window attention, forward+backward") -> go.Figure:
     """Model GFLOP, median wall ms and peak MiB against history length, one line per variant;
-    `rows` from gemref.bench.window.window_sweep (log-log axes)."""
+    `rows` from gemref.mfu.attention_cost.window_sweep (log-log axes)."""
     panels = (("model_gflop", "model GFLOP"), ("wall_ms", "wall time (ms, median)"), ("peak_mib", "peak memory (MiB)"))
     fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t in panels])
     for i, variant in enumerate(dict.fromkeys(r["variant"] for r in rows)):
