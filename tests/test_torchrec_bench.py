@@ -1,4 +1,4 @@
-"""`gemref bench embeddings` (gemref/bench/embeddings.py): how rows are summarised, and one short
+"""`gemref bench embeddings` and gemref/measure/table_engines.py: how rows are summarised, and one short
 run on 2 gloo ranks that writes a record naming the plan and bytes for every rank."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gemref.bench.embeddings import summarize
+from gemref.measure.table_engines import summarize
 from gemref.cli import main
 
 
@@ -68,7 +68,7 @@ TINY_TABLES = {"item": (2000, 32), "action": (4, 32), "time_gap": (16, 32), "pos
 @pytest.mark.multiproc
 def test_compare_sharded_weighs_both_engines_by_hand_counts():
     pytest.importorskip("torchrec", reason="TorchRec is not installed (requirements-nodeps.txt)")
-    from gemref.bench.embeddings import compare_sharded
+    from gemref.measure.table_engines import compare_sharded
     from gemref.config import get_preset
     from gemref.parallel.volume import table_shapes
 
@@ -95,7 +95,7 @@ def test_compare_sharded_weighs_both_engines_by_hand_counts():
 
 
 def test_compare_sharded_refuses_one_rank_before_starting_any():
-    from gemref.bench.embeddings import compare_sharded
+    from gemref.measure.table_engines import compare_sharded
     from gemref.errors import UsageError
 
     with pytest.raises(UsageError, match="ranks >= 2"):

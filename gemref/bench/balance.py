@@ -10,130 +10,30 @@ batch with each policy and report, per policy, the medians over batches of
   part_ms   = time of the partitioner itself (it runs on every rank, every step)
   lower_bound = max(dearest sample, mean) / mean: no partition of that batch can do better.
 
---measure: spawn R gloo ranks on CPU (one thread each, gemref.parallel.launch) that run the
-real GEM training step: every rank builds the --preset GEMRef and its optimizer as training
-does (jagged, max_len = --max-len, same seed), and on each global batch (synthetic ids,
-lengths from the profile) takes its samples split by round_robin and by kk in turn and runs
-training's step (`train.train_step`) with the loss divided by the global batch size; between
-backward and the optimizer update the gradients are all-reduced (replicated data
-parallelism, as DDP without buckets). The split prices samples with the same cost as the
-training switch (model FLOPs, gemref/mfu/flops.py), or with seconds fitted to this
-machine's measured step times (--calibrate, `gemref.balance.calibrate`).
-Per rank: compute time, and wait (+comm) time in the all-reduce; per step: step time (max
-over ranks), imbalance of compute wall time and of compute CPU time, idle share. With more
-ranks than CPU cores, or other jobs on the machine, ranks time-share cores and wall times
-stretch: then cpu_imbalance (thread CPU time, blind to time-sharing) is the figure to read.
+--measure: R one-thread gloo ranks run the real GEM training step on each global batch split
+by round_robin and by kk in turn, the gradient all-reduce timed apart; the split prices samples
+with model FLOPs as the training switch does, or with seconds fitted to this machine's measured
+step times (--calibrate). Per rank: compute and all-reduce wait; per step: step time, imbalance
+of compute wall and CPU time, idle share (gemref/measure/balance_policies.py says how; with
+more ranks than free cores, read cpu_imbalance).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import platform
-import statistics
-import time
-from dataclasses import replace
 
-import numpy as np
-import torch
-import torch.distributed as dist
-from torch import nn
-
-from ..data.batches import batch_with_lengths
-from ..balance import POLICIES, SampleCost, calibrate, compare_policies, partition
-from ..options import check_local_ranks, nonnegative_int, output_file, positive_float, positive_int
-from ..config import LENGTH_PROFILES, PRESETS, get_preset, override
+from ..balance import SampleCost
+from ..config import LENGTH_PROFILES, PRESETS, get_preset
 from ..data.synthetic import draw_lengths
-from ..mfu.flops import sample_cost_coefficients
+from ..env import versions
 from ..errors import UsageError
-from ..parallel.launch import cpu_ranks, launch, to_rank0
+from ..measure.balance_policies import (WARMUP_STEPS, calibrate_gem, calibration_record, measure_policies,
+                                        projected_rows)
+from ..mfu.flops import sample_cost_coefficients
+from ..options import check_local_ranks, nonnegative_int, output_file, positive_float, positive_int
 from ..report import format_table
 from ..runtime.files import write_json
-from ..env import versions
-
-
-# ----------------------------------------------------------------------------- the GEM step on gloo ranks
-
-
-def gem_model(preset: str, max_len: int) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """The preset's GEMRef (built by training's `build_model`: jagged, the best attention kernel
-    here, fp32, seed 0) with max_len widened to the profile's, and training's optimizer."""
-    from ..train import build_model, make_optimizer
-
-    p = get_preset(preset)
-    train = override(p.train, jagged=True, kernel="auto", precision="fp32", seed=0)
-    model = build_model(replace(p, model=replace(p.model, max_len=max_len)), train, torch.device("cpu"))[0]
-    return model, make_optimizer(model, train)
-
-
-def _all_reduce_grads(model: nn.Module) -> None:
-    """Sum the gradients over the ranks in one flat buffer (replicated data parallelism, as DDP
-    without buckets), written back so every rank steps the same model."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([g.flatten() for g in grads])
-    dist.all_reduce(flat)
-    torch._foreach_copy_(grads, [g.view_as(p) for g, p in zip(flat.split([g.numel() for g in grads]), grads)])
-
-
-def _measure_rank(rank, world, preset, max_len, lengths_per_step, cost_coeffs, policies, warmup):
-    """One rank of --measure: per step and policy, (compute wall s, compute CPU s, all-reduce wall s, n).
-
-    Each step is training's step (`train.train_step`); its gradient all-reduce is timed apart
-    from the forward+backward before it (the optimizer update after it is in neither)."""
-    from ..train import train_step
-
-    model, optimizer = gem_model(preset, max_len)
-    cost = SampleCost(*cost_coeffs)
-    out = {p: [] for p in policies}
-    marks: list[float] = []
-
-    def timed_all_reduce(m: nn.Module) -> None:
-        marks.extend((time.perf_counter(), time.thread_time()))
-        _all_reduce_grads(m)
-        marks.append(time.perf_counter())
-
-    for step, lengths in enumerate(lengths_per_step):
-        batch = batch_with_lengths(model.cfg, lengths, seed=step)
-        for policy in policies:
-            mine = batch.select(partition(cost.cost(lengths), world, policy, min_per_rank=1)[rank])
-            dist.barrier()
-            marks.clear()
-            t0, c0 = time.perf_counter(), time.thread_time()
-            train_step(model, optimizer, mine, normalizer=len(lengths), finish_backward=timed_all_reduce)
-            t1, c1, t2 = marks
-            if step >= warmup:
-                out[policy].append([t1 - t0, c1 - c0, t2 - t1, mine.batch_size])
-    return to_rank0({p: torch.tensor(v, dtype=torch.float64) for p, v in out.items()})
-
-
-def calibrate_gem(preset: str, max_len: int, pool: np.ndarray, n_batches: int = 16, reps: int = 2, seed: int = 0):
-    """Time the GEM training step (`train.train_step`) on batches of varied size and length mix
-    from `pool`; fit a SampleCost in seconds.
-
-    Times are this thread's CPU time with one torch thread (as on every rank), so other
-    processes sharing the cores do not distort the fit.
-    """
-    from ..train import train_step
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model, optimizer = gem_model(preset, max_len)
-    rng = np.random.default_rng(seed)
-    lengths_list, times = [], []
-    for k in range(n_batches):
-        lengths = rng.choice(pool, size=int(rng.integers(2, 33)))
-        batch = batch_with_lengths(model.cfg, lengths, seed=k)
-        samples = []
-        for _ in range(reps + 1):   # first run is warm-up
-            t0 = time.thread_time()
-            train_step(model, optimizer, batch)
-            samples.append(time.thread_time() - t0)
-        lengths_list.append(lengths)
-        times.append(statistics.median(samples[1:]))
-    torch.set_num_threads(threads)
-    return calibrate(lengths_list, times)
-
-
-# ----------------------------------------------------------------------------- command
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -163,11 +63,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
 
 
-def _projected(args, cost: SampleCost) -> list[dict]:
-    batches = [draw_lengths(args.profile, args.batch, args.max_len, args.median, args.sigma, args.seed + b)
-               for b in range(args.batches)]
-    return [{k: v for k, v in row.items() if k != "loads"}
-            for row in compare_policies(batches, cost, args.ranks, tuple(POLICIES))]
+def _draw(args, n: int, seed: int):
+    """n history lengths from the --profile (its --max-len, --median, --sigma)."""
+    return draw_lengths(args.profile, n, args.max_len, args.median, args.sigma, seed)
 
 
 def _show(rows: list[dict]) -> list[dict]:
@@ -177,38 +75,11 @@ def _show(rows: list[dict]) -> list[dict]:
 
 
 def _measure(args, cost: SampleCost) -> tuple[dict | None, list[dict], list[dict]]:
-    warmup = 2
-    fit = None
-    if args.calibrate:
-        pool = draw_lengths(args.profile, 4096, args.max_len, args.median, args.sigma, args.seed + 10_000)
-        fit = calibrate_gem(args.preset, args.max_len, pool, seed=args.seed)
-        cost = fit.cost
-    steps = [draw_lengths(args.profile, args.batch, args.max_len, args.median, args.sigma, args.seed + s)
-             for s in range(warmup + args.steps_per_policy)]
-    policies = ["round_robin", "kk"]
-    results = launch(_measure_rank, (args.preset, args.max_len, steps,
-                                     (cost.per_sample, cost.per_token, cost.per_token_sq), policies, warmup),
-                     cpu_ranks(args.ranks), timeout_s=540)
-    per_rank, summary = [], []
-    for policy in policies:
-        per_step = torch.stack([res[policy] for res in results])    # (R, steps, 4)
-        wall = per_step[:, :, 0] + per_step[:, :, 2]                  # compute + all-reduce
-        for r in range(args.ranks):
-            med = per_step[r].median(dim=0).values.tolist()
-            per_rank.append({"policy": policy, "rank": r, "samples": int(med[3]), "compute_ms": med[0] * 1e3,
-                             "compute_cpu_ms": med[1] * 1e3, "allreduce_wait_ms": med[2] * 1e3})
-        compute, cpu = per_step[:, :, 0], per_step[:, :, 1]
-        summary.append({"policy": policy, "step_ms": float(wall.max(0).values.median()) * 1e3,
-                        "imbalance": float((compute.max(0).values / compute.mean(0)).median()),
-                        "cpu_imbalance": float((cpu.max(0).values / cpu.mean(0)).median()),
-                        "idle": float((per_step[:, :, 2].sum(0) / wall.sum(0)).median())})
-    base = summary[0]["step_ms"]
-    for row in summary:
-        row["speedup"] = base / row["step_ms"]
-    fit_info = None if fit is None else {
-        "per_sample_s": fit.cost.per_sample, "per_token_s": fit.cost.per_token,
-        "per_token_sq_s": fit.cost.per_token_sq, "per_step_s": fit.per_step, "rel_rms_error": fit.rel_rms_error}
-    return fit_info, per_rank, summary
+    fit = calibrate_gem(args.preset, args.max_len, _draw(args, 4096, args.seed + 10_000), seed=args.seed) \
+        if args.calibrate else None
+    steps = [_draw(args, args.batch, args.seed + s) for s in range(WARMUP_STEPS + args.steps_per_policy)]
+    per_rank, summary = measure_policies(args.preset, args.max_len, steps, fit.cost if fit else cost, args.ranks)
+    return (calibration_record(fit) if fit else None), per_rank, summary
 
 
 def run(args: argparse.Namespace) -> int:
@@ -220,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         check_local_ranks(args.ranks, "cpu")
     coefficients = args.cost or sample_cost_coefficients(get_preset(args.preset).model)
     cost = SampleCost(*coefficients)
-    rows = _projected(args, cost)
+    rows = projected_rows([_draw(args, args.batch, args.seed + b) for b in range(args.batches)], cost, args.ranks)
     print(format_table(_show(rows), title=f"projected: {args.ranks} ranks, global batch {args.batch}, {args.profile} "
                                    f"lengths (median {args.median}, max {args.max_len}), {args.batches} batches"))
     record = {"bench": "balance", "config": {k: v for k, v in vars(args).items() if k != "func"},

@@ -2,36 +2,32 @@
 
 For each shape MxKxN (M tokens, K in-features, N out-features) and precision, one
 bias-free nn.Linear converted by `gemref.precision.apply.apply_precision` runs forward+backward
-(3 GEMMs, 6*M*K*N FLOPs) `--reps` times after `--warmup`; the table shows the median time,
-TFLOP/s, the speed-up vs fp32 and bf16 (t_ref / t), and the SQNR of output, input grad and
-weight grad against the fp32 layer. Emulated paths (no float8/MXFP8 hardware) reproduce the
+(3 GEMMs) `--reps` times after `--warmup`: median time, TFLOP/s, the speed-up vs fp32 and bf16
+(t_ref / t), and the SQNR of output, input grad and weight grad against the fp32 layer
+(gemref/precision/linear_compare.py). Emulated paths (no float8/MXFP8 hardware) reproduce the
 numerics only: their ratios read "emulated" and make no speed claim.
-With `--preset P`, it also trains that preset for `--steps` in each precision through the
-training loop (the same `apply_precision`, composed with the other switches) and reports
-whole-step time, MFU against the peak of the dtype its GEMMs ran in (gemref/mfu/meter.py
-`gemm_dtype`: bf16 runs the bf16 peak, native float8/MXFP8 "bf16-equivalent", fp32 and CPU
-emulation the fp32 peak) and the eval loss; emulated rows make no speed claim.
+With `--preset P`, it also trains that preset for `--steps-per-precision` steps in each
+precision through the training loop and reports whole-step time, MFU against the peak of the
+dtype its GEMMs ran in (gemref/mfu/meter.py `gemm_dtype`: bf16 runs the bf16 peak, native
+float8/MXFP8 "bf16-equivalent", fp32 and CPU emulation the fp32 peak) and the eval loss
+(gemref/waterfall/precision_step.py `train_per_precision`).
 """
 from __future__ import annotations
 
 import argparse
 import logging
-import statistics
-import time
 
 import torch
-from torch import nn
 
 from ..options import add_dataset_arg, add_device_arg, device_of, nonnegative_int, output_file, positive_int
-from ..config import PRESETS, override
+from ..config import PRESETS
 from ..data.folder import dataset_preset
 from ..errors import UsageError
-from ..precision.sqnr import compare_linear
 from ..config import PRECISION_KERNELS as KERNELS, PRECISIONS
-from ..precision.apply import apply_precision
+from ..precision.linear_compare import compare_shape
 from ..report import format_table
 from ..runtime.files import write_json
-from ..train import run as train_run
+from ..waterfall.precision_step import train_per_precision
 
 DEFAULT_DIMS = {
     "cpu": ["1024x256x1024", "1024x1024x256"],
@@ -65,56 +61,6 @@ def parse_dims(text: str) -> tuple[int, int, int]:
     return m, k, n
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_linear(model: nn.Module, x: torch.Tensor, grad: torch.Tensor, autocast, warmup: int,
-                reps: int) -> float:
-    """Median seconds of one forward+backward of `model` on x."""
-    times = []
-    for i in range(warmup + reps):
-        for p in model.parameters():
-            p.grad = None
-        _sync(x.device)
-        start = time.perf_counter()
-        with autocast:
-            y = model(x)
-        y.backward(grad.to(y.dtype))
-        _sync(x.device)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def bench_shape(m: int, k: int, n: int, precisions: list[str], device: torch.device, kernel: str,
-                warmup: int, reps: int, seed: int) -> list[dict]:
-    torch.manual_seed(seed)
-    base = nn.Linear(k, n, bias=False, device=device)
-    x = torch.randn(m, k, device=device)
-    grad = torch.randn(m, n, device=device)
-    rows = []
-    for precision in precisions:
-        model = nn.Sequential(nn.Linear(k, n, bias=False, device=device))
-        model.load_state_dict({"0.weight": base.weight.detach()})
-        report = apply_precision(model, precision, device=device, kernel=kernel, min_dim=0)
-        if report.skipped:
-            raise UsageError(f"{m}x{k}x{n} cannot run {precision}: {report.skipped[0].reason}")
-        seconds = time_linear(model, x, grad, report.autocast(), warmup, reps)
-        q = compare_linear(base, precision, x, grad_output=grad, kernel=kernel)
-        rows.append({"shape": f"{m}x{k}x{n}", "precision": precision, "kernel": report.kernel,
-                     "ms": seconds * 1e3, "tflops": 6 * m * k * n / seconds / 1e12,
-                     "out_sqnr_db": q.output_db, "dgrad_sqnr_db": q.input_grad_db,
-                     "wgrad_sqnr_db": q.weight_grad_db, "kernel_reason": report.reason})
-    for ref in ("fp32", "bf16"):
-        t_ref = next((r["ms"] for r in rows if r["precision"] == ref), None)
-        for r in rows:
-            r[f"vs_{ref}"] = ("emulated" if r["kernel"] == "emulated" else
-                              None if t_ref is None else t_ref / r["ms"])
-    return rows
-
-
 def run(args: argparse.Namespace) -> int:
     if args.dataset and not args.preset:
         raise UsageError("--dataset is the data of the --preset training runs: add --preset NAME")
@@ -123,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("gemref.precision.apply").setLevel(logging.ERROR)  # the table states the path
     rows = []
     for m, k, n in shapes:
-        rows += bench_shape(m, k, n, args.precisions, device, args.kernel, args.warmup, args.reps, args.seed)
+        rows += compare_shape(m, k, n, args.precisions, device, args.kernel, args.warmup, args.reps, args.seed)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     columns = ["shape", "precision", "kernel", "ms", "tflops", "vs_fp32", "vs_bf16",
                "out_sqnr_db", "dgrad_sqnr_db", "wgrad_sqnr_db"]
@@ -145,20 +91,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def whole_steps(args: argparse.Namespace, device: torch.device) -> list[dict]:
-    """Train the preset in each precision; one row per precision (step time, MFU, eval loss)."""
-    preset = dataset_preset(args.preset, args.dataset)
-    rows = []
-    for precision in args.precisions:
-        train = override(preset.train, steps=args.steps_per_precision, precision=precision, precision_kernel=args.kernel,
-                         precision_min_dim=args.min_dim, seed=args.seed)
-        r = train_run(preset, train, device=device.type, progress=False, measure_memory=False)
-        rows.append({"precision": precision, "path": r["precision"]["kernel"],
-                     "converted": len(r["precision"]["converted"]), "median_step_s": r["median_step_s"],
-                     "mfu": r["mfu"], "mfu_basis": r["mfu_basis"], "eval_loss": r["eval"]["eval_loss"]})
-    t_ref = {r["precision"]: r["median_step_s"] for r in rows}
-    for r in rows:
-        ref = t_ref.get("bf16", t_ref.get("fp32"))
-        r["speedup"] = "emulated" if r["path"] == "emulated" else (ref / r["median_step_s"] if ref else None)
+    """Train the preset in each precision and print the table; one row per precision (step time, MFU, eval loss)."""
+    rows = train_per_precision(dataset_preset(args.preset, args.dataset), args.precisions,
+                               steps=args.steps_per_precision, kernel=args.kernel, min_dim=args.min_dim, seed=args.seed,
+                               device=device.type)
     print(format_table(rows, title=f"whole training steps, {args.preset} preset"
                                    + (f" on dataset {args.dataset}" if args.dataset else "") + f", {args.steps_per_precision} steps "
                                    f"per precision (speedup vs bf16, else fp32)"))

@@ -29,7 +29,8 @@ from ..runtime.files import write_json
 from ..simulate.cost_model import HARDWARE, NCCL_COLLECTIVE_SMS, sm_count
 from ..simulate.projection import (GEM_SM_CONTENTION_MAX, GEM_SMFREE_QPS_GAIN, GPU_COUNTS, LADDER, Options,
                                    hardware_of)
-from ..simulate.summary import compare_transports, contention_findings, parse_mfu_assumption, transport_variants
+from ..simulate.summary import (compare_transports, contention_findings, parse_mfu_assumption, rung_pivot,
+                                transport_variants)
 
 COLUMNS = ("gpus", "rung", "mesh", "compute_s", "overlapped_s", "step_s_nccl", "step_s_ncclx_smfree",
            "step_s_all_smfree", "mfu_nccl", "mfu_ncclx_smfree", "qps_gain_ncclx_smfree", "qps_gain_all_smfree",
@@ -53,7 +54,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def select_rungs(keys: list[str] | None) -> list:
-    """The LADDER rungs named by `keys` (all when None), in ladder order; ValueError on an unknown key."""
+    """The LADDER rungs named by `keys` (all when None), in ladder order; UsageError on an unknown key."""
     if not keys:
         return list(LADDER)
     valid = [r.key for r in LADDER]
@@ -61,12 +62,6 @@ def select_rungs(keys: list[str] | None) -> list:
     if unknown:
         raise UsageError(f"--rungs {' '.join(unknown)}: unknown rung; valid: {', '.join(valid)}")
     return [r for r in LADDER if r.key in keys]
-
-
-def gain_pivot(rows: list[dict], column: str = "qps_gain_ncclx_smfree") -> list[dict]:
-    """One row per GPU count, one column per rung: `column` of that (GPU count, rung)."""
-    return [{"gpus": g, **{r["rung"]: r[column] for r in rows if r["gpus"] == g}}
-            for g in sorted({r["gpus"] for r in rows})]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows, COLUMNS, title=f"SM contention, {preset.name} preset on {hw.name} ({n} SMs per GPU): "
                                             f"NCCL at {k} SMs per collective vs SM-free; seconds per step and rank, "
                                             "projected"))
-    print(format_table(gain_pivot(rows), title="QPS gain of NCCLX's SM-free transport over NCCL, per GPU count "
+    print(format_table(rung_pivot(rows, "qps_gain_ncclx_smfree"), title="QPS gain of NCCLX's SM-free transport over NCCL, per GPU count "
                                                f"and rung (GEM reported ~{GEM_SMFREE_QPS_GAIN:.0%})"))
     lines = contention_findings(rows, options, args.nccl_sms, args.smfree_sms)
     for line in lines:

@@ -111,6 +111,22 @@ def two_d_refusal(device_type: str) -> str | None:
             f"or mtia device); this run is on {device_type}: drop --torchrec-2d (plain DMP shards over every rank)")
 
 
+def dmp_collection_refusal() -> str | None:
+    """What TorchRec's 2D path, DMPCollection, says when asked to build on a CPU device: the
+    message of the assertion it checks first; None if it passed that check."""
+    torchrec()
+    from torchrec.distributed.model_parallel import DMPCollection
+
+    try:
+        DMPCollection(module=torch.nn.Linear(1, 1), device=torch.device("cpu"), plan=None, world_size=2,
+                      sharding_group_size=1, global_pg=None)
+    except AssertionError as e:
+        return str(e)
+    except Exception:     # past the device check, stopped by the missing process group
+        return None
+    return None
+
+
 def dmp_collection_groups(world: int, shard: int) -> tuple[list[list[int]], list[list[int]]]:
     """(sharding groups, replica groups) of gemref's mesh RxS (R = world / shard), as DMPCollection
     builds them with use_inter_host_allreduce=True: sharding group g is ranks [g S, (g+1) S) (a

@@ -120,3 +120,31 @@ def projected_rank_bytes(cfg, mesh, sparse_sharding: str = "none", *, optimizer_
     params = dense + tables
     return {"params": 4 * params, "grads": 4 * params, "optimizer": optimizer_bytes_per_param * params,
             "total": (8 + optimizer_bytes_per_param) * params}
+
+
+def _local_bytes(value) -> int:
+    """Bytes of this rank's part of a tensor, DTensor, ShardedTensor or nested dict of them."""
+    if isinstance(value, dict):
+        return sum(_local_bytes(v) for v in value.values())
+    if isinstance(value, DTensor):
+        value = value.to_local()
+    if hasattr(value, "local_shards"):
+        return sum(s.tensor.numel() * s.tensor.element_size() for s in value.local_shards())
+    if isinstance(value, torch.Tensor) and value.numel() > 1:   # not Adam's step counters
+        return value.numel() * value.element_size()
+    return 0
+
+
+def table_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, engine: str) -> tuple[int, int]:
+    """(table weight bytes, table optimizer-state bytes) held by this rank: its shards only
+    (gemref's row-wise DTensors and TorchRec's ShardedTensors alike), AdamW's step counters left out;
+    `engine` is "native" (model.tables' parameters, `optimizer`'s state) or "torchrec" (the tables'
+    state_dict, their fused optimizer's state)."""
+    if engine == "native":
+        params = list(model.tables.parameters())
+        return (sum(_local_bytes(p) for p in params),
+                sum(_local_bytes(dict(optimizer.state.get(p, {}))) for p in params))
+    tables = model.tables
+    weights = sum(_local_bytes(v) for v in tables.state_dict().values())
+    fused = getattr(tables, "fused_optimizer", None)
+    return weights, _local_bytes(fused.state_dict()["state"]) if fused is not None else 0

@@ -19,6 +19,7 @@ of the forward), so their bucket cannot overlap the backward: it is most of what
 """
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -42,3 +43,12 @@ def apply_replicate(model: nn.Module, mesh: DeviceMesh, bucket_mb: float = BUCKE
     replicate(model, ignored_modules=list(ignored_modules) or None, process_group=group, bucket_cap_mb=bucket_mb,
               gradient_as_bucket_view=True)
     model.register_comm_hook(group, _sum_hook)
+
+
+def all_reduce_grads(model: nn.Module) -> None:
+    """Sum the gradients over the ranks in one flat buffer (replicated data parallelism, as DDP
+    without buckets, nothing overlapped), written back so every rank steps the same model."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)
+    torch._foreach_copy_(grads, [g.view_as(p) for g, p in zip(flat.split([g.numel() for g in grads]), grads)])

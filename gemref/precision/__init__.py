@@ -4,4 +4,5 @@
     mx_reference.py   the MX block format written out in plain torch (the numerics spec on any device)
     fast_linear.py    fp32 Linear GEMMs on the fastest path this CPU offers (BLAS or oneDNN, measured)
     sqnr.py           judging a precision by SQNR against a high-precision twin with copied weights
+    linear_compare.py one Linear's forward+backward per precision: time and SQNR (`gemref bench precision`)
 """

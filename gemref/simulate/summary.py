@@ -30,9 +30,14 @@ def table_rows(rows: list[dict]) -> list[dict]:
     return [{k: r[k] for k in TABLE_COLUMNS} for r in rows]
 
 
+def rung_pivot(rows: list[dict], column: str) -> list[dict]:
+    """One row per GPU count, one column per rung: `column` of that (GPU count, rung) row."""
+    return [{"gpus": g, **{r["rung"]: r[column] for r in at(rows, g)}} for g in sorted({r["gpus"] for r in rows})]
+
+
 def mfu_pivot(rows: list[dict]) -> list[dict]:
     """One row per GPU count, one column per rung: the projected MFU."""
-    return [{"gpus": g, **{r["rung"]: r["mfu"] for r in at(rows, g)}} for g in sorted({r["gpus"] for r in rows})]
+    return rung_pivot(rows, "mfu")
 
 
 def rung_deltas(rows: list[dict], gpus: int) -> list[dict]:

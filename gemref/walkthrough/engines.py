@@ -1,5 +1,5 @@
 """Chapter 07's two embedding engines side by side: the rows, the plan and the figure it shows
-of `gemref.bench.embeddings.compare_sharded`'s result (gemref's sharded tables vs TorchRec's).
+of `gemref.measure.table_engines.compare_sharded`'s result (gemref's sharded tables vs TorchRec's).
 """
 from __future__ import annotations
 

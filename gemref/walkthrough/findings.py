@@ -171,7 +171,7 @@ def engines_findings(result: dict, readable_lines: int | None = None) -> list[st
     """Chapter 07: each TorchRec variant against its native pair (speed by its paired windows,
     table weights on the fullest rank, table optimizer state over all ranks), what TorchRec's
     planner chose, and what the run says about keeping gemref's readable tables; `result` from
-    gemref.bench.embeddings.compare_sharded, `readable_lines` the length of gemref's ShardedEmbedding."""
+    gemref.measure.table_engines.compare_sharded, `readable_lines` the length of gemref's ShardedEmbedding."""
     rows = {r["variant"]: r for r in result["rows"]}
     out, faster = [], []
     for r in result["rows"]:

@@ -16,6 +16,11 @@ reference's seed-to-seed spread.
 `preset_at_width(preset, width)` is the preset's architecture at another d_model (its heads
 kept): what bf16 gives on a CPU's matrix engine depends on how wide the GEMMs are.
 
+`train_per_precision(preset, precisions, steps=...)` is the plainer comparison `gemref bench
+precision --preset` prints: one training run per precision through the training loop, one
+after the other (not interleaved, one seed), with the median step, MFU against the peak of the
+dtype its GEMMs ran in (gemref/mfu/meter.py `gemm_dtype`) and the eval loss.
+
 Seconds are wall-clock seconds of the step alone (forward, backward, optimizer; not the data
 fetch). Nothing here bounds a time: the numbers are what this machine did in this run.
 """
@@ -30,6 +35,7 @@ from ..errors import UsageError
 from ..mfu.meter import percentile
 from ..mfu.timing import interleaved
 from ..report.seed_band import K_SE, seed_band_rows
+from ..train import run as train_run
 from ..train import setup
 from ..train.loop import evaluate
 
@@ -107,3 +113,23 @@ def compare_step_precisions(preset: Preset, train: TrainConfig, precisions: tupl
 def speedup_text(row: dict) -> str:
     """'2.05x (1.90..2.20)': a row's median speed-up over the reference, with its p10..p90."""
     return f"{row['speedup']:.2f}x ({row['speedup_p10']:.2f}..{row['speedup_p90']:.2f})"
+
+
+def train_per_precision(preset: Preset, precisions: list[str], *, steps: int, kernel: str, min_dim: int, seed: int,
+                        device: str) -> list[dict]:
+    """Train `preset` for `steps` steps in each precision (module doc); one row per precision:
+    path (the kernel that ran), converted layers, median_step_s (seconds), mfu, mfu_basis,
+    eval_loss and speedup (vs bf16, else fp32; "emulated" rows make no speed claim)."""
+    rows = []
+    for precision in precisions:
+        train = override(preset.train, steps=steps, precision=precision, precision_kernel=kernel,
+                         precision_min_dim=min_dim, seed=seed)
+        r = train_run(preset, train, device=device, progress=False, measure_memory=False)
+        rows.append({"precision": precision, "path": r["precision"]["kernel"],
+                     "converted": len(r["precision"]["converted"]), "median_step_s": r["median_step_s"],
+                     "mfu": r["mfu"], "mfu_basis": r["mfu_basis"], "eval_loss": r["eval"]["eval_loss"]})
+    t_ref = {r["precision"]: r["median_step_s"] for r in rows}
+    for r in rows:
+        ref = t_ref.get("bf16", t_ref.get("fp32"))
+        r["speedup"] = "emulated" if r["path"] == "emulated" else (ref / r["median_step_s"] if ref else None)
+    return rows
