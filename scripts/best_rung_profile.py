@@ -23,22 +23,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, required=True, help="write the profile record here")
     p.add_argument("--other-rows", type=int, default=20, help="rows of the printed 'other' table")
     a = p.parse_args(argv)
+    from gemref.config import get_preset, record_version
+
     try:
         record = json.loads(a.waterfall.read_text())
         rows, ranks, preset_name = record["rungs"], int(record["ranks"]), record["preset"]
+        version = record_version(record)
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"error: {a.waterfall}: not a readable waterfall record ({e})", file=sys.stderr)
         return 2
     import torch
 
-    from gemref.config import get_preset
     from gemref.env import cpu_info
     from gemref.report import format_table
     from gemref.walkthrough.best_rung import best_rung, profile_rung
 
     torch.set_num_threads(1)                  # as one rank of the waterfall ran
     top, why = best_rung(rows)
-    prof = profile_rung(get_preset(preset_name), top, ranks=ranks)
+    prof = profile_rung(get_preset(preset_name), top, ranks=ranks, version=version)
     cpu = cpu_info()
     print(f"{top['rung']} ({why}), one rank's step at batch {prof['batch_size']}; {cpu.model_name} "
           f"(family {cpu.family} model {cpu.model})")

@@ -6,6 +6,8 @@ small: at most MAX_TOP_LEVEL modules beside the packages."""
 from __future__ import annotations
 
 import ast
+import json
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gemref"
@@ -241,3 +243,42 @@ def test_the_technique_table_check_finds_a_moved_package():
         "compile: gemref/compile.py", "compile: gemref/config/compiling.py", "compile: chapter 04_compile",
         "compile: bench compiled", "compile: section compiling", "compile: switch compile_mode",
         "balance: switch ac"]
+
+
+ENTRY_POINTS = ("gemref.cli", "gemref.__main__", "gemref.commands", "gemref.bench")
+BENCH_IMPORT = re.compile(r"^\s*(?:from\s+gemref\.bench\b|import\s+gemref\.bench\b|from\s+gemref\s+import\s+bench\b)",
+                          re.M)
+
+
+def bench_importers(edges: dict[str, set[str]], texts: dict[str, str]) -> list[str]:
+    """Who imports a bench module but is not an entry point: package modules (from `edges`) and
+    notebooks or scripts (their code, from `texts`)."""
+    def entry(name: str) -> bool:
+        return any(name == e or name.startswith(e + ".") for e in ENTRY_POINTS)
+    out = [name for name, targets in edges.items()
+           if not entry(name) and any(t == "gemref.bench" or t.startswith("gemref.bench.") for t in targets)]
+    return sorted(out + [where for where, code in texts.items() if BENCH_IMPORT.search(code)])
+
+
+def notebook_and_script_code() -> dict[str, str]:
+    root, out = PACKAGE.parent, {}
+    for path in sorted((root / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        out[str(path.relative_to(root))] = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    for path in sorted((root / "scripts").rglob("*.py")):
+        out[str(path.relative_to(root))] = path.read_text()
+    return out
+
+
+def test_only_the_entry_points_import_a_bench_module():
+    """bench/ modules are thin commands (docs/design.md): the measurements they print live in the
+    packages, and a chapter, a script or another package calls those, never a command module."""
+    assert bench_importers(graph(), notebook_and_script_code()) == []
+
+
+def test_the_bench_import_check_finds_planted_importers():
+    edges = {"gemref.walkthrough.best_rung": {"gemref.bench.step_profile"}, "gemref.commands.bench": {"gemref.bench"},
+             "gemref.bench.compile": {"gemref.measure.compile_steps"}, "gemref.mfu.timing": {"gemref.config"}}
+    texts = {"notebooks/04.ipynb": "x = 1\nfrom gemref.bench.compile import compare_steps", "scripts/a.py": "import gemref.benchmarks",
+             "notebooks/05.ipynb": "  import gemref.bench.autoac as b"}
+    assert bench_importers(edges, texts) == ["gemref.walkthrough.best_rung", "notebooks/04.ipynb", "notebooks/05.ipynb"]

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from gemref.waterfall.quality import METRICS, band_rows, variant_quality, variant_run
+from gemref.measure.quality import METRICS, band_rows, variant_quality, variant_run
 from gemref.cli import main
 from gemref.config import get_preset, override
 from gemref.data.folder import dataset_preset

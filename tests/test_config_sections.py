@@ -154,3 +154,17 @@ def test_every_switch_has_help_and_its_choices_are_what_the_section_accepts():
 def test_a_train_record_is_the_dataclass_as_a_dict():
     t = override(TINY, jagged=True)
     assert train_as_record(t) == asdict(t) and train_as_record(t)["attention"] == {"jagged": True, "kernel": "reference"}
+
+
+def test_every_committed_waterfall_record_still_loads():
+    """The benchmarks/ records were written before the sections (version 1): each rung's switches load."""
+    from pathlib import Path
+
+    records = sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("*/waterfall.json"))
+    assert records
+    for path in records:
+        record = json.loads(path.read_text())
+        for row in record["rungs"]:
+            if "config" in row:
+                t = train_from_record(row["config"]["train"], record_version(record))
+                assert t.attention.jagged == row["config"]["train"].get("jagged", t.attention.jagged), path

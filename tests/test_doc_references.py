@@ -45,7 +45,9 @@ def _resolves(reference: str, path: Path, repo: Path) -> bool:
         return (repo / reference).exists()
     if "/" in reference:
         return any((base / reference).exists() for base in (path.parent, repo / "gemref", repo))
-    return any(repo.glob(f"**/{reference}"))
+    # a bare name: a file of the repository's own (not of .venv, .git or other hidden folders)
+    return any(not any(part.startswith(".") for part in found.relative_to(repo).parts)
+               for found in repo.glob(f"**/{reference}"))
 
 
 def dangling_references(repo: Path = ROOT, folders=("gemref", "scripts")) -> list[tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""gemref/waterfall/precision_step.py and `gemref bench precision_step`: interleaved training
+"""gemref/measure/precision_step.py and `gemref bench precision_step`: interleaved training
 steps per precision. Structure and arithmetic only: no test bounds a time or a speed-up."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from gemref.cli import main
 from gemref.config import get_preset, override
 from gemref.errors import UsageError
 from gemref.mfu import timing
-from gemref.waterfall import precision_step
-from gemref.waterfall.precision_step import compare_step_precisions, speedup, speedup_text
+from gemref.measure import precision_step
+from gemref.measure.precision_step import compare_step_precisions, speedup, speedup_text
 
 
 def test_speedup_pairs_steps_by_hand():

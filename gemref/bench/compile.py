@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 from dataclasses import asdict
 
 import torch
@@ -28,60 +27,12 @@ import torch
 from ..options import add_dataset_arg, add_device_arg, int_at_least, output_file, positive_int
 from ..config import PRESETS
 from ..data.folder import dataset_preset
-from ..compile import RegionPlan, call_overhead, compile_stats, plan_regions
-from ..config import override
-from ..mfu.meter import percentile
-from ..mfu.timing import interleaved
+from ..compile import call_overhead
 from ..report import format_table
 from ..runtime.files import write_json
 from ..env import versions
-from ..train import build_model
-from ..measure.bench import Bench, Trainer, make_bench, run_mfu, strategy_model
-
-STEP_COLUMNS = ("variant", "median_step_s", "p10_step_s", "p90_step_s", "vs_eager", "mfu", "compile_s", "graphs",
-                "recompiles_after_warmup", "regions")
-
-
-def region_plan(b: Bench, reps: int = 5) -> RegionPlan:
-    """The region plan on the bench's first batch (gemref/compile/plan.py plan_regions)."""
-    return plan_regions(strategy_model(b, "none", compiled=False), b.batches[0], reps=reps)
-
-
-def compare_steps(b: Bench, planned: tuple[str, ...] | None = None) -> dict:
-    """Interleaved training steps of an eager and a compiled model on the same batches
-    (gemref/mfu/timing.py interleaved, alternating who goes first); with `planned` (region
-    kinds), a third model compiles only those ("planned"). Every ratio is paired per batch."""
-    models = {"eager": strategy_model(b, "none", compiled=False), "compiled": strategy_model(b, "none", compiled=True)}
-    if planned:
-        models["planned"] = build_model(b.preset, override(b.train, compile=True, ac="none", ac_budget=1.0, ac_plan="",
-                                                           ac_compress="none", compile_regions=",".join(planned)),
-                                        b.device)[0]
-    trainers = {name: Trainer(b, model) for name, model in models.items()}
-    stats = {name: compile_stats(model) for name, model in models.items() if name != "eager"}
-    after_warmup: dict = {}
-
-    def step(name: str, k: int):
-        if k == b.warmup and not after_warmup:          # the first timed round: compilation is behind us
-            after_warmup.update({n: (s.graphs, s.recompiles) for n, s in stats.items()})
-        return trainers[name].step(b.batches[k])
-
-    records = interleaved({name: (lambda k, name=name: step(name, k)) for name in trainers},
-                          len(b.batches) - b.warmup, warmup=b.warmup, alternate=True)
-    seconds = {name: [r.step_s for r in rs] for name, rs in records.items()}
-    rows = []
-    for name, s in seconds.items():
-        row = {"variant": name, "median_step_s": statistics.median(s), "p10_step_s": percentile(s, 0.1),
-               "p90_step_s": percentile(s, 0.9), "mfu": run_mfu(b, records[name]), "steps_s": s,
-               "vs_eager": statistics.median(c / e for c, e in zip(s, seconds["eager"]))}
-        if name in stats:
-            row.update(compile_s=stats[name].compile_seconds, graphs=stats[name].graphs,
-                       recompiles_after_warmup=stats[name].recompiles - after_warmup[name][1],
-                       graphs_after_warmup=stats[name].graphs - after_warmup[name][0],
-                       regions=",".join(stats[name].as_record()["kinds"]))
-        rows.append(row)
-    return {"rows": rows, "ratio": rows[1]["vs_eager"], "planned_ratio": rows[2]["vs_eager"] if planned else None,
-            "compile": stats["compiled"].as_record(), "models": models}
-
+from ..measure.bench import make_bench
+from ..measure.compile_steps import STEP_COLUMNS, compare_steps, region_plan
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="small", choices=list(PRESETS), help="model/data preset")

@@ -10,7 +10,7 @@ With `--preset P`, it also trains that preset for `--steps-per-precision` steps 
 precision through the training loop and reports whole-step time, MFU against the peak of the
 dtype its GEMMs ran in (gemref/mfu/meter.py `gemm_dtype`: bf16 runs the bf16 peak, native
 float8/MXFP8 "bf16-equivalent", fp32 and CPU emulation the fp32 peak) and the eval loss
-(gemref/waterfall/precision_step.py `train_per_precision`).
+(gemref/measure/precision_step.py `train_per_precision`).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from ..config import PRECISION_KERNELS as KERNELS, PRECISIONS
 from ..precision.linear_compare import compare_shape
 from ..report import format_table
 from ..runtime.files import write_json
-from ..waterfall.precision_step import train_per_precision
+from ..measure.precision_step import train_per_precision
 
 DEFAULT_DIMS = {
     "cpu": ["1024x256x1024", "1024x1024x256"],

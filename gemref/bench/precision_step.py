@@ -3,7 +3,7 @@
 The run is the best single-process rung of the ladder (jagged, the fastest attention kernel
 here, AutoAC; --compile adds the compile rung, whose plan this bench does not re-plan) in each
 --precisions entry, the first the reference, built and stepped by
-gemref/waterfall/precision_step.py: same seeds, same initial weights, the same batches, steps of
+gemref/measure/precision_step.py: same seeds, same initial weights, the same batches, steps of
 the precisions interleaved. The table gives each precision's median step, tokens/s, its
 speed-up over the reference (median of paired-step ratios, p10..p90) and its mean eval loss
 against the reference's seed band (gemref/report/seed_band.py, k standard errors). A CPU's
@@ -28,7 +28,7 @@ from ..env import cpu_info, versions
 from ..runtime.files import write_json
 from ..mfu.cpu_probe import CONTENDED_BELOW   # process CPU / (wall x threads) below it: the run waited for cores
 from ..options import add_dataset_arg, add_device_arg, int_at_least, nonnegative_int, output_file, positive_int
-from ..waterfall.precision_step import compare_step_precisions, preset_at_width, speedup_text
+from ..measure.precision_step import compare_step_precisions, preset_at_width, speedup_text
 from ..report import format_table
 from ..report.seed_band import K_SE
 

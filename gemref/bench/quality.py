@@ -4,7 +4,7 @@ On `--dataset DIR` (e.g. MovieLens-100K from `gemref data movielens`), with the 
 architecture, `--seeds` training runs of `--steps-per-run` steps per variant of --variants
 (fast, the fp32 reference; baseline, rung 0, the slowest by far; mxfp8; window; compressed),
 each evaluated on the WHOLE eval split, beside the train base rate, the candidate's like-rate
-and a logistic regression on user and candidate ids: gemref/waterfall/quality.py
+and a logistic regression on user and candidate ids: gemref/measure/quality.py
 `variant_quality` says what each variant is and how the seed band judges it.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..options import add_dataset_arg, add_device_arg, device_of, int_at_least, output_dir, output_file, positive_int
 from ..report import format_table, markdown_table
 from ..runtime.files import atomic_write_text, write_json
-from ..waterfall.quality import VARIANTS, table_rows, title, variant_quality
+from ..measure.quality import VARIANTS, table_rows, title, variant_quality
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ cpu_jagged) with no window and with --window W, forward+backward over --reps rep
 Quality (--quality-seeds N, 0 skips): for each seed 0..N-1, two training runs of
 --quality-preset (--quality-steps steps) without and with ModelConfig.window = --quality-window,
 NE and AUC of both tasks on the preset's eval batches, and (N >= 2) the full runs' seed band
-(gemref/waterfall/quality.py `quality_cost`). With N = 1 there is no band: one seed per variant.
+(gemref/measure/quality.py `quality_cost`). With N = 1 there is no band: one seed per variant.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from ..mfu.attention_cost import window_sweep, window_takeaway
 from ..options import add_dataset_arg, int_at_least, nonnegative_int, output_file, positive_int
 from ..report import format_table
 from ..runtime.files import write_json
-from ..waterfall.quality import quality_cost
+from ..measure.quality import quality_cost
 
 ATTENTION_COLUMNS = ("history_len", "variant", "model_gflop", "executed_gflop", "flops_vs_full", "peak_mib",
                      "wall_ms", "cpu_ms", "cpu_over_wall", "speedup")

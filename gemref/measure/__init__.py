@@ -13,4 +13,8 @@ their technique's package. One module per comparison:
     table_engines.py    gemref's sharded tables against TorchRec's, on gloo ranks
     balance_policies.py load-balance policies on the GEM model, measured on gloo ranks
     local_balance.py    local (per-rank pool) balancing: simulated at scale, measured on ranks
+    compile_steps.py    eager vs regionally compiled training steps, and the region plan
+    precision_step.py   fp32 vs bf16 (or another precision) training steps, interleaved over seeds
+    quality.py          a technique's cost in eval NE/AUC over seeds (the fast ladder, MXFP8, a
+                        window, compressed activations) beside simple baselines
 """

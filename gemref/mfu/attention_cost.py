@@ -21,7 +21,7 @@ forward+backward, the variants interleaved (full, window, full, window, ...).
 `cpu_over_wall` is process CPU / wall: about the thread count on an idle machine; far below
 it the process waited for cores (contention) and its times are not final figures. `speedup`
 is the median of the per-repetition full/window time ratios. `window_takeaway` reads a sweep
-(and the window's quality cost, gemref/waterfall/quality.py `quality_cost`) in sentences.
+(and the window's quality cost, gemref/measure/quality.py `quality_cost`) in sentences.
 
 On an oversubscribed CPU use fewer torch threads: the many-op kernels suffer most from OpenMP
 threads waiting on descheduled peers (gemref/attention/cpu_jagged/op.py).

@@ -12,6 +12,8 @@ the readers alike (docs/design.md describes the fields). Units are base units th
 seconds, bytes, FLOPs, FLOP/s. (No `from __future__ import annotations` here: TypedDict
 reads NotRequired from evaluated annotations.)
 """
+import datetime
+import os
 from dataclasses import asdict
 from typing import Any, Literal, NotRequired, TypedDict
 
@@ -180,3 +182,12 @@ def run_record(preset: Preset, train: TrainConfig, *, kernel: str, precision: Pr
         **({"embeddings": embeddings} if embeddings else {}),
     }
     return record
+
+
+def provenance(device: str, ranks: int) -> dict:
+    """Where and when a measurement (a waterfall, a quality run) was made: UTC date, device name, CPU count, threads per
+    rank, ranks, and the torch/gemref versions and git sha."""
+    return {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+            "device": device_name(device), "cpu_count": os.cpu_count(),
+            "threads_per_rank": 1 if ranks > 1 else torch.get_num_threads(),   # launch.py: 1 per spawned rank
+            "ranks": ranks, **versions()}

@@ -37,22 +37,24 @@ def limit_stacks(record: dict) -> dict[str, dict[str, float]]:
 
 
 def profile_rung(preset, row: dict, *, ranks: int = 1, warmup: int = 2, timed_steps: int = 5,
-                 profile_steps: int = 2, probe_reps: int = 5) -> dict:
+                 profile_steps: int = 2, probe_reps: int = 5, version: int | None = None) -> dict:
     """One rank's step of a waterfall rung (a row of its record) on the CPU, in this process, by
     op class, with its GEMMs probed alone (gemref.mfu.step_profile.profile_step): the rung's
     recorded config (its model, window included, and its switches, AutoAC's plan and saved-
     activation compression included) at its per-rank batch; load balancing and sharding are
     left out, as they split the work and add communication but leave one rank's local step as
-    it is. Returns profile_step's record with "rung" (key), "title", "batch_size" and "stacks"
-    (limit_stacks)."""
+    it is. `version`: the record_version of the waterfall record the row comes from (None: this
+    gemref's; older records' flat switches load too, gemref/config/record.py). Returns
+    profile_step's record with "rung" (key), "title", "batch_size" and "stacks" (limit_stacks)."""
     from dataclasses import replace
 
-    from ..config import ModelConfig, TrainConfig, override
+    from ..config import RECORD_VERSION, ModelConfig, override, train_from_record
     from ..mfu.step_profile import profile_step
     from ..train import sample_batch, setup
 
     model = ModelConfig(**{**row["config"]["model"], "sparse_vocab": tuple(row["config"]["model"]["sparse_vocab"])})
-    train = override(TrainConfig(**row["config"]["train"]), eval_every=0, eval_batches=1, mesh="1x1",
+    recorded = train_from_record(row["config"]["train"], RECORD_VERSION if version is None else version)
+    train = override(recorded, eval_every=0, eval_batches=1, mesh="1x1",
                      balance="none", sparse_sharding="none", batch_size=max(1, row["batch_size"] // ranks))
     s = setup(replace(preset, model=model), train, device="cpu")
     record = profile_step(s, sample_batch(s), warmup=warmup, timed_steps=timed_steps, profile_steps=profile_steps,

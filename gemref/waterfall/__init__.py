@@ -16,23 +16,22 @@ attention, element-wise, optimizer, exposed communication, waiting at the collec
     runner.py    the measurement on each rank, built from gemref.train's setup and Setup.timed_step
     stats.py     window figures, paired ratios, the breakdown
     rows.py      rows, tables and footnotes
-    precision_step.py  rung 7 on its own: whole steps per precision interleaved, the speed-up and the loss band
-    quality.py   what a rung or technique costs in eval NE/AUC: trained over seeds, against the seed band
+    ladder.py    the rungs' names, switches and what each changes in the scale projection
+(Rung 7 on its own and a technique's cost in eval NE/AUC are measured in gemref/measure/:
+precision_step.py, quality.py.)
 """
 from __future__ import annotations
 
-import datetime
-import os
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from ..config import RECORD_VERSION, MeshShape, Preset, override, train_as_record
-from ..env import knobs, versions
-from ..mfu.peak import device_name
+from ..env import knobs
 from ..runtime.files import write_json
 from ..parallel import launch
+from ..report.records import provenance
 from .rows import BREAKDOWN_COLUMNS, TABLE_COLUMNS, breakdown_rows, build_rows, notes, table_rows
 from .runner import Settings, dtype_name, launch_measure
 from .rungs import LADDER, WITH_OPTIONS, Context, Rung, check_options, plan, preset_with, skipped
@@ -41,15 +40,6 @@ __all__ = ["BREAKDOWN_COLUMNS", "LADDER", "TABLE_COLUMNS", "WITH_OPTIONS", "Cont
            "breakdown_rows", "check_options", "notes", "provenance", "run_waterfall", "skipped", "table_rows"]
 
 RUNG_TIMEOUT_S = 900   # a multi-rank launch fails (instead of hanging) past this per rung
-
-
-def provenance(device: str, ranks: int) -> dict:
-    """Where and when a waterfall was measured: UTC date, device name, CPU count, threads per
-    rank, ranks, and the torch/gemref versions and git sha."""
-    return {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-            "device": device_name(device), "cpu_count": os.cpu_count(),
-            "threads_per_rank": 1 if ranks > 1 else torch.get_num_threads(),   # launch.py: 1 per spawned rank
-            "ranks": ranks, **versions()}
 
 
 def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, windows: int = 3,

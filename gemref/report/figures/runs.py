@@ -76,7 +76,7 @@ def mx_blocks_figure(exponent, sqnr_db, title: str = "MXFP8: one scale per 32 va
 
 def compile_steps_figure(steps: dict, title: str = "eager vs compiled: step time and compile time") -> go.Figure:
     """Per-step times of every variant (left) and each compiled variant's compile time against
-    the median steps (right); `steps` from gemref.bench.compile.compare_steps."""
+    the median steps (right); `steps` from gemref.measure.compile_steps.compare_steps."""
     fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4],
                         subplot_titles=("timed training steps", "one-off compile vs one step"))
     for row in steps["rows"]:

@@ -44,10 +44,9 @@ from ..data.baselines import Ids, fit_baselines
 from ..data.folder import described_manifest
 from ..model import TASKS
 from ..report.metrics import normalized_entropy, roc_auc
-from ..report.records import RunRecord
+from ..report.records import RunRecord, provenance
 from ..report.seed_band import K_SE, seed_band_rows
 from ..train import run as train_run
-from . import provenance
 
 METRICS = tuple(f"{m}_{t}" for t in TASKS for m in ("ne", "auc"))   # ne_click, auc_click, ne_conversion, ...
 VARIANTS = ("fast", "baseline", "mxfp8", "window", "compressed")
