@@ -62,9 +62,10 @@ class ParallelState:
 def parallel_state(train: TrainConfig, device: torch.device) -> tuple[ParallelState | None, torch.device]:
     """The mesh over the running process group (and this rank's device); (None, device) in one plain process."""
     if not dist.is_initialized() and comm.ncclx_mesh_built() is None:
-        if train.parallelism.mesh != "1x1" or train.parallelism.sparse_sharding != "none":
-            shape = parse_mesh(train.parallelism.mesh)
-            raise UsageError(f"mesh={train.parallelism.mesh} / sparse_sharding={train.parallelism.sparse_sharding} need a process group: "
+        layout = train.parallelism
+        if layout.mesh != "1x1" or layout.sparse_sharding != "none":
+            shape = parse_mesh(layout.mesh)
+            raise UsageError(f"mesh={layout.mesh} / sparse_sharding={layout.sparse_sharding} need a process group: "
                              f"pass --ranks {shape.world} or launch with torchrun --nproc-per-node {shape.world}")
         return None, device
     shape = parse_mesh(train.parallelism.mesh)

@@ -28,7 +28,7 @@ from ..autoac.regions import auto_checkpoint_regions
 from ..autoac.solver import ac_blocks, applied_plan, apply_plan, parse_plan
 from ..balance import SampleCost
 from ..compile import compile_model
-from ..config import DatasetFolder, Preset, TrainConfig, get_preset, parse_compile_regions
+from ..config import DatasetFolder, Preset, TrainConfig, get_preset
 from ..data.batches import representative_batch
 from ..data.folder import check_lengths, check_unchanged
 from ..data.jagged import JaggedBatch
@@ -111,7 +111,8 @@ class Setup:
 
 def resolve_precision(train: TrainConfig, device: torch.device) -> str:
     """The precision a run uses: `auto` is fp32 on CPU and bf16 autocast on CUDA."""
-    return train.mixed_precision.recipe if train.mixed_precision.recipe != "auto" else "bf16" if device.type == "cuda" else "fp32"
+    recipe = train.mixed_precision.recipe
+    return recipe if recipe != "auto" else "bf16" if device.type == "cuda" else "fp32"
 
 
 def build_model(preset: Preset, train: TrainConfig, device: torch.device,
@@ -119,43 +120,43 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     """GEMRef with the switches applied (model-level switches first, sharding last); returns
     it, the concrete attention kernel and the precision report. AutoAC without a given plan
     is solved here on a batch shaped like the preset's data, of the size each rank runs."""
+    attention, ac, tables = train.attention, train.activation_checkpoint, train.embedding_tables
+    per_rank = max(1, train.batch_size // (parallel.world if parallel else 1))
     precision = resolve_precision(train, device)
     # the dtype attention sees: bf16 under bf16 autocast (CUDA's default, CPU's "bf16"), else fp32
     dtype = torch.bfloat16 if precision == "bf16" or (device.type == "cuda" and precision != "fp32") else torch.float32
     cfg = preset.model
-    kernel = resolve_model_kernel(train.attention.kernel, device, dtype, cfg.n_heads, cfg.head_dim, cfg.activation,
-                                  cfg.window) if train.attention.jagged else "reference"
+    kernel = resolve_model_kernel(attention.kernel, device, dtype, cfg.n_heads, cfg.head_dim, cfg.activation,
+                                  cfg.window) if attention.jagged else "reference"
     torch.manual_seed(train.seed)
-    model = GEMRef(cfg, jagged=train.attention.jagged, kernel=kernel).to(device)
+    model = GEMRef(cfg, jagged=attention.jagged, kernel=kernel).to(device)
     report = apply_precision(model, precision, device=device, kernel=train.mixed_precision.kernel,
                              min_dim=train.mixed_precision.min_dim)
     # CPU: each Linear GEMM on the fastest measured path, in the dtype its GEMMs run in
     use_fastest_cpu_gemms(model, device, "bf16" if report.autocast_dtype == torch.bfloat16 else "fp32")
-    compression = CompressionSpec(train.activation_checkpoint.compress) if train.activation_checkpoint.compress != "none" else None
-    if train.activation_checkpoint.mode == "full":
+    compression = CompressionSpec(ac.compress) if ac.compress != "none" else None
+    if ac.mode == "full":
         apply_plan(model, {name: "full" for name in ac_blocks(model)})
-    elif train.activation_checkpoint.mode == "auto" and train.activation_checkpoint.plan:   # planned already (e.g. by the waterfall, once per rung)
-        apply_plan(model, parse_plan(train.activation_checkpoint.plan, cfg.n_layers), compression=compression)
-    elif train.activation_checkpoint.mode == "auto":                     # profiled eagerly at the batch this rank runs
-        per_rank = max(1, train.batch_size // (parallel.world if parallel else 1))
+    elif ac.mode == "auto" and ac.plan:          # planned already (e.g. by the waterfall, once per rung)
+        apply_plan(model, parse_plan(ac.plan, cfg.n_layers), compression=compression)
+    elif ac.mode == "auto":                      # profiled eagerly at the batch this rank runs
         batch = representative_batch(preset, per_rank, device, seed=train.seed)
         options = ("full",) if train.compilation.enabled else ("selective", "full")
         if compression is None:
-            auto_checkpoint(model, batch, train.activation_checkpoint.budget, options=options, autocast_dtype=report.autocast_dtype)
+            auto_checkpoint(model, batch, ac.budget, options=options, autocast_dtype=report.autocast_dtype)
         else:                  # one budget per block, "compressed" one more option for each
-            auto_checkpoint_regions(model, batch, train.activation_checkpoint.budget, compression, options=options,
+            auto_checkpoint_regions(model, batch, ac.budget, compression, options=options,
                                     autocast_dtype=report.autocast_dtype)
     elif compression is not None:   # no checkpointing: every block keeps its saved activations compressed
         apply_plan(model, {name: "compressed" for name in ac_blocks(model)}, compression=compression)
     if train.compilation.enabled:
-        compile_model(model, activation_memory_budget=train.activation_checkpoint.budget if train.activation_checkpoint.mode == "pt2" else None,
-                      regions=parse_compile_regions(train.compilation.regions))
-    if train.embedding_tables.engine == "torchrec":   # TorchRec's tables (sharded by DMP over the ranks), gemref's dense layers
-        use_torchrec_tables(model, lr=train.lr, sharding=train.embedding_tables.torchrec_sharding,
-                            batch_size=max(1, train.batch_size // (parallel.world if parallel else 1)),
-                            two_d_shard=parallel.shape.shard if train.embedding_tables.torchrec_2d and parallel else None)
+        compile_model(model, activation_memory_budget=ac.budget if ac.mode == "pt2" else None,
+                      regions=train.compilation.region_kinds)
+    if tables.engine == "torchrec":   # TorchRec's tables (sharded by DMP over the ranks), gemref's dense layers
+        use_torchrec_tables(model, lr=train.lr, sharding=tables.torchrec_sharding, batch_size=per_rank,
+                            two_d_shard=parallel.shape.shard if tables.torchrec_2d and parallel else None)
     if parallel is not None:
-        parallelize(model, train, parallel, device, ignored=model.tables if train.embedding_tables.engine == "torchrec" else None)
+        parallelize(model, train, parallel, device, ignored=model.tables if tables.engine == "torchrec" else None)
     return model, kernel, report
 
 

@@ -161,8 +161,9 @@ def parallel_record(s: Setup, batch: JaggedBatch, timed: list[StepResult]) -> Pa
     s.optimizer.zero_grad(set_to_none=True)
     times = rank_times(par, [r.work.wall_s for r in timed], [r.work.cpu_s for r in timed],
                        [r.work.samples for r in timed])
-    return {"parallel": {"world": par.world, "mesh": tc.parallelism.mesh, "backend": par.backend, "balance": tc.balancing.policy,
-                         "sparse_sharding": tc.parallelism.sparse_sharding, "reshard_after_forward": tc.parallelism.reshard_after_forward},
+    layout = tc.parallelism
+    return {"parallel": {"world": par.world, "mesh": layout.mesh, "backend": par.backend, "balance": tc.balancing.policy,
+                         "sparse_sharding": layout.sparse_sharding, "reshard_after_forward": layout.reshard_after_forward},
             "ranks": times, "memory_per_rank": memory, "comm": comm}
 
 
