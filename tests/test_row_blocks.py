@@ -38,11 +38,11 @@ def test_blocked_rows_and_reduction_equal_the_whole_gemm(m, k, n):
     a, w = torch.randn(m, k, generator=g, dtype=torch.float64), torch.randn(n, k, generator=g, dtype=torch.float64)
     calls = []
 
-    def rows(x):
+    def rows(x, out):
         calls.append(x.shape[0])
-        return x @ w.t()
+        return x @ w.t() if out is None else out.copy_(x @ w.t())
 
-    got = rb.blocked_rows(rows, a)
+    got = rb.blocked_rows(rows, a, n)
     want = torch.tensor([[sum(float(a[i, c]) * float(w[j, c]) for c in range(k)) for j in range(n)]
                          for i in range(min(m, 3))], dtype=torch.float64)        # by hand, a few rows
     assert got.shape == (m, n)
@@ -53,6 +53,19 @@ def test_blocked_rows_and_reduction_equal_the_whole_gemm(m, k, n):
     total = rb.blocked_reduction(lambda gg, xx: gg.t() @ xx, x, a)
     assert total.dtype == torch.float32 and total.shape == (n, k)
     torch.testing.assert_close(total.double(), torch.einsum("mn,mk->nk", x, a), rtol=1e-5, atol=1e-5 * max(1, m) ** 0.5)
+
+
+def test_unpadded_blocks_are_written_in_place_into_the_result():
+    m, written = rb.ROW_BLOCK + rb.STEP + 7, []      # a full block, a STEP block, a padded tail
+    a = torch.arange(m * 2, dtype=torch.float64).reshape(m, 2)
+
+    def rows(x, out):
+        written.append(None if out is None else out.data_ptr())
+        return x * 3 if out is None else out.copy_(x * 3)
+
+    got = rb.blocked_rows(rows, a, 2)
+    assert torch.equal(got, a * 3)
+    assert written == [got.data_ptr(), got[rb.ROW_BLOCK:].data_ptr(), None]
 
 
 def test_padded_rows_are_zeros_so_they_add_nothing():

@@ -212,15 +212,16 @@ def linear_gemm(path: str, role: str, a: Tensor, b: Tensor, bias: Tensor | None 
         out = product(a, b)
         return out.float() if a.dtype == torch.bfloat16 else out
     w = b.to(a.dtype)
-    if role == "forward":
-        bias = bias.to(a.dtype) if bias is not None else None
+    # forward: x W^T + bias; grad_input: g W. Both as (rows, W') with W' = W^T or W.
+    right = w.t() if role == "forward" else w
+    bias = bias.to(a.dtype) if role == "forward" and bias is not None else None
 
-        def rows(x: Tensor) -> Tensor:                    # x W^T + bias
-            return torch.nn.functional.linear(x, w, bias) if path == "blas" else onednn_linear(x, w, bias)
-    else:
-        def rows(g: Tensor) -> Tensor:                    # g W
-            return torch.mm(g, w) if path == "blas" else onednn_linear(g, w.t())
-    return blocked_rows(rows, a) if blocked else rows(a)
+    def rows(x: Tensor, out: Tensor | None = None) -> Tensor:
+        if path == "blas":                                # torch.mm/addmm write into `out` themselves
+            return torch.mm(x, right, out=out) if bias is None else torch.addmm(bias, x, right, out=out)
+        result = onednn_linear(x, right.t(), bias)        # oneDNN's op has no out=: copied in
+        return result if out is None else out.copy_(result)
+    return blocked_rows(rows, a, right.shape[1]) if blocked else rows(a)
 
 
 def role_operands(role: str, m: int, k: int, n: int, generator: torch.Generator | None = None,
