@@ -6,6 +6,7 @@ Under `make test` the chapters ran once, before pytest, as the reading copy
 its executed copies and times (tests/book_ci.py). Run by hand without GEMREF_BOOK, each test
 executes its chapter here into artifacts/notebooks/ci/ (open them in JupyterLab for the figures).
 """
+import json
 import re
 from pathlib import Path
 
@@ -118,6 +119,9 @@ def test_notebooks_are_committed_clean():
         tags = [c.metadata.get("tags", []) for c in nb.cells]
         assert any("parameters" in t for t in tags), f"{name}: no parameters cell"
         assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"{name}: outputs"
+        raw = json.loads((NOTEBOOK_DIR / f"{name}.ipynb").read_text())   # nbformat.read fills missing ids in
+        ids = [c.get("id") for c in raw["cells"]]        # nbformat 4.5: every cell has a unique id
+        assert all(ids) and len(set(ids)) == len(ids), f"{name}: a cell without a unique id"
 
 
 def _toy_notebooks(folder: Path, body: str) -> Path:
