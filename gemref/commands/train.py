@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..config import ModelConfig, TrainConfig, get_preset, override, parse_mesh
+from ..config import ModelConfig, TrainConfig, get_preset, override
 from ..errors import UsageError
 from ..config.values import parse_field
 from ..options import (add_dataset_arg, add_device_arg, add_preset_arg, argtype, check_local_ranks, check_workers, device_of, output_dir,
@@ -48,7 +48,7 @@ def plan_ranks(train: TrainConfig, ranks: int | None, torchrun: int | None, devi
     if train.embedding_tables.torchrec_2d and device_type != "cuda":   # before any rank starts: DMPCollection asserts CUDA
         from ..interop.sharders import two_d_refusal
         raise UsageError(two_d_refusal(device_type))
-    mesh = parse_mesh(train.parallelism.mesh)
+    mesh = train.parallelism.shape
     world = ranks if ranks is not None else torchrun
     if world is None:
         if mesh.world > 1:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from ..config import MeshShape, Preset, TrainConfig, parse_mesh
+from ..config import MeshShape, Preset, TrainConfig
 from ..errors import UsageError
 from ..mfu.profile import quiet_profile
 from . import comm
@@ -64,11 +64,11 @@ def parallel_state(train: TrainConfig, device: torch.device) -> tuple[ParallelSt
     if not dist.is_initialized() and comm.ncclx_mesh_built() is None:
         layout = train.parallelism
         if layout.mesh != "1x1" or layout.sparse_sharding != "none":
-            shape = parse_mesh(layout.mesh)
+            shape = layout.shape
             raise UsageError(f"mesh={layout.mesh} / sparse_sharding={layout.sparse_sharding} need a process group: "
                              f"pass --ranks {shape.world} or launch with torchrun --nproc-per-node {shape.world}")
         return None, device
-    shape = parse_mesh(train.parallelism.mesh)
+    shape = train.parallelism.shape
     mesh = build_mesh(shape, device.type)
     backend = "ncclx" if comm.ncclx_mesh_built() is not None else dist.get_backend()
     state = ParallelState(mesh, shape, dist.get_rank(), dist.get_world_size(), backend, train)

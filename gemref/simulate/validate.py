@@ -50,7 +50,6 @@ from ..config import Preset, TrainConfig, get_preset, override
 from ..mfu.flops import sample_cost_coefficients
 from .cost_model import LinkTier, collective_time
 from ..parallel.launch import cpu_ranks, launch
-from ..config import parse_mesh
 from .step_model import comm_rows, exposed_only, predict_step, step_collectives
 
 KINDS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
@@ -314,7 +313,7 @@ def _compare(preset: Preset, train: TrainConfig, plan, lengths, per_part, out: d
 
 def _kinds(preset: Preset, train: TrainConfig) -> tuple[str, ...]:
     """The collective kinds one step of this configuration runs."""
-    mesh = parse_mesh(train.parallelism.mesh)
+    mesh = train.parallelism.shape
     rows = step_collectives(preset.model, mesh, 1, 1, True, 4, train.parallelism.sparse_sharding)
     return tuple(k for k in KINDS if any(r["kind"] == k for r in rows))
 
@@ -326,7 +325,7 @@ def _predict_step(preset: Preset, train: TrainConfig, tiers: dict, cost: SampleC
     The imbalance is that of the measured one-process seconds of the ranks' parts (the cost the
     ranks really wait for); the model-FLOP imbalance the projection uses is returned next to it."""
     ranks = len(parts)
-    mesh = parse_mesh(train.parallelism.mesh)
+    mesh = train.parallelism.shape
     tokens = sum(int(lengths[p].sum()) for p in parts) / ranks
     coll = comm_rows(step_collectives(preset.model, mesh, max(1, round(train.batch_size / ranks)), round(tokens), True, 4,
                                       train.parallelism.sparse_sharding), mesh, None, kind_tiers=tiers, algorithm="ring")

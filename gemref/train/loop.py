@@ -36,7 +36,7 @@ from tqdm import tqdm
 from ..autoac.solver import plan_record, saved_compression
 from ..compile import compile_stats
 from ..interop.lib import quiet_torchrec
-from ..config import Preset, TrainConfig, parse_mesh
+from ..config import Preset, TrainConfig
 from ..data.jagged import JaggedBatch
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches
@@ -239,6 +239,6 @@ def launch_runs(preset: Preset, trains: list[TrainConfig], *, ranks: int | None 
     input is checked by the one pre-flight check (gemref/parallel/launch.py) first."""
     if not trains:
         raise ValueError("launch_runs needs at least one TrainConfig")
-    plan = launch.preflight(device, [t.parallelism.backend for t in trains], [parse_mesh(t.parallelism.mesh) for t in trains], ranks)
+    plan = launch.preflight(device, [t.parallelism.backend for t in trains], [t.parallelism.shape for t in trains], ranks)
     return launch.launch(_run_on_rank, (preset, list(trains), {"device": plan.device.type, **run_kwargs}), plan,
                          timeout_s=timeout_s)

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ..autoac.solver import plan_record
-from ..config import Preset, TrainConfig, parse_mesh
+from ..config import Preset, TrainConfig
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches
 from ..env import resolve_device
@@ -146,7 +146,7 @@ def measure(preset: Preset, trains: list[TrainConfig], device: str, settings: Se
     dev = resolve_device(device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     peaks = {d: asdict(peak_flops(dev, d)) for d in sorted({dtype_name(t, dev) for t in trains})} if rank == 0 else {}
-    state = [projected_rank_bytes(preset.model, parse_mesh(t.parallelism.mesh), t.parallelism.sparse_sharding)["total"] for t in trains]
+    state = [projected_rank_bytes(preset.model, t.parallelism.shape, t.parallelism.sparse_sharding)["total"] for t in trains]
     free = min(_everyone(free_bytes(local_device(dev.type))))
     plan = schedule.groups(state, free)
     alive: dict[int, Rung] = {}
@@ -192,5 +192,5 @@ def launch_measure(preset: Preset, trains: list[TrainConfig], *, ranks: int, dev
     """`measure` on the ranks of the one launcher (gemref/parallel/launch.py: in this process for
     one rank, as one torchrun rank, or on `ranks` spawned local ranks), checked before any
     process group exists. Rank 0's result; None on other torchrun ranks."""
-    plan = launch.preflight(device, [t.parallelism.backend for t in trains], [parse_mesh(t.parallelism.mesh) for t in trains], ranks)
+    plan = launch.preflight(device, [t.parallelism.backend for t in trains], [t.parallelism.shape for t in trains], ranks)
     return launch.launch(_rank, (preset, trains, plan.device.type, settings), plan, timeout_s=timeout_s)
