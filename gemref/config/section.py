@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import Field, field, fields
 from typing import Any
 
-from ..errors import UsageError
 from .checks import one_of
-from .values import expected, field_types, has_type
+from .values import check_field_types
 
 
 def switch(default: Any, flag: str, help: str, choices: tuple[str, ...] = ()) -> Any:
@@ -32,13 +31,11 @@ class Section:
     """Base of TrainConfig's sections: type and choice checks by flag name, then `check`."""
 
     def __post_init__(self) -> None:
-        types = field_types(type(self))
+        flags = {f.name: flag_of(f) for f in fields(self)}   # type: ignore[arg-type]
+        check_field_types(self, flags.__getitem__)
         for f in fields(self):   # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            if not has_type(value, types[f.name]):
-                raise UsageError(f"{flag_of(f)} expects {expected(types[f.name])}, got {value!r}")
             if f.metadata["choices"]:
-                one_of(flag_of(f), value, f.metadata["choices"])
+                one_of(flags[f.name], getattr(self, f.name), f.metadata["choices"])
         self.check()
 
     def check(self) -> None:

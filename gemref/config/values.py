@@ -19,7 +19,7 @@ import math
 import numbers
 import typing
 from dataclasses import fields
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import UsageError
 
@@ -123,10 +123,12 @@ def has_type(value: Any, tp: Any) -> bool:
     raise TypeError(f"no check for declared type {tp!r}")
 
 
-def check_field_types(obj: Any) -> None:
-    """UsageError naming the first field of dataclass `obj` whose value has the wrong type."""
+def check_field_types(obj: Any, label: Callable[[str], str] | None = None) -> None:
+    """UsageError naming the first field of dataclass `obj` whose value has the wrong type, as
+    `label(field name)` (default "Class.field")."""
     for name, tp in field_types(type(obj)).items():
         value = getattr(obj, name)
         if not has_type(value, tp):
-            raise UsageError(f"{type(obj).__name__}.{name} expects {expected(tp)}, got {value!r}")
+            said = label(name) if label else f"{type(obj).__name__}.{name}"
+            raise UsageError(f"{said} expects {expected(tp)}, got {value!r}")
 
