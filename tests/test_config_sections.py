@@ -130,7 +130,12 @@ def test_an_old_flat_record_still_loads():
     ({"record_version": 2}, {"attention": {"jagged": True, "fused": True}},
      r"record config.train.attention has unknown field(s) ['fused']"),
     ({"record_version": 2}, {"jagged": True}, r"record config.train has unknown field(s) ['jagged']"),
-    ({"record_version": 2}, {"attention": {"jagged": "yes"}}, "jagged expects a boolean"),
+    ({"record_version": 2}, {**train_as_record(TINY), "attention": {"jagged": "yes", "kernel": "reference"}},
+     "jagged expects a boolean"),
+    ({"record_version": 2}, {**train_as_record(TINY), "attention": {"jagged": True}},
+     r"record config.train.attention lacks field(s) ['kernel']"),
+    ({"record_version": 2}, {"attention": {"jagged": True, "kernel": "reference"}},
+     r"record config.train lacks field(s) ['activation_checkpoint'"),
     ({}, {"ac_budget": 2.0, "ac": "auto"}, "ac_budget must be in (0, 1]"),
     ({}, {"flash": True}, r"unknown TrainConfig field(s) ['flash']"),
 ])

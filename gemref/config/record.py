@@ -4,9 +4,10 @@ Records (gemref/report/records.py, the waterfall's) store `dataclasses.asdict(tr
 version 2 nests each section under its name ({"attention": {"jagged": ..., "kernel": ...},
 ...}). Version 1 (records written before the sections; they carry no version) stored every
 switch flat under its switch name ({"jagged": ..., "ac_budget": ...}); such records still load,
-their names routed as `override` routes them. A record is a file someone handed in: every key
-and value is checked as the dataclasses check them, and an unknown key, a missing section
-field's type or a version newer than this code is a UsageError, never a silent default.
+their names routed as `override` routes them, a switch they lack taking its default (it did
+not exist yet). A record is a file someone handed in: every value is checked as the
+dataclasses check it, and in a version-2 record an unknown or missing key, or a version newer
+than this code, is a UsageError, never a silent default.
 """
 from __future__ import annotations
 
@@ -41,17 +42,25 @@ def train_from_record(stored: Any, version: int) -> TrainConfig:
         raise UsageError(f"record config.train must be an object, got {type(stored).__name__}")
     if version == 1:
         return with_switches(TrainConfig(), **stored)
-    known = {f.name for f in fields(TrainConfig)}
-    if unknown := sorted(set(stored) - known):
-        raise UsageError(f"record config.train has unknown field(s) {unknown}")
+    _no_unknown_keys("record config.train", stored, TrainConfig)
     values = {}
     for name, value in stored.items():
         if name in sections():
             if not isinstance(value, dict):
                 raise UsageError(f"record config.train.{name} must be an object, got {type(value).__name__}")
-            cls = sections()[name]
-            if unknown := sorted(set(value) - {f.name for f in fields(cls)}):
-                raise UsageError(f"record config.train.{name} has unknown field(s) {unknown}")
-            value = cls(**value)
+            _no_unknown_keys(f"record config.train.{name}", value, sections()[name])
+            _no_missing_keys(f"record config.train.{name}", value, sections()[name])
+            value = sections()[name](**value)
         values[name] = value
+    _no_missing_keys("record config.train", stored, TrainConfig)
     return TrainConfig(**values)
+
+
+def _no_unknown_keys(where: str, stored: dict, cls: type) -> None:
+    if unknown := sorted(set(stored) - {f.name for f in fields(cls)}):
+        raise UsageError(f"{where} has unknown field(s) {unknown}")
+
+
+def _no_missing_keys(where: str, stored: dict, cls: type) -> None:
+    if missing := sorted({f.name for f in fields(cls)} - set(stored)):
+        raise UsageError(f"{where} lacks field(s) {missing}")
