@@ -138,3 +138,19 @@ def test_the_profilers_cost_is_counted_per_event_boundary_and_taken_out_of_each_
     c = classify_cpu(events, 1, per_boundary=1.0)
     assert all(v == 0 for v in c.seconds.values()) and c.profiled["gemm"] > 0
     assert all(u["seconds"] == 0 and u["profiled_seconds"] > 0 for u in c.other_ops.values())
+
+
+def test_a_gemm_wrapped_in_another_gemm_event_counts_its_shape_once():
+    """Autocast's aten::bmm wraps the kernel's aten::bmm (two events, one GEMM): the shape is
+    counted at the inner event; both self times stay in the gemm class. A GEMM event around
+    other ops only keeps its shape."""
+    from gemref.mfu.op_classes import classify_cpu
+
+    inner = _event("aten::bmm", 700, shapes=[[16, 6, 4], [16, 4, 32]])
+    roots = [_event("optimizer", 10),
+             _event("aten::bmm", 5, [inner], shapes=[[16, 6, 4], [16, 4, 32]]),
+             _event("aten::mm", 300, [_event("aten::empty", 1)], shapes=[[8, 4], [4, 2]])]
+    c = classify_cpu(_flatten(roots), 1)
+    assert c.gemm_shapes == {(16, 6, 4, 32): {"calls": 1.0, "seconds": 700e-6},
+                             (1, 8, 4, 2): {"calls": 1.0, "seconds": 300e-6}}
+    assert c.seconds["gemm"] == pytest.approx(1005e-6)

@@ -36,11 +36,13 @@ _ATTENTION = ("gemref::", "gemref_", "scaled_dot_product", "flash_attention", "e
               "flex_attention", "cudnn_attention", "fmha", "flash_fwd", "flash_bwd", "gdpa", "attn_fwd",
               "attn_bwd")
 # gemref's FastLinear ops (gemref/precision/fast_linear.py: fastlinear::forward / ::backward)
-# run their GEMMs through torch.ops.mkldnn._linear_pointwise, which the CPU profiler records no
-# event for: the GEMM is the op's own (self) time, so its events are GEMMs.
+# are not GEMMs themselves: their GEMMs are their own events inside them (aten::mm / addmm on
+# BLAS, mkldnn::_linear_pointwise on oneDNN, each with its shapes), so the ops' self time is
+# what a Linear costs around its GEMMs (custom-op dispatch, row-block bookkeeping in Python),
+# classed "other" and listed there by name.
 _GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation", "aten::matmul",
          "aten::linear", "aten::einsum", "aten::mkldnn_", "aten::_mkldnn", "aten::_scaled_mm", "aten::_int_mm",
-         "mkldnn::_linear_pointwise", "mkl::_mkl_linear", "fastlinear::",
+         "mkldnn::_linear_pointwise", "mkl::_mkl_linear",
          "gemm", "cutlass", "xmma", "cublas", "nvjet", "splitk")
 # aten ops by base name (trailing "_" and "_backward" dropped)
 _ELEMENTWISE_OPS = {
@@ -145,7 +147,10 @@ def classify_cpu(events, steps: int = 1, per_boundary: float = 0.0) -> CpuClasse
         kept = max(0.0, s - per_boundary * (1 + len(e.cpu_children))) / steps
         profiled[cls] += s / steps
         seconds[cls] += kept
-        shape = gemm_shape(e.name, e.input_shapes) if cls == "gemm" else None
+        # a GEMM event wrapping another (autocast's aten::bmm around the kernel's aten::bmm) is not a
+        # GEMM of its own: the shape is counted once, at the innermost event
+        shape = gemm_shape(e.name, e.input_shapes) if cls == "gemm" and not any(
+            gemm_shape(c.name, c.input_shapes) for c in e.cpu_children) else None
         use = shapes[shape] if shape is not None else other[e.name] if cls == "other" else None
         if use is not None:
             use["calls"] += 1 / steps
