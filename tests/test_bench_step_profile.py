@@ -28,34 +28,49 @@ from gemref.cli import main
     ("aten::index_select", [], "other"),
     ("aten::embedding_dense_backward", [], "other"),
     ("aten::cat", [], "other"),
-    # the oneDNN GEMMs of gemref's FastLinear leave no op event: the Function's self time is the GEMM
-    ("fastlinear::forward", ["sequence_block"], "gemm"),
-    ("fastlinear::backward", ["autograd::engine::evaluate_function: FastlinearForwardBackward0"], "gemm"),
+    # gemref's FastLinear ops hold their GEMMs as events of their own: the ops' self time is not a GEMM
+    ("fastlinear::forward", ["sequence_block"], "other"),
+    ("fastlinear::backward", ["autograd::engine::evaluate_function: FastlinearForwardBackward0"], "other"),
+    ("mkldnn::_linear_pointwise", ["fastlinear::backward"], "gemm"),
+    ("aten::mm", ["fastlinear::forward"], "gemm"),
     ("aten::view", ["fastlinear::forward"], "other"),
     # a compiled graph's fused CPU kernels record no event: the graph call's self time is them
     ("## Call CompiledFxGraph fenry5nmrnbgu3zg5v5m4yvmgq4ulh7xsqvsuetqphwmbdoj43dq ##",
      ["CompiledFunction", "Torch-Compiled Region: 0/0"], "elementwise"),
-    ("fastlinear::forward", ["## Call CompiledFxGraph fenry5nmrnbg ##"], "gemm"),
+    ("fastlinear::forward", ["## Call CompiledFxGraph fenry5nmrnbg ##"], "other"),
 ])
 def test_op_classes(name, ancestors, expected):
     assert op_class(name, ancestors) == expected
 
 
-def test_tiny_run_writes_its_record_and_its_gemm_flops_match_the_flop_counter(tmp_path, capsys, data_root):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_tiny_run_writes_its_record_and_its_gemm_flops_match_the_flop_counter(precision, tmp_path, capsys, data_root):
     from gemref.config import get_preset, override
+    from gemref.mfu.gemm_paths import probe_paths
     from gemref.train import sample_batch, setup
 
     path = tmp_path / "step.json"
     threads = torch.get_num_threads()
     try:
         rc = main(["bench", "step_profile", "--preset", "tiny", "--batch-size", "16", "--warmup", "1",
-                   "--timed-steps", "1", "--profile-steps", "1", "--probe-reps", "1", "--json", str(path)])
+                   "--timed-steps", "1", "--profile-steps", "1", "--probe-reps", "1", "--precision", precision,
+                   "--json", str(path)])
     finally:
         torch.set_num_threads(threads)
     assert rc == 0
     printed = capsys.readouterr().out
     assert "time per op class" in printed and "gemm_at_best_rate" in printed
     record = json.loads(path.read_text())
+    # the GEMMs are probed, and the MFU divided, in the dtype the step's GEMMs ran in
+    assert record["precision"] == record["gemm_dtype"] == precision
+    assert f"best {precision} GEMM" in record["peak_source"] or "fallback" in record["peak_source"]
+    assert all(set(row["rates"]) <= {*probe_paths(precision), "bmm"} for row in record["gemm_shapes"])
+    limits = {r["case"]: r["step_ms"] for r in record["limits"]}
+    gemm_ms = {r["class"]: r["ms_per_step"] for r in record["classes"]}["gemm"]
+    # Amdahl's bound: the step less its GEMM share (of the unprofiled step), under every other limit
+    assert limits["gemm_free"] <= min(limits["gemm_at_peak"], limits["gemm_at_best_rate"], limits["step"])
+    assert limits["gemm_free"] == pytest.approx(
+        limits["step"] * (1 - gemm_ms / sum(r["ms_per_step"] for r in record["classes"])), rel=1e-9)
     classes = {r["class"]: r["ms_per_step"] for r in record["classes"]}
     assert set(classes) == {"gemm", "attention", "elementwise", "optimizer", "communication", "other"}
     assert classes["gemm"] > 0 and classes["attention"] > 0 and classes["optimizer"] > 0
@@ -71,7 +86,7 @@ def test_tiny_run_writes_its_record_and_its_gemm_flops_match_the_flop_counter(tm
     assert sum(r["ms_per_step"] for r in record["other_ops"]) == pytest.approx(classes["other"], rel=1e-9)
     names = [r["op"] for r in record["other_ops"]]
     assert "(untraced: Python, autograd engine, gaps)" in names and "what 'other' is, op by op" in printed
-    assert not {"aten::mm", "aten::addmm", "optimizer", "fastlinear::forward"} & set(names)
+    assert not {"aten::mm", "aten::addmm", "mkldnn::_linear_pointwise", "optimizer"} & set(names)
     assert [r["ms_per_step"] for r in record["other_ops"]] == sorted((r["ms_per_step"] for r in record["other_ops"]),
                                                                      reverse=True)
     for row in record["gemm_shapes"]:
@@ -79,7 +94,8 @@ def test_tiny_run_writes_its_record_and_its_gemm_flops_match_the_flop_counter(tm
     # Oracle: torch's FlopCounterMode on the same step counts the GEMMs outside attention
     # (the attention op is one opaque op there) with its own formulas, not from shapes.
     preset = get_preset("tiny")
-    s = setup(preset, override(preset.train, batch_size=16, jagged=True, kernel="auto"), device="cpu")
+    s = setup(preset, override(preset.train, batch_size=16, jagged=True, kernel="auto", precision=precision),
+              device="cpu")
     batch = sample_batch(s)
     with FlopCounterMode(display=False) as counter:
         s.step(batch)
@@ -94,6 +110,7 @@ def test_tiny_run_writes_its_record_and_its_gemm_flops_match_the_flop_counter(tm
     (["--timed-steps", "0"], "--timed-steps"),
     (["--threads", "0"], "--threads"),
     (["--warmup", "-1"], "--warmup"),
+    (["--precision", "mxfp8"], "--precision"),
 ])
 def test_user_errors_exit_2(argv, message, capsys):
     assert main(["bench", "step_profile", *argv]) == 2

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..env import CpuInfo, proc_cpuinfo
-from .gemm_paths import BATCHED_PATH, DTYPES, PROBE_PATHS, check_path, prepare, probe_paths
+from .gemm_paths import BATCHED_PATH, DTYPES, check_path, prepare, probe_paths
 
 # (M, K, N): two squares, then Linear shapes of the presets: "base" (d_model 512) x -> qkv
 # (512 -> 1536) and FFN down (2048 -> 512), "small" (d_model 64) x -> qkv and FFN down.
@@ -221,16 +221,16 @@ def probe(shapes=None, paths=None, rounds: int = ROUNDS, dtype: str = "fp32") ->
                        seconds=wall, dtype=dtype)
 
 
-def probe_gemm(b: int, m: int, k: int, n: int, reps: int) -> dict:
-    """Best fp32 FLOP/s of each GEMM path on one GEMM shape of a step, (batch, M, K, N): the
-    fastest of `reps` single calls after one warm-up call, on every fp32-accurate path of
-    gemm_paths.py, or a batched shape (b > 1) on its one path (BATCHED_PATH). A path that
-    fails on the shape is left out. {"best_path", "best_flops_per_s", "rates": {path: FLOP/s}}."""
+def probe_gemm(b: int, m: int, k: int, n: int, reps: int, dtype: str = "fp32") -> dict:
+    """Best FLOP/s of each `dtype` GEMM path on one GEMM shape of a step, (batch, M, K, N): the
+    fastest of `reps` single calls after one warm-up call, on every path of gemm_paths.py that
+    computes the GEMM to `dtype`'s accuracy here (`probe_paths(dtype)`), or a batched shape
+    (b > 1) on its one path (BATCHED_PATH). A path that fails on the shape is left out.
+    {"best_path", "best_flops_per_s", "rates": {path: FLOP/s}}."""
     g = torch.Generator().manual_seed(0)
-    if b > 1:
-        x, w, paths = torch.randn(b, m, k, generator=g), torch.randn(b, n, k, generator=g), [BATCHED_PATH]
-    else:
-        x, w, paths = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), usable_paths(PROBE_PATHS, "fp32")[0]
+    paths = [BATCHED_PATH] if b > 1 else usable_paths(probe_paths(dtype), dtype)[0]
+    lead = (b,) if b > 1 else ()
+    x, w = (torch.randn(*lead, *shape, generator=g).to(DTYPES[dtype]) for shape in ((m, k), (n, k)))
     flops = 2 * b * m * k * n
     rates = {}
     for p in paths:
