@@ -8,7 +8,7 @@ with the step time if every GEMM ran at the best rate a probe finds for its shap
 from __future__ import annotations
 
 LIMIT_CASES = {"step": "measured step", "gemm_at_best_rate": "GEMMs at the probe's best rate",
-               "gemm_at_peak": "GEMMs at the CPU's fp32 peak"}
+               "gemm_at_peak": "GEMMs at the CPU's peak (their dtype's)", "gemm_free": "no GEMM time (Amdahl)"}
 
 
 def best_rung(rows: list[dict]) -> tuple[dict, str]:
