@@ -19,6 +19,7 @@ import torch
 from ..options import add_dataset_arg, nonnegative_int, output_file, positive_int
 from ..config import PRESETS, override
 from ..data.folder import dataset_preset
+from ..mfu.gemm_paths import DTYPES
 from ..mfu.peak import device_name
 from ..mfu.step_profile import profile_step
 from ..report import format_table
@@ -26,7 +27,7 @@ from ..runtime.files import write_json
 from ..env import versions
 from ..train import sample_batch, setup
 
-PRECISIONS = ("fp32", "bf16")   # the CPU precisions whose GEMMs run natively (float8/MX are emulated there)
+PRECISIONS = tuple(DTYPES)   # the precisions with CPU GEMM paths of their own (float8/MX are emulated there)
 OTHER_ROWS = 15      # rows of the printed "other" table (the record holds every op)
 
 
@@ -55,8 +56,7 @@ def run(args: argparse.Namespace) -> int:
     rec = profile_step(s, sample_batch(s), warmup=args.warmup, timed_steps=args.timed_steps,
                        profile_steps=args.profile_steps, probe_reps=args.probe_reps)
     where = (f"{preset.name}, {args.precision}, {'padded' if args.padded else 'jagged'}, kernel {s.kernel}, "
-             f"batch {args.batch_size}, "
-             f"{args.threads} thread(s), {device_name('cpu')}")
+             f"batch {args.batch_size}, {args.threads} thread(s), {device_name('cpu')}")
     print(f"step: median wall {1e3 * statistics.median(rec['step_wall_s']):.1f} ms, process CPU "
           f"{1e3 * statistics.median(rec['step_cpu_s']):.1f} ms over {args.timed_steps} steps ({where}); profiled "
           f"step {1e3 * rec['profiled_step_s']:.1f} ms wall, {1e3 * rec['profiled_step_cpu_s']:.1f} ms CPU")
