@@ -249,3 +249,44 @@ def test_every_chapter_page_draws_its_figures_and_tables_in_chromium(whole_book)
         assert page["plots"] >= 1 and page["tables"] >= 1 and page["stderr"] == 0, (chapter, page)
     index = asyncio.run(asyncio.wait_for(visit((whole_book / "index.html").as_uri()), 180))
     assert index["plots"] >= 1 and index["tables"] >= 1, index      # the reference waterfall: figure and table
+
+
+class _FakeKaleido:
+    """kaleido's sync-server API, scripted: each export pops the next outcome (bytes or an error)."""
+
+    def __init__(self, outcomes):
+        self.outcomes, self.calls = list(outcomes), []
+
+    def start_sync_server(self, **kwargs):
+        self.calls.append("start")
+
+    def stop_sync_server(self, **kwargs):
+        self.calls.append("stop")
+
+    def calc_fig_sync(self, fig_dict, opts):
+        self.calls.append("export")
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+
+def test_a_png_export_that_finds_kaleidos_page_unloaded_restarts_the_server_once(monkeypatch):
+    import base64
+
+    from gemref.walkthrough import static_figures
+
+    monkeypatch.setattr(static_figures.atexit, "register", lambda *a, **k: None)
+    fake = _FakeKaleido([RuntimeError("ReferenceError: kaleido_scopes is not defined"), b"png", b"png2"])
+    monkeypatch.setitem(sys.modules, "kaleido", fake)
+    renderer = static_figures._png_renderer()
+    assert base64.b64decode(renderer.to_mimebundle({})["image/png"]) == b"png"
+    assert base64.b64decode(renderer.to_mimebundle({})["image/png"]) == b"png2"
+    assert fake.calls == ["start", "export", "stop", "start", "export", "export"]
+    # any other failure, or the same one twice, is raised, not retried
+    for outcomes in ([RuntimeError("Chromium crashed")],
+                     [RuntimeError("kaleido_scopes is not defined")] * 2):
+        fake = _FakeKaleido(outcomes)
+        monkeypatch.setitem(sys.modules, "kaleido", fake)
+        with pytest.raises(RuntimeError):
+            static_figures._png_renderer().to_mimebundle({})

@@ -28,20 +28,38 @@ def _html_renderer():
     return OfflineHtml()
 
 
+# kaleido 1.x can run an export in a page context its script has not defined yet (seen once
+# under load: JavascriptError "kaleido_scopes is not defined"); a fresh server loads it again
+_UNLOADED_PAGE = "kaleido_scopes is not defined"
+
+
 def _png_renderer():
-    """image/png through kaleido on one Chromium kept open for the kernel's life."""
+    """image/png through kaleido on one Chromium kept open for the kernel's life; an export
+    that finds kaleido's page script unloaded restarts the server and runs once more."""
     import kaleido
     from plotly.io._base_renderers import MimetypeRenderer
 
     class KaleidoPng(MimetypeRenderer):
         started = False
 
-        def to_mimebundle(self, fig_dict):
-            if not self.started:
-                kaleido.start_sync_server(mathjax=False, silence_warnings=True)
+        def _start(self):
+            kaleido.start_sync_server(mathjax=False, silence_warnings=True)
+            if not self.started:                     # one stop at exit, however often it restarts
                 atexit.register(kaleido.stop_sync_server, silence_warnings=True)
-                self.started = True
-            png = kaleido.calc_fig_sync(fig_dict, opts=dict(format="png", width=PNG_SIZE[0], height=PNG_SIZE[1]))
+            self.started = True
+
+        def to_mimebundle(self, fig_dict):
+            opts = dict(format="png", width=PNG_SIZE[0], height=PNG_SIZE[1])
+            if not self.started:
+                self._start()
+            try:
+                png = kaleido.calc_fig_sync(fig_dict, opts=opts)
+            except RuntimeError as e:
+                if _UNLOADED_PAGE not in str(e):
+                    raise
+                kaleido.stop_sync_server(silence_warnings=True)
+                self._start()
+                png = kaleido.calc_fig_sync(fig_dict, opts=opts)
             return {"image/png": base64.b64encode(png).decode()}
     return KaleidoPng()
 
