@@ -62,6 +62,36 @@ def test_a_rank_that_writes_nothing_is_reported_as_silent():
     assert "rank 0 died with exit code -11" in str(err) and "wrote nothing to stderr" in str(err)
 
 
+def test_a_rank_killed_while_recording_its_error_leaves_no_half_record(tmp_path):
+    """The CI failure this guards: a peer died, the launcher SIGTERMed the rank mid-write, and
+    the launcher read an empty rank0.err.json. A file-size limit of 0 stops the writer at its
+    first byte (EFBIG; the old write_text left an empty file there): the record is then absent,
+    never empty."""
+    import subprocess
+    import sys
+
+    code = ("import resource, pathlib; from gemref.parallel.launch import _record_error; "
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY)); "
+            f"_record_error(pathlib.Path({str(tmp_path)!r}), 0, ValueError('peer lost'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True)
+    assert b"File too large" in done.stderr, done.stderr
+    assert not (tmp_path / "rank0.err.json").exists()
+
+
+def test_a_recorded_error_is_what_the_launcher_reports(tmp_path):
+    from gemref.parallel.launch import _rank_failure, _record_error
+
+    class Stopped:
+        exitcode = 1
+
+    try:
+        raise ValueError("bad rows in shard 3")
+    except ValueError as e:
+        _record_error(tmp_path, 0, e)
+    err = _rank_failure(tmp_path, [Stopped()], RuntimeError("x"))
+    assert isinstance(err, ValueError) and "rank 0: bad rows in shard 3" in str(err)
+
+
 def _fsdp_steps_then_gather(rank, world):
     """The validation runs' ending: FSDP + row-sharded tables, steps, then an object all-gather
     (its gloo work is what a worker thread was still releasing when the rank died)."""

@@ -70,6 +70,7 @@ from ..env import resolve_device
 from ..errors import UsageError, user_input
 from ..options import check_local_ranks
 from . import comm
+from ..runtime.files import atomic_write_text
 from ..runtime.interrupt import kill_group, own_group, starting_children
 from .mesh import check_world, local_device, release_meshes
 
@@ -151,14 +152,21 @@ def _rank_entry(rank: int, fn: Callable, world: int, port: int, backend: str, ti
                                 world_size=world, timeout=_timeout(timeout_s))
         torch.save(fn(rank, world, *args), out / f"rank{rank}.pt")
     except BaseException as e:      # written before the group goes down, so the cause is first in time
-        (out / f"rank{rank}.err.json").write_text(json.dumps(
-            {"type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc(), "time": time.time()}))
+        _record_error(out, rank, e)
         shutdown()
         raise
     shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)                     # the module doc: no finalizer beside gloo threads that outlive the group
+
+
+def _record_error(out: Path, rank: int, e: BaseException) -> None:
+    """Write rank `rank`'s error to `out`/rank<r>.err.json whole or not at all: the launcher may
+    SIGTERM this rank mid-write (a peer died first), and a half-written record must never stand
+    in for the peer's cause."""
+    atomic_write_text(out / f"rank{rank}.err.json", json.dumps(
+        {"type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc(), "time": time.time()}))
 
 
 def _stderr_to(path: Path) -> None:
