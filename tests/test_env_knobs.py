@@ -1,4 +1,4 @@
-"""Environment variables set to garbage (issue 27): one line naming the variable and its valid
+"""Environment variables set to garbage: one line naming the variable and its valid
 values, exit status 2, through `gemref flops` (it resolves the device, which checks the
 environment, then sets up the run, which checks GEMREF_GDPA) and through each variable's reader."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One writer per folder (issue 27): a second gemref process writing a folder another one holds
+"""One writer per folder: a second gemref process writing a folder another one holds
 (checkpoints, a dataset, a waterfall's or the notebooks' --out) is refused in one line naming
 the folder and the holder's pid; a killed holder releases the folder (gemref/runtime/locks.py)."""
 from __future__ import annotations

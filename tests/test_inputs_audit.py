@@ -1,4 +1,4 @@
-"""Issue 14's audit: the members of its classes that the first pass missed, each a one-line
+"""The input audit's second pass: the members of its classes that the first pass missed, each a one-line
 error (CLI exit 2, API ValueError) instead of a traceback, a silent no-op or a clamp.
 
 Typed values and ranges (1): huge seeds, windows wider than max_len, checkpoint settings that

@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM end a long command cleanly (issue 27): the real `gemref` command in a
+"""Ctrl-C and SIGTERM end a long command cleanly: the real `gemref` command in a
 subprocess, signalled mid-run, exits 130/143 with one line on stderr (no traceback, no leaked
 semaphores), leaves no process it started alive (ranks, notebook kernels and theirs) and no
 half-written output (gemref/runtime/interrupt.py, gemref/parallel/launch.py, gemref/cli.py,

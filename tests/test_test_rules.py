@@ -1,4 +1,4 @@
-"""Rules the tests themselves keep (issue 13: tests that can fail for the right reasons).
+"""Rules the tests themselves keep (tests that can fail for the right reasons).
 
 A `return` inside a hypothesis property ends the example as a pass: a case the property
 skips that way is counted as checked. Cases a property cannot check are discarded with

@@ -40,7 +40,7 @@ def mean_and_se(values: list[float]) -> tuple[float, float]:
 
 @pytest.mark.slow
 def test_tiny_preset_learns_ne_below_095(data_root, tmp_path):
-    """Done-when of the foundation issue: 300 steps on tiny reach eval NE < 0.95 (and AUC > 0.7),
+    """The first milestone's bar: 300 steps on tiny reach eval NE < 0.95 (and AUC > 0.7),
     in expectation over seeds: the mean of 3 seeds is below 0.95 by 3 standard errors."""
     records = [run(TINY, override(TINY.train, seed=seed), device="cpu", progress=False, measure_memory=False,
                    json_path=tmp_path / f"run{seed}.json") for seed in range(3)]

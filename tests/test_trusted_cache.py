@@ -1,4 +1,4 @@
-"""Caches are trusted only when they are ours (issue 27): the cache folder and file must be
+"""Caches are trusted only when they are ours: the cache folder and file must be
 this user's and not writable by group or others (files.private_path; the stat is faked, the
 tests run as root); cpu_fused loads a library only if its sha256 is the one its build
 recorded; a cached CPU peak that is malformed, for other threads or above the ISA ceiling
