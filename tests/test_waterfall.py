@@ -241,6 +241,31 @@ def test_rows_under_sliding_pairs_chain_vs_baseline():
     assert pairs[2]["vs_baseline"] == pytest.approx(2.0 * 1.5)      # 200/100 then 300/200 (medians, chained)
 
 
+@pytest.mark.parametrize("precision, label", [("bf16", "7 + bf16 autocast"), ("mxfp8", "7 + MXFP8"),
+                                              ("float8_rowwise", "7 + float8 row-wise")])
+def test_the_low_precision_row_names_the_format_it_ran_in(precision, label):
+    """A ran rung 7 is labelled by the format its ranks resolved (a CPU's bf16 run is never called
+    float8/MXFP8); a rung 7 that did not run keeps the ladder's title with its reason."""
+    from gemref.config import TrainConfig
+
+    low = next(rung for rung in LADDER if rung.key == "low_precision")
+    plan = [(LADDER[0], TrainConfig()), (low, override(TrainConfig(), precision=precision))]
+    result = _result([[0, 1]], [[100, 100, 100], [150, 150, 150]])
+    result["info"] = [result["info"][0], {"resolved": {"kernel": "x", "precision": precision}, "dtype": precision}]
+    rows = build_rows(plan, result, [1e12] * 2)
+    assert [r["rung"] for r in rows] == ["0 baseline", label]
+    skipped = build_rows([(LADDER[0], TrainConfig()), (low, "n/a here: no FP8 here")], _result([[0]], [[100] * 3]),
+                         [1e12])
+    assert skipped[1]["rung"] == "7 + float8/MXFP8" and skipped[1]["status"] == "n/a here: no FP8 here"
+
+
+def test_every_low_precision_recipe_has_a_row_label():
+    from gemref.config import PRECISIONS
+    from gemref.waterfall.rows import FORMAT_NAMES
+
+    assert set(FORMAT_NAMES) == set(PRECISIONS) - {"fp32"}
+
+
 def test_figures_show_e2e_local_and_the_breakdown_and_say_which_rungs_were_not_measured():
     from gemref.config import TrainConfig
     from gemref.report.figures import waterfall_breakdown_figure, waterfall_figure

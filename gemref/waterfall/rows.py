@@ -19,6 +19,20 @@ BREAKDOWN_COLUMNS = ("rung", "step_s", "gemm_s", "attention_s", "elementwise_s",
                      "exposed_comm_s", "waiting_s", "queued_s", "data_s")
 
 
+# The format each low-precision recipe names in a ran row's label (config/precision.py PRECISIONS).
+FORMAT_NAMES = {"bf16": "bf16 autocast", "float8_rowwise": "float8 row-wise", "float8_tensorwise": "float8 tensor-wise",
+                "mxfp8": "MXFP8"}
+
+
+def row_title(rung, info: dict) -> str:
+    """A ran rung's label: its ladder title, except that the low-precision rung names the format
+    it ran in ("7 + bf16 autocast" on a CPU whose bf16 GEMMs win, "7 + MXFP8" on a Blackwell GPU),
+    so a table never calls a bf16 run float8. info: the rank's resolved switches (runner.py)."""
+    if rung.key != "low_precision":
+        return rung.title
+    return f"{rung.spec.number} + {FORMAT_NAMES[info['resolved']['precision']]}"
+
+
 def home_group(groups: list[list[int]], j: int) -> int:
     """The group whose windows make rung j's row: the first holding j and the rung before it."""
     return next(g for g, members in enumerate(groups) if j in members and (j == 0 or j - 1 in members))
@@ -56,7 +70,7 @@ def build_rows(plan: list, result: dict, peaks: list[float | None]) -> list[dict
         rounds, pos = group_rounds(result, g), groups[g].index(j)
         kept = kept_windows(rounds, pos, peaks[j])
         attempts = [rank[pos] for r in rounds for rank in r.windows]
-        row = {"rung": rung.title, "key": rung.key, "status": "ran", "group": g, "windows_kept": len(kept),
+        row = {"rung": row_title(rung, result["info"][j]), "key": rung.key, "status": "ran", "group": g, "windows_kept": len(kept),
                "windows": len({r.index for r in rounds}), "contended_windows": sum(w.contended for w in attempts),
                "batch_size": cfg.batch_size, **result["info"][j]}
         mid = median_window(kept)
