@@ -287,6 +287,27 @@ def test_figures_show_e2e_local_and_the_breakdown_and_say_which_rungs_were_not_m
                                             "queued for a core", "data"]
 
 
+def test_a_rung_on_another_mfu_basis_starts_a_new_bar_that_names_its_basis():
+    """fp32, fp32, bf16 rungs: the bf16 rung's bar restarts from zero at its own MFU (never a drop
+    of 10 - 4 points from the fp32 rung), says "of the bf16 peak", and the title lists both bases."""
+    from gemref.report.figures import waterfall_figure
+
+    def ran(name, mfu, basis):
+        return {"rung": name, "status": "ran", "tokens_per_s": 1000.0, "mfu": mfu, "local_mfu": mfu,
+                "scaling_ratio": 1.0, "mfu_basis": basis}
+
+    rows = [ran("0 baseline", 0.02, "fp32 peak"), ran("1 + x", 0.10, "fp32 peak"),
+            {"rung": "2 + y", "status": "n/a here: no y"}, ran("7 + bf16 autocast", 0.04, "bf16 peak")]
+    fig = waterfall_figure(rows)
+    top = fig.data[0]
+    assert list(top.measure) == ["absolute", "relative", "relative", "absolute"]
+    assert list(top.y) == pytest.approx([2.0, 8.0, 0.0, 4.0])
+    assert list(top.text) == ["2%", "10%", "n/a here", "4%<br>of the bf16 peak"]
+    assert "fp32 peak, bf16 peak" in fig.layout.title.text
+    one_basis = waterfall_figure(rows[:2])
+    assert list(one_basis.data[0].text) == ["2%", "10%"] and "bases" not in one_basis.layout.title.text
+
+
 # ----------------------------------------------------------------------------- op classes
 
 

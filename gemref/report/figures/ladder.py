@@ -12,11 +12,17 @@ def waterfall_figure(rows: list[dict], title: str = "MFU waterfall: what each te
     per rung, with the scaling ratio (E2E / local: what survives communication, waiting and
     data loading) printed on each pair. Rungs that did not apply show as 'n/a here', rungs
     with no uncontended window as 'contended'. Without a known peak: tokens/s, top panel only.
-    Rows from gemref.waterfall.run_waterfall."""
+    Each MFU divides by the peak of its rung's GEMM dtype (the row's "mfu_basis"): a rung on
+    another basis than the rung before it starts a new bar from zero, never a step from the
+    previous one (bf16's MFU against the bf16 peak is no loss against fp32's), and every bar
+    on another basis than the first rung's names its basis. Rows from
+    gemref.waterfall.run_waterfall."""
     measured = [r for r in rows if r.get("status") == "ran" and r.get("tokens_per_s") is not None]
     use_mfu = bool(measured) and all(r.get("mfu") is not None for r in measured)
     value = (lambda r: 100 * r["mfu"]) if use_mfu else (lambda r: r["tokens_per_s"])
-    x, y, measure, text, previous = [], [], [], [], None
+    bases = list(dict.fromkeys(r.get("mfu_basis") for r in measured)) if use_mfu else []
+    mixed = len(bases) > 1
+    x, y, measure, text, previous, previous_basis = [], [], [], [], None, None
     for r in rows:
         x.append(r["rung"])
         if r.get("status") != "ran" or r.get("tokens_per_s") is None:
@@ -24,16 +30,18 @@ def waterfall_figure(rows: list[dict], title: str = "MFU waterfall: what each te
             measure.append("relative")
             text.append("n/a here" if r.get("status") != "ran" else "contended")
             continue
-        v = value(r)
-        y.append(v if previous is None else v - previous)
-        measure.append("absolute" if previous is None else "relative")
-        text.append(f"{v:.3g}" + ("%" if use_mfu else ""))
-        previous = v
+        v, basis = value(r), r.get("mfu_basis") if use_mfu else None
+        restart = previous is None or basis != previous_basis
+        y.append(v if restart else v - previous)
+        measure.append("absolute" if restart else "relative")
+        text.append(f"{v:.3g}" + ("%" if use_mfu else "") + (f"<br>of the {basis}" if mixed and basis != bases[0] else ""))
+        previous, previous_basis = v, basis
     fig = make_subplots(rows=2 if use_mfu else 1, cols=1, shared_xaxes=True,
                         row_heights=[0.6, 0.4] if use_mfu else [1.0], vertical_spacing=0.08)
     fig.add_trace(go.Waterfall(x=x, y=y, measure=measure, text=text, textposition="outside", showlegend=False,
                                connector={"line": {"color": "rgb(150,150,150)"}}), row=1, col=1)
-    fig.update_yaxes(title_text="E2E MFU (%)" if use_mfu else "tokens/s (no peak known: MFU N/A)", row=1, col=1)
+    fig.update_yaxes(title_text=("E2E MFU (%), each of its rung's peak" if mixed else "E2E MFU (%)") if use_mfu
+                     else "tokens/s (no peak known: MFU N/A)", row=1, col=1)
     if use_mfu:
         names = [r["rung"] for r in measured]
         local = [100 * r["local_mfu"] if r.get("local_mfu") is not None else None for r in measured]
@@ -42,6 +50,8 @@ def waterfall_figure(rows: list[dict], title: str = "MFU waterfall: what each te
                              text=[f"x{r['scaling_ratio']:.2f}" if r.get("scaling_ratio") is not None else ""
                                    for r in measured]), row=2, col=1)
         fig.update_yaxes(title_text="MFU (%): local, E2E", row=2, col=1)
+    if mixed:
+        title += f" (MFU bases: {', '.join(str(b) for b in bases)}; a new basis starts a new bar)"
     fig.update_layout(title=title, template=TEMPLATE, barmode="group")
     return fig
 
