@@ -51,7 +51,7 @@ RUNGS: tuple[RungSpec, ...] = (
              dict(layout="fsdp_2d")),
     RungSpec(7, "low_precision", "7 + float8/MXFP8", "--precision float8_rowwise\\|mxfp8\\|bf16",
              "float8 (Hopper) / MXFP8 (Blackwell) GEMMs through torchao; on a CPU whose bf16 GEMMs beat fp32 "
-             "(AMX), bf16 autocast", "gemref/precision/apply.py",
+             "(AMX, AVX512-BF16), bf16 autocast", "gemref/precision/apply.py",
              # ASSUMED: float8 Linear GEMMs run ~1.6x faster; with casts and the non-GEMM time ~1.25x per
              # step; torchao's float8 all-gather halves FSDP's gather bytes.
              dict(compute_speedup=1.25, gather_bytes=1)),

@@ -106,8 +106,9 @@ def cpu_bf16_gain() -> tuple[float | None, str]:
 
 def _low_precision(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     """GPUs: MXFP8 where the GPU has it (Blackwell), else row-wise float8 (Hopper/Ada); never
-    emulated. CPUs: bf16 autocast (fp32 master weights) where this CPU's bf16 GEMMs beat its fp32
-    ones (a matrix engine: AMX-BF16), the CPU's counterpart of the GPU's narrower formats."""
+    emulated. CPUs: bf16 autocast (fp32 master weights) where this CPU's measured bf16 GEMM peak
+    beats its fp32 one (AMX-BF16's tiles; AVX512-BF16's vdpbf16ps, ~2x fp32 FMA on Zen 4), the
+    CPU's counterpart of the GPU's narrower formats."""
     if ctx.device.type == "cpu":
         gain, peaks = cpu_bf16_gain()
         if gain is not None and gain > 1:
