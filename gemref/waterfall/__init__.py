@@ -72,7 +72,10 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, window
     ctx = Context(preset, torch.device(device), ranks, options)
     steps = plan(ladder or LADDER, override(preset.train, eval_every=0, eval_batches=1), ctx)
     for i, (rung, c) in enumerate(steps):
-        log(f"[{i + 1}] {rung.title}: " + (c if isinstance(c, str) else "runs"))
+        if isinstance(c, str):
+            log(f"[{i + 1}] {rung.title}: {c}")
+        else:   # rung 7 says which format it chose here (bf16 on a CPU whose bf16 GEMMs win)
+            log(f"[{i + 1}] {rung.title}: runs" + (f" in {c.mixed_precision.recipe}" if rung.key == "low_precision" else ""))
     configs = [c for _, c in steps if not isinstance(c, str)]
     result = launch_measure(preset, configs, ranks=ranks, device=device, settings=settings,
                             timeout_s=RUNG_TIMEOUT_S * len(configs))
