@@ -75,7 +75,8 @@ def run_waterfall(preset: Preset, *, device: str = "cpu", ranks: int = 1, window
         if isinstance(c, str):
             log(f"[{i + 1}] {rung.title}: {c}")
         else:   # rung 7 says which format it chose here (bf16 on a CPU whose bf16 GEMMs win)
-            log(f"[{i + 1}] {rung.title}: runs" + (f" in {c.mixed_precision.recipe}" if rung.key == "low_precision" else ""))
+            chosen = f" in {c.mixed_precision.recipe}" if rung.key == "low_precision" else ""
+            log(f"[{i + 1}] {rung.title}: runs{chosen}")
     configs = [c for _, c in steps if not isinstance(c, str)]
     result = launch_measure(preset, configs, ranks=ranks, device=device, settings=settings,
                             timeout_s=RUNG_TIMEOUT_S * len(configs))

@@ -70,8 +70,8 @@ def build_rows(plan: list, result: dict, peaks: list[float | None]) -> list[dict
         rounds, pos = group_rounds(result, g), groups[g].index(j)
         kept = kept_windows(rounds, pos, peaks[j])
         attempts = [rank[pos] for r in rounds for rank in r.windows]
-        row = {"rung": row_title(rung, result["info"][j]), "key": rung.key, "status": "ran", "group": g, "windows_kept": len(kept),
-               "windows": len({r.index for r in rounds}), "contended_windows": sum(w.contended for w in attempts),
+        row = {"rung": row_title(rung, result["info"][j]), "key": rung.key, "status": "ran", "group": g,
+               "windows_kept": len(kept), "windows": len({r.index for r in rounds}), "contended_windows": sum(w.contended for w in attempts),
                "batch_size": cfg.batch_size, **result["info"][j]}
         mid = median_window(kept)
         row.update({k: mid[k] if mid else None for k in FIGURES})

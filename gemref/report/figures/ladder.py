@@ -34,7 +34,8 @@ def waterfall_figure(rows: list[dict], title: str = "MFU waterfall: what each te
         restart = previous is None or basis != previous_basis
         y.append(v if restart else v - previous)
         measure.append("absolute" if restart else "relative")
-        text.append(f"{v:.3g}" + ("%" if use_mfu else "") + (f"<br>of the {basis}" if mixed and basis != bases[0] else ""))
+        named = f"<br>of the {basis}" if mixed and basis != bases[0] else ""
+        text.append(f"{v:.3g}" + ("%" if use_mfu else "") + named)
         previous, previous_basis = v, basis
     fig = make_subplots(rows=2 if use_mfu else 1, cols=1, shared_xaxes=True,
                         row_heights=[0.6, 0.4] if use_mfu else [1.0], vertical_spacing=0.08)
