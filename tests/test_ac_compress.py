@@ -9,7 +9,8 @@ from gemref.autoac.profile import activation_bytes
 from gemref.autoac.solver import ac_blocks, applied_plan, saved_compression
 from gemref.cli import main
 from gemref.config import AC_COMPRESSIONS, get_preset, override
-from gemref.train import measure_step_memory, run, sample_batch, setup
+from gemref.train import sample_batch, setup
+from gemref.measure.run import measure_step_memory, run
 
 TINY = get_preset("tiny")
 

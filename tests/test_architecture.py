@@ -14,20 +14,29 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gemref"
 DESIGN = PACKAGE.parent / "docs" / "design.md"
 
 
-def design_layers() -> dict[str, int]:
-    """{"gemref.<name>": layer number} from docs/design.md's layer table (the backticked names of
-    each row's second column; 1 = foundations, the bottom)."""
+def design_rows() -> list[tuple[int, str, list[str]]]:
+    """(layer number, side "core"|"lab", backticked names) per row of docs/design.md's layer table
+    (1 = foundations, the bottom)."""
     lines = DESIGN.read_text().split("<!-- layers:", 1)[1].splitlines()[1:]
-    out = {}
+    out = []
     for line in lines:
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.strip("|").split("|")]
         if not cells[0][:1].isdigit():
             continue                                   # the header and its rule
-        for name in cells[1].split("`")[1::2]:
-            out[f"gemref.{name}"] = int(cells[0].split()[0])
+        out.append((int(cells[0].split()[0]), cells[1], cells[2].split("`")[1::2]))
     return out
+
+
+def design_layers() -> dict[str, int]:
+    """{"gemref.<name>": layer number} from docs/design.md's layer table."""
+    return {f"gemref.{name}": number for number, _, names in design_rows() for name in names}
+
+
+def design_sides() -> dict[str, str]:
+    """{"gemref.<name>": "core" | "lab"} from docs/design.md's layer table."""
+    return {f"gemref.{name}": side for _, side, names in design_rows() for name in names}
 
 
 def module_files() -> dict[str, Path]:
@@ -282,3 +291,34 @@ def test_the_bench_import_check_finds_planted_importers():
     texts = {"notebooks/04.ipynb": "x = 1\nfrom gemref.bench.compile import compare_steps", "scripts/a.py": "import gemref.benchmarks",
              "notebooks/05.ipynb": "  import gemref.bench.autoac as b"}
     assert bench_importers(edges, texts) == ["gemref.walkthrough.best_rung", "notebooks/04.ipynb", "notebooks/05.ipynb"]
+
+
+def test_the_core_sits_below_the_lab():
+    rows = design_rows()
+    assert {side for _, side, _ in rows} == {"core", "lab"}
+    assert max(n for n, side, _ in rows if side == "core") < min(n for n, side, _ in rows if side == "lab")
+
+
+def lab_imports(edges: dict[str, set[str]], sides: dict[str, str]) -> list[tuple[str, str]]:
+    """(core module, lab module) for every import from the core into the lab."""
+    side = lambda m: sides[".".join(m.split(".")[:2])] if m != "gemref" else "core"  # noqa: E731
+    return [(m, t) for m, targets in edges.items() for t in targets if side(m) == "core" and side(t) == "lab"]
+
+
+def test_the_core_never_imports_the_lab():
+    assert lab_imports(graph(), design_sides()) == []
+
+
+def test_core_lab_rule_catches_a_planted_import():
+    edges = {"gemref.train.loop": {"gemref.report.records"}, "gemref.report.records": {"gemref.train.metrics"}}
+    assert lab_imports(edges, design_sides()) == [("gemref.train.loop", "gemref.report.records")]
+
+
+def test_importing_the_training_loop_loads_no_lab_module():
+    import subprocess
+    import sys
+
+    probe = "import sys, gemref.train; print(' '.join(m for m in sys.modules if m.startswith('gemref.')))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    sides = design_sides()
+    assert [m for m in loaded if sides[".".join(m.split(".")[:2])] == "lab"] == []

@@ -287,7 +287,7 @@ def test_cli_rejects_a_bad_budget_with_one_line():
 
 def test_training_with_autoac_is_training_without_it(data_root):
     """Same seed, same batches: AutoAC changes memory and time, never the loss curve."""
-    from gemref.train import run
+    from gemref.measure.run import run
 
     base = override(TINY.train, steps=4, warmup_steps=1, eval_batches=1, jagged=True, batch_size=16)
     plain = run(TINY, base, device="cpu", progress=False, measure_memory=False)

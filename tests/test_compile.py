@@ -90,7 +90,7 @@ def test_compile_settings_are_checked():
 
 def test_compiled_autoac_run_records_compile_stats_and_plan(data_root):
     """AutoAC then compile in build_model: under compile the plan uses full checkpoints only."""
-    from gemref.train import run
+    from gemref.measure.run import run
 
     train = override(TINY.train, steps=5, warmup_steps=1, eval_batches=1, jagged=True, batch_size=16,
                      compile=True, ac="auto", ac_budget=0.5)

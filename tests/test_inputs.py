@@ -344,7 +344,7 @@ def test_config_errors_are_usage_errors_and_still_value_errors():
 
 
 def test_a_bad_launch_is_a_usage_error_before_any_rank_starts(data_root):
-    from gemref.train import launch_runs
+    from gemref.measure.run import launch_runs
 
     with pytest.raises(UsageError, match=r"mesh=2x2 needs R\*S = 4 ranks, but the world size is 3"):
         launch_runs(TINY, [override(TINY.train, mesh="2x2")], ranks=3, device="cpu")

@@ -190,7 +190,7 @@ def test_a_diverging_run_is_one_line_naming_the_step(data_root, capsys):
 def test_fewer_steps_than_warmup_times_what_it_can_and_says_so(data_root, caplog):
     """warmup_steps=5 on a 2-step run: one warm-up step, one timed, a warning naming both
     (never a silent clamp), and the record states the warm-up it used."""
-    from gemref.train import run
+    from gemref.measure.run import run
 
     train = override(TINY.train, steps=2, warmup_steps=5, eval_every=0)
     with caplog.at_level("WARNING", logger="gemref.train"):

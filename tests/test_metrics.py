@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import assume, given, settings, strategies as st
 
-from gemref.report.metrics import normalized_entropy, roc_auc
+from gemref.train.metrics import normalized_entropy, roc_auc
 
 
 def brute_auc(scores, labels):

@@ -26,7 +26,7 @@ def _jsonable(x):
 
 
 def _train_configs(rank, world):
-    from gemref.train import run
+    from gemref.measure.run import run
 
     out = {}
     for name, changes in CONFIGS.items():
@@ -43,7 +43,7 @@ def four_ranks(data_root):
 
 @pytest.fixture(scope="module")
 def one_process(data_root):
-    from gemref.train import run
+    from gemref.measure.run import run
     return run(TINY, TRAIN, device="cpu", progress=False, measure_memory=False)["loss_curve"]
 
 
@@ -145,7 +145,7 @@ def _run_then_crash_mid_save(rank, world, folder, dying_rank):
     the step-4 save, after writing its shards (rank 0 would next write checkpoint.json)."""
     from torch.distributed.checkpoint import FileSystemWriter
 
-    from gemref.train import run
+    from gemref.measure.run import run
 
     full = run(TINY, override(CKPT, checkpoint_dir=f"{folder}/full", checkpoint_every=2), device="cpu",
                progress=False, measure_memory=False)
@@ -166,7 +166,7 @@ def _run_then_crash_mid_save(rank, world, folder, dying_rank):
 
 
 def _resume(rank, world, folder):
-    from gemref.train import run
+    from gemref.measure.run import run
 
     r = run(TINY, override(CKPT, checkpoint_dir=f"{folder}/ckpt", checkpoint_every=2, resume=True),
             device="cpu", progress=False, measure_memory=False)
@@ -189,7 +189,7 @@ def test_a_rank_killed_mid_save_keeps_the_last_checkpoint_and_resume_is_bit_exac
     """Resume continues from step 2 and ends in exactly the uninterrupted run's state: every
     parameter, AdamW moment and step count, and both ranks' RNG states, bit for bit. Also:
     checkpoints of 2 ranks are not resumed by a different world (here 1 process)."""
-    from gemref.train import run
+    from gemref.measure.run import run
 
     with pytest.raises(RuntimeError, match=f"rank {dying_rank} died with exit code 17"):
         spawn(_run_then_crash_mid_save, 2, (str(tmp_path), dying_rank), timeout_s=240)

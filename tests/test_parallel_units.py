@@ -254,7 +254,7 @@ def test_step_batches_resume_where_they_stopped(tiny_dataset):
 
 def test_single_process_resume_is_exact(data_root, tmp_path):
     from gemref.checkpoint import latest_checkpoint
-    from gemref.train import run
+    from gemref.measure.run import run
 
     train = override(TINY.train, steps=4, warmup_steps=1, eval_batches=1, balance="kk")
     kwargs = dict(device="cpu", progress=False, measure_memory=False)

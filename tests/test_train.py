@@ -24,7 +24,8 @@ from gemref.checkpoint import latest_checkpoint, load_checkpoint, run_descriptio
 from gemref.parallel.launch import spawn
 from gemref.report.records import RunRecord
 from gemref.report.seed_band import difference_tolerance, seed_band
-from gemref.train import NonFiniteError, Setup, evaluate, run, setup
+from gemref.train import NonFiniteError, Setup, evaluate, setup
+from gemref.measure.run import run
 
 TINY = get_preset("tiny")
 K_SE = 3.0          # "within k standard errors"

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     from ..report.figures import run_figure, save_figure
     from ..report.rows import run_row
     from ..step import NonFiniteError
-    from ..train import launch_runs
+    from ..measure.run import launch_runs
 
     base = get_preset(args.preset)
     if args.attention_window is not None:

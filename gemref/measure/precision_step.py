@@ -35,7 +35,7 @@ from ..errors import UsageError
 from ..mfu.meter import percentile
 from ..mfu.timing import interleaved
 from ..report.seed_band import K_SE, seed_band_rows
-from ..train import run as train_run
+from .run import run as train_run
 from ..train import setup
 from ..train.loop import evaluate
 

@@ -1,7 +1,7 @@
 """What a technique costs in model quality: short training runs over seeds, eval NE and AUC of both tasks, against the seed-to-seed spread.
 
 Every run is `train_and_evaluate`: gemref.train.run from the preset's TrainConfig with the
-steps, the seed and a variant's changes, evaluated after its last step (NE: gemref/report/metrics.py).
+steps, the seed and a variant's changes, evaluated after its last step (NE: gemref/train/metrics.py).
 
 `quality_cost(preset, window, seeds, steps)`: the sliding window's cost. For each seed
 0..N-1, two runs of the preset (jagged, cpu_jagged, same seed and batches), without and with
@@ -43,10 +43,10 @@ from ..config import Preset, get_preset, override
 from ..data.baselines import Ids, fit_baselines
 from ..data.folder import described_manifest
 from ..model import TASKS
-from ..report.metrics import normalized_entropy, roc_auc
+from ..train.metrics import normalized_entropy, roc_auc
 from ..report.records import RunRecord, provenance
 from ..report.seed_band import K_SE, seed_band_rows
-from ..train import run as train_run
+from .run import run as train_run
 
 METRICS = tuple(f"{m}_{t}" for t in TASKS for m in ("ne", "auc"))   # ne_click, auc_click, ne_conversion, ...
 VARIANTS = ("fast", "baseline", "mxfp8", "window", "compressed")

@@ -1,6 +1,6 @@
 """The run record: its schema, typed, and the one function that builds it.
 
-`gemref.train.run` writes a run record (returned, and saved as JSON); the CLI tables
+`gemref.measure.run.run` writes a run record (returned, and saved as JSON); the CLI tables
 (gemref/report/rows.py `run_row`, `gemref train`'s per-rank tables), `report.figures.run_figure`
 and the notebooks read it. (The waterfall writes its own record, one per ladder, whose rows
 carry the same "config" and "resolved" entries.) The config is the record of the switches:
@@ -25,6 +25,7 @@ from ..mfu.meter import MeterSummary, gemm_dtype
 from ..mfu.timing import StepRecord
 from ..mfu.peak import device_name, peak_flops
 from ..precision.apply import PrecisionReport
+from ..train.metrics import EvalResult
 
 
 class Resolved(TypedDict):
@@ -39,18 +40,6 @@ class DeviceInfo(TypedDict):
     name: str
     threads: int                  # torch CPU threads of this process
     ranks: int
-
-
-class EvalResult(TypedDict):
-    """NE and AUC per task (gemref/report/metrics.py) after `step` training steps."""
-
-    step: int
-    eval_samples: int
-    eval_loss: float
-    ne_click: float
-    auc_click: float
-    ne_conversion: float
-    auc_conversion: float
 
 
 class StepLog(TypedDict):

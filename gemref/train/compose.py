@@ -36,11 +36,8 @@ from ..data.loader import EventDataset, make_loader
 from ..data.manifest import verified_shards
 from ..data.sampler import BalancedDistributedBatchSampler
 from ..data.shards import dataset_dir, ensure_dataset, shard_paths
-from ..interop.sharders import sync_replicas, use_torchrec_tables
-from ..interop.tables import engine_parameters
 from ..env import resolve_device
 from ..mfu.flops import sample_cost_coefficients, step_flops
-from ..mfu.profile import time_breakdown
 from ..mfu.timing import StepRecord, timed_step
 from ..model import GEMRef
 from ..parallel.parallelize import ParallelState, parallel_state, parallelize
@@ -96,7 +93,9 @@ class Setup:
     def after_optimizer_step(self, model: nn.Module) -> None:
         """The precision switch's (float8 scales) and, under torchrec_2d, the table replicas' sync."""
         self.precision.after_optimizer_step(model)
-        sync_replicas(model)
+        if self.train.embedding_tables.torchrec_2d:
+            from ..interop.sharders import sync_replicas   # TorchRec is optional: imported only on use
+            sync_replicas(model)
 
     def flops(self, lengths: Tensor):
         """This run's FLOP accounting of a step on batches of these lengths (gemref/mfu/flops.py)."""
@@ -153,6 +152,7 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
         compile_model(model, activation_memory_budget=ac.budget if ac.mode == "pt2" else None,
                       regions=train.compilation.region_kinds)
     if tables.engine == "torchrec":   # TorchRec's tables (sharded by DMP over the ranks), gemref's dense layers
+        from ..interop.sharders import use_torchrec_tables   # TorchRec is optional: imported only on use
         use_torchrec_tables(model, lr=train.lr, sharding=tables.torchrec_sharding, batch_size=per_rank,
                             two_d_shard=parallel.shape.shard if tables.torchrec_2d and parallel else None)
     if parallel is not None:
@@ -168,7 +168,10 @@ def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimize
     parameter is floating point on CPU or CUDA: on CPU torch's default is a Python loop of
     ~10 ops per parameter, and fused matches it within fp32 rounding (tests/test_optimizer.py;
     `gemref bench step_profile` shows the optimizer's share of a step). Elsewhere torch's default."""
-    engine = engine_parameters(model)    # TorchRec tables: updated by TorchRec's own optimizer
+    engine: set[int] = set()
+    if train.embedding_tables.engine == "torchrec":   # TorchRec's tables: updated by its own optimizer
+        from ..interop.tables import engine_parameters
+        engine = engine_parameters(model)
     params = [(n, p) for n, p in model.named_parameters() if id(p) not in engine]
     tables = [p for n, p in params if n.startswith("tables.")]
     dense = [p for n, p in params if not n.startswith("tables.")]
@@ -220,13 +223,3 @@ def setup(preset: Preset | str, train: TrainConfig | None = None, *, device: str
 def sample_batch(s: Setup) -> JaggedBatch:
     """The first training batch of the run's seed, on the run's device (for one-off measurements)."""
     return next(iter(make_loader(s.train_set, s.train.batch_size, seed=s.train.seed))).to(s.device)
-
-
-def training_step_breakdown(preset: Preset | str, train: TrainConfig | None = None, *, device: str = "auto",
-                            repeats: int = 3) -> list[dict]:
-    """Seconds per step in each named region (gemref/mfu/profile.py) of one real training step."""
-    s = setup(preset, train, device=device)
-    batch = sample_batch(s)
-    return time_breakdown(lambda: s.step(batch), s.device.type, repeats)
-
-

@@ -43,7 +43,8 @@ from ..parallel import launch
 from ..parallel.memory import projected_rank_bytes
 from ..parallel.mesh import local_device
 from ..report.records import precision_label
-from ..train import Setup, measure_step_memory, resolve_precision, setup
+from ..train import Setup, resolve_precision, setup
+from ..measure.run import measure_step_memory
 from . import schedule
 from .schedule import Window
 

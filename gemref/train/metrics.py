@@ -1,4 +1,4 @@
-"""Ranking-quality metrics: normalized entropy (NE) and ROC AUC.
+"""Ranking-quality metrics: normalized entropy (NE) and ROC AUC, and the evaluation's result type.
 
 NE (He et al., "Practical Lessons from Predicting Clicks on Ads at Facebook", 2014) is the
 average log loss divided by the entropy of the base rate: NE < 1 means the model predicts
@@ -7,6 +7,7 @@ better than always answering the average click rate; lower is better.
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -43,3 +44,15 @@ def roc_auc(scores: Tensor, labels: Tensor) -> float:
         ranks[order] = mean_rank[inverse]
     pos_rank_sum = float(ranks[labels.bool()].sum())
     return (pos_rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+class EvalResult(TypedDict):
+    """NE and AUC per task after `step` training steps (gemref/train/loop.py `evaluate`)."""
+
+    step: int
+    eval_samples: int
+    eval_loss: float
+    ne_click: float
+    auc_click: float
+    ne_conversion: float
+    auc_conversion: float
