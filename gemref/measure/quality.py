@@ -1,6 +1,6 @@
 """What a technique costs in model quality: short training runs over seeds, eval NE and AUC of both tasks, against the seed-to-seed spread.
 
-Every run is `train_and_evaluate`: gemref.train.run from the preset's TrainConfig with the
+Every run is `train_and_evaluate`: gemref.measure.run.run from the preset's TrainConfig with the
 steps, the seed and a variant's changes, evaluated after its last step (NE: gemref/train/metrics.py).
 
 `quality_cost(preset, window, seeds, steps)`: the sliding window's cost. For each seed

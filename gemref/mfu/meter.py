@@ -14,7 +14,7 @@ compute seconds (gemref/mfu/timing.py `compute_seconds`):
 so E2E = local x scaling exactly (GEM's own definition). HFU is the same with executed FLOPs
 (padding and recompute included). This is torchtitan's and GEM's end-to-end MFU: total model
 FLOPs over total time, never a median of per-step rates. `mfu()` is the formula; `figures()`
-applies it to per-rank step records; `summary()` is a run's (train.run's record) and
+applies it to per-rank step records; `summary()` is a run's (the training loop's, gemref/train/loop.py) and
 gemref/waterfall/stats.py's window figures are `figures()` of a window's records.
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ The projection's step-time model (gemref/simulate/step_model.py), fed with input
   nccl-tests calibration depends on the job's scale. `calibration_ranks=2` calibrates once
   on 2 idle processes instead (the plain loopback link; it underestimates 4 ranks on 2
   cores). Nothing is assumed hidden: on CPUs gloo's threads need the cores of the compute.
-* measured: the median wall time of train_step (as train.run times it) over the timed steps.
+* measured: the median wall time of train_step (as the training loop times it) over the timed steps.
 
 Reported beside the error: the error without the host work, the model-FLOP imbalance, and
 the CPU seconds per step of the ranks' other threads (gloo's), which the formula does not
@@ -213,7 +213,7 @@ def _stretch() -> tuple[float, float]:
 
 
 def _measured_rank(rank: int, world: int, preset: Preset, train: TrainConfig, kinds: tuple, sizes):
-    """The run on R ranks, each step timed as train.run times it (train_step alone), framed by
+    """The run on R ranks, each step timed as the training loop times it (train_step alone), framed by
     time-sharing probes and followed by one timing of each calibration collective, so the link
     is sampled under the same load as the steps. Rank 0 returns it all."""
     from ..data.loader import make_loader
@@ -226,7 +226,7 @@ def _measured_rank(rank: int, world: int, preset: Preset, train: TrainConfig, ki
     for _ in range(train.steps):
         batch = next(batches)
         before = _stretch()
-        record = s.timed_step(lambda: batch)[0]          # the one step timer, as train.run times its steps
+        record = s.timed_step(lambda: batch)[0]          # the one step timer, as the training loop times its steps
         after = _stretch()
         steps.append({"step_s": record.step_s, "cpu_s": record.cpu_s, "process_cpu_s": record.process_cpu_s,
                       "stretch": (before[0] + after[0]) / 2, "probe_cpu_s": (before[1] + after[1]) / 2})

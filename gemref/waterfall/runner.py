@@ -1,7 +1,7 @@
 """The waterfall's measurement on each rank: every rung alive, interleaved windows, a profiled step.
 
 Built from gemref.train's public pieces (setup, Setup.timed_step, measure_step_memory) rather
-than train.run: a rung here is a live Setup with its own batch iterator, so the rungs can
+than measure.run: a rung here is a live Setup with its own batch iterator, so the rungs can
 take turns window by window (gemref/waterfall/schedule.py). A window is `steps_per_window`
 timed steps, each timed by the one step timer (gemref/mfu/timing.py, as `gemref train`
 times its steps). Per rank the program is
