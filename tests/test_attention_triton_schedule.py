@@ -139,7 +139,7 @@ def test_tuner_keeps_the_fastest_fitting_tiles_per_length_bucket(monkeypatch):
     import triton.runtime.errors
     import triton.testing
 
-    fake_ms = {"128x64x4x3": 3.0, "128x64x8x3": 2.0, "128x128x8x2": 1.0, "64x64x4x3": 4.0}
+    fake_ms = {"128x64x4x3": 3.0, "128x64x8x3": 2.0, "128x128x8x2": 1.0, "64x64x4x3": 4.0, "64x32x4x2": 5.0}
     launched: list[str] = []
 
     def fake_bench(fn, **kwargs):
@@ -159,10 +159,68 @@ def test_tuner_keeps_the_fastest_fitting_tiles_per_length_bucket(monkeypatch):
         return str(launch._run("fwd", Variant(), q, flags, buckets, lambda t: launched.append(str(t))))
 
     assert run((2048, 2048)) == "128x64x8x3"
-    assert launched == ["128x64x4x3", "128x64x8x3", "128x128x8x2", "64x64x4x3", "128x64x8x3"]
+    # fp32 at head dim 64: every fwd candidate fits (resources.py), each timed once, the winner launched
+    assert launched == ["128x64x4x3", "128x64x8x3", "128x128x8x2", "64x64x4x3", "64x32x4x2", "128x64x8x3"]
     run((2048, 2048))
-    assert len(launched) == 6                      # tuned once per key: one more launch, no timing
+    assert len(launched) == 7                      # tuned once per key: one more launch, no timing
     run((64, 64))
-    assert len(launched) == 11                     # a new length bucket tunes again
-    assert str(launch.tiles_for_flops("fwd", "cuda", Variant(), 64, True, False, (2048, 2048))) == "128x64x8x3"
+    assert len(launched) == 13                     # a new length bucket tunes again
+    assert str(launch.tiles_for_flops("fwd", "cuda", Variant(), 64, True, False, (2048, 2048),
+                                      torch.float32)) == "128x64x8x3"
     assert [launch.length_bucket(r, 4) for r in (0, 64, 65, 8192, 10 ** 9)] == [16, 16, 32, 2048, 8192]
+
+
+# ----------------------------------------------------------------- tile resources (resources.py)
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 128])
+@pytest.mark.parametrize("element_bytes", [2, 4])
+@pytest.mark.parametrize("pass_name", ["fwd", "dkdv", "dq"])
+def test_default_tiles_neither_spill_nor_exceed_sm90_shared_memory(pass_name, head_dim, element_bytes):
+    from gemref.attention.triton.resources import (MAX_REGISTERS, SM90_SHARED_BYTES, default_tiles,
+                                                   registers_per_thread, shared_bytes)
+    tiles = default_tiles(pass_name, head_dim, element_bytes)
+    assert registers_per_thread(pass_name, tiles, head_dim) <= MAX_REGISTERS
+    assert shared_bytes(pass_name, tiles, head_dim, element_bytes) <= SM90_SHARED_BYTES
+
+
+def test_resource_estimates_by_hand():
+    """The formulas at the tiles the review found spilling: dK/dV 32 x 128 at 4 warps, D = 128."""
+    from gemref.attention.triton.resources import REG_OVERHEAD, fits, registers_per_thread, shared_bytes
+    from gemref.attention.triton.variant import Tiles
+    old = Tiles(32, 128, 4, 3)
+    # dK, dV: 2 x 128 x 128 fp32 = 256 per thread of 128; S^T, dA^T: 2 x 128 x 32 = 64 more
+    assert registers_per_thread("dkdv", old, 128) == 256 + 64 + REG_OVERHEAD
+    # fp32: 3 stages x (Q, dO 2 x 32 x 128) + K, V 2 x 128 x 128 + W^T, dS^T 2 x 128 x 32, x 4 bytes = 256 KiB
+    assert shared_bytes("dkdv", old, 128, 4) == 256 * 1024
+    assert not fits("dkdv", old, 128, 2) and fits("dkdv", Tiles(32, 128, 8, 3), 128, 2)
+    # forward 128 x 64 at 4 warps, bf16, D = 128: (128 x 128 + 128 x 64) / 128 + overhead; 144 KiB
+    assert registers_per_thread("fwd", Tiles(128, 64, 4, 3), 128) == 192 + REG_OVERHEAD
+    assert shared_bytes("fwd", Tiles(128, 64, 4, 3), 128, 2) == 144 * 1024
+
+
+def test_no_fitting_tile_is_a_clear_error():
+    from gemref.attention.triton.resources import fitting
+    from gemref.attention.triton.variant import Tiles
+    with pytest.raises(ValueError, match="no dkdv tile .* fits head dim 256"):
+        fitting("dkdv", (Tiles(32, 128, 4, 3),), 256, 4)
+    with pytest.raises(ValueError, match="pass 'bwd'"):
+        fitting("bwd", (Tiles(32, 128, 4, 3),), 64, 2)
+
+
+def test_tuner_times_only_the_candidates_that_fit(monkeypatch):
+    """fp32 at head dim 128: the forward's larger tiles exceed sm_90's shared memory and are not timed."""
+    import triton.testing
+
+    from gemref.attention.triton.resources import candidates
+    timed: list[str] = []
+
+    def fake_bench(fn, **kwargs):
+        fn()
+        return float(len(timed))
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
+    monkeypatch.setattr(launch, "planned_tiles", lambda *args: None)
+    monkeypatch.setattr(launch, "_tuned", {})
+    monkeypatch.setattr(launch, "_last_tiles", {})
+    q = torch.zeros(8, 2, 128)
+    launch._run("fwd", Variant(), q, dict(CAUSAL=True, HAS_WINDOW=False), (64, 64), lambda t: timed.append(str(t)))
+    assert timed[:-1] == [str(t) for t in candidates("fwd", 128, 4)] == ["64x32x4x2"]

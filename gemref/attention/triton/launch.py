@@ -1,8 +1,9 @@
 """Launching the Triton GDPA kernels: input guards, tile choice (fixed or autotuned), schedules.
 
 Tiles per pass come from, first match wins: the variant's fixed tiles (fwd=/dkdv=/dq=); the
-interpreter's 16 x 16; DEFAULT_TILES when autotune=0; else the fastest of TILE_CANDIDATES,
-timed once per key (head dim, activation, mask, dtype, variant, and the bucket of the mean
+interpreter's 16 x 16; with autotune=0 the first of TILE_CANDIDATES that fits the head dim and
+dtype (resources.py: no register spill, shared memory within sm_90's); else the fastest of the
+fitting candidates, timed once per key (head dim, activation, mask, dtype, variant, and the bucket of the mean
 query and key lengths: the power of two >= T / B, from shapes alone, no host sync). A
 candidate that does not fit the GPU (OutOfResources, ptxas errors) is skipped. The tiles a pass last ran
 with are remembered per (variant, head dim, mask, buckets) for the executed-FLOP count.
@@ -16,7 +17,8 @@ import torch
 from torch import Tensor
 
 from .schedule import cached_schedule
-from .variant import DEFAULT_TILES, INTERPRET_TILES, TILE_CANDIDATES, Tiles, Variant
+from .resources import candidates, default_tiles
+from .variant import INTERPRET_TILES, Tiles, Variant
 
 LOG2E = 1.4426950408889634
 _kernels: dict[str, object] = {}
@@ -50,14 +52,18 @@ def length_bucket(rows: int, batch: int) -> int:
     return bucket
 
 
-def planned_tiles(pass_name: str, variant: Variant, device_type: str) -> Tiles | None:
+def element_bytes(dtype: torch.dtype) -> int:
+    return 4 if dtype == torch.float32 else 2
+
+
+def planned_tiles(pass_name: str, variant: Variant, device_type: str, head_dim: int, dtype: torch.dtype) -> Tiles | None:
     """Tiles known without timing anything; None: autotune decides."""
     fixed = variant.fixed_tiles(pass_name)
     if fixed is not None:
         return fixed
     if device_type != "cuda" or interpreted():
         return INTERPRET_TILES
-    return None if variant.autotune else DEFAULT_TILES[pass_name]
+    return None if variant.autotune else default_tiles(pass_name, head_dim, element_bytes(dtype))
 
 
 def _flop_key(pass_name, variant, head_dim, causal, has_window, buckets) -> tuple:
@@ -65,37 +71,39 @@ def _flop_key(pass_name, variant, head_dim, causal, has_window, buckets) -> tupl
 
 
 def tiles_for_flops(pass_name: str, device_type: str, variant: Variant, head_dim: int, causal: bool,
-                    has_window: bool, buckets: tuple[int, int]) -> Tiles:
+                    has_window: bool, buckets: tuple[int, int], dtype: torch.dtype = torch.bfloat16) -> Tiles:
     """The tiles a pass runs with: planned, else the last tuned choice for this key, else the default."""
-    planned = planned_tiles(pass_name, variant, device_type)
+    planned = planned_tiles(pass_name, variant, device_type, head_dim, dtype)
     key = _flop_key(pass_name, variant, head_dim, causal, has_window, buckets)
-    return planned or _last_tiles.get(key, DEFAULT_TILES[pass_name])
+    return planned or _last_tiles.get(key) or default_tiles(pass_name, head_dim, element_bytes(dtype))
 
 
-def _tune(pass_name: str, launch) -> Tiles:
-    """The fastest candidate; those that do not fit or compile are skipped (as triton.autotune does)."""
+def _tune(pass_name: str, launch, head_dim: int, dtype: torch.dtype) -> Tiles:
+    """The fastest fitting candidate; those that still fail to fit or compile are skipped (as
+    triton.autotune does)."""
     from triton.compiler.errors import CompileTimeAssertionFailure
     from triton.runtime.errors import OutOfResources, PTXASError
     from triton.testing import do_bench
 
     times = {}
-    for tiles in TILE_CANDIDATES[pass_name]:
+    tried = candidates(pass_name, head_dim, element_bytes(dtype))
+    for tiles in tried:
         try:
             times[tiles] = do_bench(lambda: launch(tiles), warmup=5, rep=20, return_mode="median")
         except (OutOfResources, CompileTimeAssertionFailure, PTXASError):
             continue
     if not times:
-        raise RuntimeError(f"no tile candidate of the {pass_name} pass fits this GPU: {TILE_CANDIDATES[pass_name]}")
+        raise RuntimeError(f"no tile candidate of the {pass_name} pass fits this GPU: {[str(t) for t in tried]}")
     return min(times, key=times.get)
 
 
 def _run(pass_name: str, variant: Variant, q: Tensor, flags: dict, buckets, launch) -> Tiles:
     """Choose the pass's tiles (tuning on first use of a key) and launch it with them."""
-    tiles = planned_tiles(pass_name, variant, q.device.type)
+    tiles = planned_tiles(pass_name, variant, q.device.type, q.shape[-1], q.dtype)
     if tiles is None:
         key = (pass_name, variant.spec(), q.dtype, *sorted(flags.items()), buckets)
         if key not in _tuned:
-            _tuned[key] = _tune(pass_name, launch)
+            _tuned[key] = _tune(pass_name, launch, q.shape[-1], q.dtype)
         tiles = _tuned[key]
     _last_tiles[_flop_key(pass_name, variant, q.shape[-1], flags["CAUSAL"], flags["HAS_WINDOW"], buckets)] = tiles
     launch(tiles)

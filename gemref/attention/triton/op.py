@@ -64,10 +64,12 @@ def _variant(text: str) -> Variant:
 
 def triton_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: int, head_dim: int,
                           causal: bool, window: int | None, *,
-                          variant: Variant | str | None = None) -> tuple[int, int]:
+                          variant: Variant | str | None = None,
+                          dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
     """(forward, backward) matmul FLOPs of the tiles the kernels visit, with the tiles the
-    variant runs on the lengths' device: forward 2 matmuls per (query tile, key tile),
-    backward 4 in dK/dV + 3 in dQ (bwd=split) or 5 in one kernel (bwd=atomic)."""
+    variant runs on the lengths' device for inputs of `dtype` (the tiles that fit depend on it):
+    forward 2 matmuls per (query tile, key tile), backward 4 in dK/dV + 3 in dQ (bwd=split) or
+    5 in one kernel (bwd=atomic)."""
     variant = resolve_variant(variant)
     device_type = q_lengths.device.type
     q_off, kv_off = (lengths_to_offsets(lens.to(torch.int64)).cpu() for lens in (q_lengths, kv_lengths))
@@ -75,7 +77,7 @@ def triton_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: int, hea
     buckets = (length_bucket(int(q_off[-1]), batch), length_bucket(int(kv_off[-1]), batch))
 
     def flops(pass_name: str, kind: str, matmuls: int) -> int:
-        t = tiles_for_flops(pass_name, device_type, variant, head_dim, causal, window is not None, buckets)
+        t = tiles_for_flops(pass_name, device_type, variant, head_dim, causal, window is not None, buckets, dtype)
         pairs = tile_pairs(q_off, kv_off, kind, t.block_m, t.block_n, causal, window)
         return matmuls * 2 * t.block_m * t.block_n * head_dim * heads * pairs
 
@@ -136,14 +138,14 @@ gdpa_triton_fwd.register_autograd(_backward_op, setup_context=_setup_context)
 def _fwd_flop(q, k, v, q_offsets, kv_offsets, activation, causal, window, qk_scale, out_scale, variant,
               *args, out_val=None, **kwargs) -> int:
     return triton_executed_flops(offsets_to_lengths(q_offsets), offsets_to_lengths(kv_offsets), q.shape[1],
-                                 q.shape[2], causal, window or None, variant=variant)[0]
+                                 q.shape[2], causal, window or None, variant=variant, dtype=q.dtype)[0]
 
 
 @register_flop_formula(torch.ops.gemref.gdpa_triton_bwd, get_raw=True)
 def _bwd_flop(grad_out, q, k, v, out, lse, q_offsets, kv_offsets, activation, causal, window,
               qk_scale, out_scale, variant, *args, out_val=None, **kwargs) -> int:
     return triton_executed_flops(offsets_to_lengths(q_offsets), offsets_to_lengths(kv_offsets), q.shape[1],
-                                 q.shape[2], causal, window or None, variant=variant)[1]
+                                 q.shape[2], causal, window or None, variant=variant, dtype=q.dtype)[1]
 
 
 def _last_dim_contiguous(x: Tensor) -> Tensor:

@@ -15,9 +15,10 @@ tests/test_attention_triton.py checks each one forward and backward). Flags:
   bwd=split        deterministic backward: a dK/dV kernel and a dQ kernel (7 matmuls per tile
                    pair); bwd=atomic: one kernel, dQ accumulated with fp32 atomics (5 matmuls;
                    the summation order, hence the last bits of dQ, varies between runs).
-  autotune=1       CUDA only: time the TILE_CANDIDATES of each pass once per key (head dim,
-                   activation, mask, dtype, flags, mean-length bucket) and keep the fastest;
-                   autotune=0 uses DEFAULT_TILES. The interpreter never tunes.
+  autotune=1       CUDA only: time the TILE_CANDIDATES of each pass that fit (resources.py)
+                   once per key (head dim, activation, mask, dtype, flags, mean-length bucket)
+                   and keep the fastest; autotune=0 runs the first that fits. The interpreter
+                   never tunes.
   fwd=BMxBNxWxS    fixed tiles of one pass (also dkdv=, dq=): BLOCK_M x BLOCK_N, num_warps,
                    num_stages; overrides autotune for that pass (honoured by the interpreter).
   cache_schedule=1 keep each batch's work schedule (keyed by the offsets tensors' identity and
@@ -79,13 +80,16 @@ class Tiles:
         return f"{self.block_m}x{self.block_n}x{self.num_warps}x{self.num_stages}"
 
 
-# CUDA defaults (the kernel's tiles before variants existed) and the autotuning candidates;
-# 128 x 128 at 8 warps is the largest tile that compiles without spills at D = 128 on sm_90.
-DEFAULT_TILES = {"fwd": Tiles(128, 64, 4, 3), "dkdv": Tiles(32, 128, 4, 3), "dq": Tiles(128, 32, 4, 3)}
+# CUDA tiles per pass, in order of preference: autotune=1 times those that fit the head dim and
+# dtype (gemref/attention/triton/resources.py: no spill, shared memory within sm_90's), autotune=0
+# runs the first that fits. bf16 at head dims 16..128 gets the first of each list; fp32 at 128
+# falls to smaller tiles. The earlier dK/dV default, 32 x 128 at 4 warps, spilled at head dim 128.
 TILE_CANDIDATES = {
-    "fwd": (Tiles(128, 64, 4, 3), Tiles(128, 64, 8, 3), Tiles(128, 128, 8, 2), Tiles(64, 64, 4, 3)),
-    "dkdv": (Tiles(32, 128, 4, 3), Tiles(64, 128, 8, 2), Tiles(32, 64, 4, 3)),
-    "dq": (Tiles(128, 32, 4, 3), Tiles(128, 64, 8, 2), Tiles(64, 64, 4, 3)),
+    "fwd": (Tiles(128, 64, 4, 3), Tiles(128, 64, 8, 3), Tiles(128, 128, 8, 2), Tiles(64, 64, 4, 3),
+            Tiles(64, 32, 4, 2)),
+    "dkdv": (Tiles(32, 128, 8, 3), Tiles(64, 128, 8, 2), Tiles(32, 64, 4, 3), Tiles(32, 64, 4, 2),
+             Tiles(16, 64, 4, 2)),
+    "dq": (Tiles(128, 32, 4, 3), Tiles(128, 64, 8, 2), Tiles(64, 64, 4, 3), Tiles(64, 32, 4, 2)),
 }
 INTERPRET_TILES = Tiles(16, 16, 1, 1)   # the interpreter: tiny tiles, warps/stages ignored
 
@@ -98,7 +102,7 @@ class Variant:
     bwd: str = "split"
     autotune: bool = True
     cache_schedule: bool = True
-    fwd: str = ""        # fixed tiles per pass ("" = autotuned or DEFAULT_TILES)
+    fwd: str = ""        # fixed tiles per pass ("" = autotuned, or the first fitting candidate)
     dkdv: str = ""
     dq: str = ""
 
