@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Callable
 
-from .options import data_dir
+from .options import data_dir, peak_tflops
 from .errors import UsageError
 from .runtime.interrupt import Interrupted, signals_raise
 
@@ -35,6 +35,9 @@ COMMANDS = (
     "gemref.commands.simulate",
     "gemref.commands.notebooks",
 )
+PEAK_HELP = ("one device's dense peak TFLOP/s per dtype, e.g. bf16=989,fp32=67, for a GPU the datasheet table "
+             "lacks (or to override it); MFUs then divide by it, labelled as given by the user (sets "
+             "$GEMREF_PEAK_TFLOPS, which spawned ranks and notebook kernels read)")
 DATA_HELP = ("folder of the generated datasets (overrides $GEMREF_DATA_DIR; default: data/generated in a "
              "source checkout, else ~/.cache/gemref/data); also passed to spawned ranks and notebook kernels")
 
@@ -80,12 +83,16 @@ def build_parser() -> LazyParser:
     parser = LazyParser(prog="gemref", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     parser.add_argument("--data", metavar="DIR", type=data_dir, default=argparse.SUPPRESS, help=DATA_HELP)
+    parser.add_argument("--peak-tflops", metavar="DTYPE=TFLOPS", type=peak_tflops, default=argparse.SUPPRESS,
+                        help=PEAK_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=LazyParser)
     for path in COMMANDS:
         module = importlib.import_module(path)
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP, configure=module.configure)
         p.add_argument("--data", metavar="DIR", type=data_dir, default=argparse.SUPPRESS,
                        help="folder of the generated datasets (overrides $GEMREF_DATA_DIR; see gemref --help)")
+        p.add_argument("--peak-tflops", metavar="DTYPE=TFLOPS", type=peak_tflops, default=argparse.SUPPRESS,
+                       help=PEAK_HELP)
     return parser
 
 
@@ -104,9 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    saved = os.environ.get("GEMREF_DATA_DIR")
-    if getattr(args, "data", None):      # the env var reaches spawned ranks and notebook kernels
+    saved = {name: os.environ.get(name) for name in ("GEMREF_DATA_DIR", "GEMREF_PEAK_TFLOPS")}
+    if getattr(args, "data", None):      # the env vars reach spawned ranks and notebook kernels
         os.environ["GEMREF_DATA_DIR"] = os.path.abspath(args.data)
+    if getattr(args, "peak_tflops", None):
+        os.environ["GEMREF_PEAK_TFLOPS"] = args.peak_tflops
     try:
         with signals_raise():
             from .env import check_environment   # every knob, before any command's work (imports torch)
@@ -120,10 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{command_parser.prog}: {e}", file=sys.stderr)
         return e.exit_code
     finally:
-        if saved is None:
-            os.environ.pop("GEMREF_DATA_DIR", None)
-        else:
-            os.environ["GEMREF_DATA_DIR"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 if __name__ == "__main__":

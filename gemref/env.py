@@ -27,7 +27,7 @@ from .errors import UsageError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Environment variables that change what a run computes or how fast: every record names them.
-KNOBS = ("GEMREF_GDPA", "GEMREF_CPU_GEMM", "OMP_NUM_THREADS", "TRITON_INTERPRET")
+KNOBS = ("GEMREF_GDPA", "GEMREF_CPU_GEMM", "GEMREF_PEAK_TFLOPS", "OMP_NUM_THREADS", "TRITON_INTERPRET")
 
 
 def _refuse(name: str, value: str, valid: str) -> UsageError:
@@ -80,12 +80,47 @@ def env_folder(name: str) -> Path | None:
     return Path(value)
 
 
+PEAK_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8")
+
+
+PEAKS_VALID = f"dtype=TFLOPS pairs joined by commas, e.g. bf16=989,fp32=67 (dtypes: {', '.join(PEAK_DTYPES)})"
+
+
+def parse_peaks(text: str) -> dict[str, float] | None:
+    """"bf16=989,fp32=67" -> {dtype: TFLOP/s}; None when malformed (an unknown dtype, a number
+    that is not finite and > 0, a dtype given twice)."""
+    out: dict[str, float] = {}
+    for item in text.split(","):
+        dtype, _, number = (part.strip() for part in item.partition("="))
+        try:
+            tflops = float(number)
+        except ValueError:
+            return None
+        if dtype not in PEAK_DTYPES or not 0 < tflops < float("inf") or dtype in out:
+            return None
+        out[dtype] = tflops
+    return out
+
+
+def env_peaks(name: str = "GEMREF_PEAK_TFLOPS") -> dict[str, float]:
+    """$name as {dtype: dense peak TFLOP/s of ONE device} (`parse_peaks`); {} when unset. The user's
+    own figure for a device the datasheet table lacks (or to override it), labelled as given by the
+    user wherever it is used."""
+    value = os.environ.get(name)
+    if value is None:
+        return {}
+    peaks = parse_peaks(value)
+    if peaks is None:
+        raise _refuse(name, value, PEAKS_VALID)
+    return peaks
+
+
 # Every variable gemref reads, with its check (GEMREF_GDPA: attention/triton/variant.py, read
 # on the Triton path and checked by train/compose.setup).
 CPU_GEMM_MODES = ("auto", "blas", "onednn")       # GEMREF_CPU_GEMM (precision/fast_linear.py)
 CHECKS = {"GEMREF_CPU_GEMM": lambda name: env_choice(name, CPU_GEMM_MODES, "auto"),
           "GEMREF_MAX_RANKS": env_count, "GEMREF_CACHE_DIR": env_folder, "GEMREF_DATA_DIR": env_folder,
-          "OMP_NUM_THREADS": env_threads}
+          "GEMREF_PEAK_TFLOPS": env_peaks, "OMP_NUM_THREADS": env_threads}
 
 
 def check_environment() -> None:

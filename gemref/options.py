@@ -197,3 +197,12 @@ def split_pairs(pairs: list[str] | None, flag: str) -> dict[str, str]:
             raise UsageError(f"{flag} {key.strip()} given twice")
         out[key.strip()] = value
     return out
+
+
+def peak_tflops(text: str) -> str:
+    """--peak-tflops: "bf16=989,fp32=67" checked as GEMREF_PEAK_TFLOPS is (gemref/env.py parse_peaks)."""
+    from .env import PEAKS_VALID, parse_peaks   # imports torch: only when the flag is given
+
+    if parse_peaks(text) is None:
+        raise argparse.ArgumentTypeError(f"{text!r}; valid: {PEAKS_VALID}")
+    return text

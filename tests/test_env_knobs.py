@@ -24,6 +24,8 @@ GARBAGE = {
     "OMP_NUM_THREADS": ["", " ", "-1", "0", "abc", "1.5", "/tmp/x", "../x", "4,", ",4", "4,0", "²"],
     "GEMREF_CACHE_DIR": PATHS,
     "GEMREF_DATA_DIR": PATHS,
+    "GEMREF_PEAK_TFLOPS": ["", " ", "989", "bf16", "bf16=", "bf16=-1", "bf16=0", "bf16=inf", "bf16=nan",
+                           "fp64=10", "bf16=1,bf16=2", "bf16=1;fp32=2", "H100=989"],
 }
 CASES = [(name, value) for name, values in GARBAGE.items() for value in values]
 READERS = {
@@ -33,6 +35,7 @@ READERS = {
     "OMP_NUM_THREADS": [env.knobs],
     "GEMREF_CACHE_DIR": [lambda: env.cache_root(), build.cache_dir, peak.cache_path, fetch.wheel_cache],
     "GEMREF_DATA_DIR": [shards.default_data_root],
+    "GEMREF_PEAK_TFLOPS": [env.env_peaks, lambda: peak.peak_flops("cpu", "fp32")],
 }
 
 
@@ -67,7 +70,8 @@ def test_each_reader_refuses_garbage_naming_the_variable(monkeypatch, tmp_path, 
     ("OMP_NUM_THREADS", "4,1", lambda: env.knobs()["OMP_NUM_THREADS"], "4,1"),
     ("GEMREF_GDPA", "silu_tanh,schedule=grouped", lambda: variant.current_variant().schedule, "grouped"),
     ("GEMREF_CACHE_DIR", "relative/cache", lambda: str(env.cache_root()), "relative/cache"),
-    ("GEMREF_DATA_DIR", "/srv/data", lambda: str(shards.default_data_root()), "/srv/data")])
+    ("GEMREF_DATA_DIR", "/srv/data", lambda: str(shards.default_data_root()), "/srv/data"),
+    ("GEMREF_PEAK_TFLOPS", " bf16 = 989 ,fp32=67", env.env_peaks, {"bf16": 989.0, "fp32": 67.0})])
 def test_valid_values_are_read(monkeypatch, name, value, read, expected):
     monkeypatch.setenv(name, value)
     env.check_environment()

@@ -263,6 +263,31 @@ def test_the_cuda_peak_uses_the_exact_device_name(monkeypatch):
         peak.gpu_peak("NVIDIA B200", "fp64")
 
 
+def test_a_user_given_peak_is_used_and_labelled_on_an_unknown_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA B300 SXM6 AC")
+    assert peak.peak_flops("cuda", "bf16").flops is None            # not in the table: N/A, not a neighbour's row
+    assert "GEMREF_PEAK_TFLOPS" in peak.peak_flops("cuda", "bf16").source
+    monkeypatch.setenv("GEMREF_PEAK_TFLOPS", "bf16=2250,fp32=75")
+    given = peak.peak_flops("cuda", "bf16")
+    assert given.flops == pytest.approx(2250e12) and "given by the user" in given.source
+    assert peak.peak_flops("cuda", "fp8").flops is None             # a dtype not given borrows nothing
+    assert peak.peak_flops("cpu", "fp32").flops == pytest.approx(75e12)   # any device: the user's word wins
+
+
+def test_the_peak_flag_reaches_the_run_and_is_refused_when_malformed(monkeypatch, capsys):
+    from gemref import cli
+
+    seen = {}
+    monkeypatch.setattr("gemref.commands.peak.run", lambda args: seen.update(
+        peak=peak.peak_flops("cuda", "bf16").flops) or 0)
+    monkeypatch.delenv("GEMREF_PEAK_TFLOPS", raising=False)
+    assert cli.main(["peak", "--peak-tflops", "bf16=1000"]) == 0
+    assert seen["peak"] == pytest.approx(1000e12) and "GEMREF_PEAK_TFLOPS" not in os.environ   # restored after
+    assert cli.main(["peak", "--peak-tflops", "bf16=fast"]) == 2
+    err = capsys.readouterr().err
+    assert "--peak-tflops" in err and err.count("\n") == 1
+
+
 # ---------------------------------------------------------------- `gemref peak`
 def gemref_peak(*args, env=None):
     root = Path(__file__).resolve().parents[1]

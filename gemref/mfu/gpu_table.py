@@ -93,7 +93,8 @@ def gpu_peak_flops(name: str, dtype: str) -> tuple[float | None, str]:
         raise ValueError(f"dtype={dtype!r}; valid: {', '.join(DTYPES)}")
     found = lookup(name)
     if found is None:
-        return None, f"{name!r} is not in the GPU table (exact names only): MFU N/A"
+        return None, (f"{name!r} is not in the GPU table (exact names only): MFU N/A; give its dense peak as "
+                      "GEMREF_PEAK_TFLOPS=DTYPE=TFLOPS (or --peak-tflops)")
     device, spec = found
     flops = spec.flops(dtype)
     if flops is None:

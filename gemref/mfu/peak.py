@@ -2,7 +2,10 @@
 for CPUs.
 
 * GPU (gemref/mfu/gpu_table.py): exact device names only; an unknown GPU has no peak
-  (MFU = None, shown as "N/A"), never another GPU's figure.
+  (MFU = None, shown as "N/A"), never another GPU's figure, unless the user gives its peak:
+  GEMREF_PEAK_TFLOPS="bf16=989,fp32=67" (dense TFLOP/s of one device per dtype; the CLI's
+  --peak-tflops sets it), which takes precedence on any device and is labelled "given by the
+  user" in every record and table.
 * CPU (gemref/mfu/cpu_probe.py): per dtype (fp32, bf16), the best GEMM rate any torch path
   reaches on this machine in that dtype (BLAS, oneDNN, packed variants, ...), with that dtype's
   ISA ceiling beside it (AVX-512/AVX2 FMA for fp32; AMX-BF16, AVX512-BF16 or the fp32 FMAs for
@@ -30,7 +33,7 @@ from pathlib import Path
 import torch
 
 from ..runtime.files import private_path, write_json
-from ..env import CpuInfo, cache_root, cpu_info
+from ..env import CpuInfo, cache_root, cpu_info, env_peaks
 from .cpu_probe import CONTENDED_BELOW, isa_ceiling, measure_clock_hz, probe
 from .gpu_table import gpu_peak_flops
 
@@ -236,6 +239,10 @@ def peak_flops(device: torch.device | str, dtype: str) -> Peak:
     dtype's. Which dtype a run's MFU divides by is gemref/mfu/meter.py `gemm_dtype`'s call.
     """
     device = torch.device(device)
+    given = env_peaks()
+    if dtype in given:
+        return Peak(given[dtype] * 1e12, f"given by the user (GEMREF_PEAK_TFLOPS {dtype}={given[dtype]:g}), "
+                    f"not a datasheet or measured figure", dtype, "user override")
     if device.type == "cuda":
         return gpu_peak(device_name(device), dtype)
     if device.type == "cpu":
