@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -163,6 +164,49 @@ def versions() -> dict:
     except (OSError, subprocess.SubprocessError):
         sha = None
     return {"torch": torch.__version__, "gemref": __version__, "git_sha": sha}
+
+
+# The packages whose builds pair with one torch (requirements-gpu.txt says where each pairing is from).
+FBGEMM_FOR_TORCH = {"2.10": "1.5", "2.11": "1.6", "2.12": "1.7", "2.13": "1.8"}   # torchrec has fbgemm's number
+TORCHAO_MIN_TORCH = {"0.18": "2.11"}
+
+
+def _installed(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def paired_versions(installed=_installed, requires=None, cuda: bool | None = None) -> list[str]:
+    """What in this environment does not pair with its torch (empty: all paired): Triton other than
+    the one torch's wheel requires; fbgemm-gpu/torchrec of another torch's release, or fbgemm's CPU
+    build beside a CUDA torch; a torchao older than torch's. `installed`, `requires` and `cuda` are
+    the lookups (package -> version or None, torch's Requires-Dist, torch.version.cuda set), for tests."""
+    torch_version = installed("torch") or torch.__version__
+    requires = (importlib.metadata.requires("torch") or []) if requires is None else requires
+    cuda = torch.version.cuda is not None if cuda is None else cuda
+    problems = []
+    wanted = [r.split(";")[0].split("==")[1].strip() for r in requires if r.replace(" ", "").startswith("triton==")]
+    triton = installed("triton")
+    if wanted and triton and triton != wanted[0]:
+        problems.append(f"triton {triton} is installed, torch {torch_version} was built with triton {wanted[0]}")
+    pair = FBGEMM_FOR_TORCH.get(_minor(torch_version))
+    for name in ("fbgemm-gpu", "fbgemm-gpu-cpu", "torchrec"):
+        version = installed(name)
+        if version and pair and _minor(version) != pair:
+            problems.append(f"{name} {version} pairs with another torch: torch {_minor(torch_version)} takes {pair}.x")
+    if cuda and installed("fbgemm-gpu-cpu"):
+        problems.append("fbgemm-gpu-cpu (CPU kernels only) is installed beside a CUDA torch: install fbgemm-gpu")
+    ao = installed("torchao")
+    need = TORCHAO_MIN_TORCH.get(_minor(ao)) if ao else None
+    if need and tuple(map(int, _minor(torch_version).split("."))) < tuple(map(int, need.split("."))):
+        problems.append(f"torchao {ao} needs torch >= {need}, torch is {torch_version}")
+    return problems
 
 
 @dataclass(frozen=True)

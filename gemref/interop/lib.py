@@ -8,15 +8,18 @@ here, every other warning passes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import logging
 import warnings
 from types import ModuleType
 
+from ..env import paired_versions
 from ..errors import UsageError
 
-INSTALL_HINT = ("pip install --no-deps torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0 plus their pure-Python needs "
-                "(requirements-nodeps.txt; `make venv` installs them)")
+log = logging.getLogger(__name__)
+INSTALL_HINT = ("on CPU: pip install --no-deps torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0 plus their pure-Python needs "
+                "(requirements-nodeps.txt; `make venv` installs them); beside a CUDA torch: requirements-gpu.txt")
 
 
 def torchrec() -> ModuleType:
@@ -29,7 +32,15 @@ def torchrec() -> ModuleType:
     except (ImportError, OSError, RuntimeError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"TorchRec is not usable here ({type(e).__name__}: {reason}); {INSTALL_HINT}") from e
+    _warn_unpaired()
     return module
+
+
+@functools.cache
+def _warn_unpaired() -> None:
+    """Once per process: what does not pair with this torch (gemref/env.py paired_versions)."""
+    for problem in paired_versions():
+        log.warning("TorchRec loaded, but %s (requirements-gpu.txt lists the pairs)", problem)
 
 
 def available() -> bool:
