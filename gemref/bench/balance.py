@@ -7,8 +7,9 @@ batch with each policy and report, per policy, the medians over batches of
   imbalance = max / mean per-rank cost   (1.0 = perfect)
   idle      = sum_r (max - cost_r) / (R * max), the share of rank-time spent waiting for
               the straggler at the gradient all-reduce
-  part_ms   = time of the partitioner itself (it runs on every rank, every step)
-  lower_bound = max(dearest sample, mean) / mean: no partition of that batch can do better.
+  plan_ms   = time of the partitioner itself (it runs on every rank, every step)
+  lower_bound = max(dearest sample, mean) / mean: no partition of that batch can do better
+(gemref/balance/compare.py `compare`, the one comparison, computes them).
 
 --measure: R one-thread gloo ranks run the real GEM training step on each global batch split
 by round_robin and by kk in turn, the gradient all-reduce timed apart; the split prices samples
