@@ -39,6 +39,7 @@ def check_cover(parts, n, ranks, min_per_rank=0):
 def test_sample_cost_formula_and_validation():
     c = SampleCost(3.0, 2.0, 0.5)
     np.testing.assert_allclose(c.cost([0, 1, 10]), [3.0, 5.5, 3 + 20 + 50])
+    np.testing.assert_allclose(SampleCost(per_token=2.0, per_token_sq=0.5).cost([0, 10]), [0.0, 70.0])
     assert c.cost(np.array([4.0])).dtype == np.float64
     with pytest.raises(ValueError, match="per_token_sq"):
         SampleCost(1.0, 1.0, -1.0)

@@ -53,11 +53,12 @@ def check_costs(costs, name: str = "costs") -> np.ndarray:
 @dataclass(frozen=True)
 class SampleCost:
     """Cost of a sample with a history of L events: per_sample + per_token*L + per_token_sq*L^2,
-    in the coefficients' unit (seconds from `calibrate`, or FLOPs of forward + backward)."""
+    in the coefficients' unit (seconds from `calibrate`, or FLOPs of forward + backward).
+    `SampleCost(per_token=a, per_token_sq=b)` is a*L + b*L^2."""
 
-    per_sample: float      # c0: work independent of L (non-sequence features, head)
-    per_token: float       # c1: work per history event (projections, FFN)
-    per_token_sq: float    # c2: work per pair of events (attention)
+    per_sample: float = 0.0      # c0: work independent of L (non-sequence features, head)
+    per_token: float = 0.0       # c1: work per history event (projections, FFN)
+    per_token_sq: float = 0.0    # c2: work per pair of events (attention)
 
     def __post_init__(self) -> None:
         for name in ("per_sample", "per_token", "per_token_sq"):

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         if fit:
             print(f"\ncalibrated GEM step cost (s): per_sample {fit['per_sample_s']:.3g}, per_token "
                   f"{fit['per_token_s']:.3g}, per_token^2 {fit['per_token_sq_s']:.3g}, per_step {fit['per_step_s']:.3g} "
-                  f"(rel RMS error {fit['rel_rms_error']:.1%})")
+                  f"(rel RMS error {fit['rel_rms_error']:.1%}, R^2 {fit['r2']:.3f})")
         else:
             print(f"\nsplit by model FLOPs per sample of the {args.preset} preset (as `gemref train --balance kk`)")
         if args.ranks + load_1min > (os.cpu_count() or 1):

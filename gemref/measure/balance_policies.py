@@ -149,4 +149,5 @@ def calibrate_gem(preset: str, max_len: int, pool: np.ndarray, n_batches: int = 
 def calibration_record(fit: Calibration) -> dict:
     """A calibrate_gem fit as the record's `calibration` entry (seconds per sample, event, event^2, step)."""
     return {"per_sample_s": fit.cost.per_sample, "per_token_s": fit.cost.per_token,
-            "per_token_sq_s": fit.cost.per_token_sq, "per_step_s": fit.per_step, "rel_rms_error": fit.rel_rms_error}
+            "per_token_sq_s": fit.cost.per_token_sq, "per_step_s": fit.per_step, "rel_rms_error": fit.rel_rms_error,
+            "r2": fit.r2}
