@@ -31,7 +31,8 @@ def forward_loss(model: nn.Module, batch: JaggedBatch, autocast_dtype: torch.dty
                  normalizer: int | None = None) -> Tensor:
     """The training forward: logits under autocast (if `autocast_dtype`), then the loss in fp32
     (the compiled loss region when the model is compiled). `normalizer` divides the summed
-    loss: the global batch size when ranks hold parts of it (None: this batch's size)."""
+    loss: `gemref.balance.loss_divisor` of the global batch when ranks hold parts of it (None:
+    this batch's size)."""
     device_type = batch.values.device.type
     with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
         logits = model(batch)

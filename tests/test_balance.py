@@ -1,4 +1,5 @@
-"""gemref.balance: cost model, calibration, partitioners (vs exhaustive optimum), loss scaling (2 gloo ranks)."""
+"""gemref.balance: cost model, calibration, partitioners (vs exhaustive optimum), the loss rule (2 gloo ranks,
+and the sampler on a model gemref did not define)."""
 import itertools
 import math
 
@@ -7,8 +8,10 @@ import pytest
 import torch
 from hypothesis import assume, given, settings, strategies as st
 
-from gemref.balance import (POLICIES, SampleCost, _nnls, calibrate, idle_fraction, imbalance, karmarkar_karp,
-                            lpt, partition, rank_loads, rank_loss_scale, refine, round_robin, sorted_chunk)
+from gemref.balance import (POLICIES, SampleCost, calibrate, idle_fraction, imbalance, karmarkar_karp, loss_divisor,
+                            lpt, partition, rank_loads, refine, round_robin, sample_costs, sorted_chunk)
+from gemref.balance.cost import _nnls
+from gemref.data.sampler import BalancedDistributedBatchSampler
 
 # Heavy-tailed costs: mostly small, a few huge, ties and zeros included.
 heavy_cost = st.one_of(st.integers(0, 10).map(float), st.floats(0, 1e3), st.floats(1e3, 1e9),
@@ -36,6 +39,7 @@ def check_cover(parts, n, ranks, min_per_rank=0):
 def test_sample_cost_formula_and_validation():
     c = SampleCost(3.0, 2.0, 0.5)
     np.testing.assert_allclose(c.cost([0, 1, 10]), [3.0, 5.5, 3 + 20 + 50])
+    np.testing.assert_allclose(SampleCost(per_token=2.0, per_token_sq=0.5).cost([0, 10]), [0.0, 70.0])
     assert c.cost(np.array([4.0])).dtype == np.float64
     with pytest.raises(ValueError, match="per_token_sq"):
         SampleCost(1.0, 1.0, -1.0)
@@ -59,7 +63,15 @@ def test_calibrate_recovers_coefficients():
     fit = calibrate(lengths_list, times)
     np.testing.assert_allclose([fit.cost.per_sample, fit.cost.per_token, fit.cost.per_token_sq, fit.per_step],
                                [2e-4, 3e-6, 4e-8, 1e-3], rtol=1e-6)
-    assert fit.rel_rms_error < 1e-9
+    assert fit.rel_rms_error < 1e-9 and fit.r2 == pytest.approx(1.0)
+
+
+def test_calibrate_r2_says_when_the_quadratic_does_not_explain_the_times():
+    rng = np.random.default_rng(2)
+    lengths_list = [rng.integers(1, 200, size=int(rng.integers(2, 40))) for _ in range(16)]
+    times = rng.uniform(1.0, 2.0, size=16)            # unrelated to the lengths
+    fit = calibrate(lengths_list, times)
+    assert 0.0 <= fit.r2 < 0.9
 
 
 def test_calibrate_keeps_coefficients_non_negative():
@@ -218,17 +230,25 @@ def test_imbalance_and_idle_fraction():
 
 # ----------------------------------------------------------------------------- loss scaling
 
-def test_rank_loss_scale_values_and_errors():
-    assert rank_loss_scale(3, 12, 2, "sum") == 0.25
-    assert rank_loss_scale(3, 12, 2, "mean") == 0.5
-    assert rank_loss_scale(6, 12, 2, "mean") == 1.0, "equal counts: the usual per-rank mean"
-    for args, field in (((0, 4, 2), "n_rank"), ((1, 0, 2), "n_global"), ((1, 4, 0), "world"), ((1.0, 4, 2), "n_rank")):
+def test_loss_divisor_values_and_errors():
+    assert loss_divisor(12) == 12 and loss_divisor(12, 4, "sum") == 12
+    assert loss_divisor(12, 4, "mean") == 3.0
+    for args, field in (((0,), "global_size"), ((4, 0), "world"), ((4.0,), "global_size"), ((True,), "global_size")):
         with pytest.raises(ValueError, match=field):
-            rank_loss_scale(*args)
-    with pytest.raises(ValueError, match="exceeds n_global"):
-        rank_loss_scale(5, 4, 2)
+            loss_divisor(*args)
     with pytest.raises(ValueError, match="grad_reduce"):
-        rank_loss_scale(1, 4, 2, "max")
+        loss_divisor(4, 2, "max")
+
+
+def test_training_divides_by_loss_divisor():
+    """gemref's training (Setup.normalizer) uses loss_divisor of the global batch, summing gradients."""
+    from types import SimpleNamespace
+    from gemref.config import get_preset, override
+    from gemref.train.compose import Setup
+    train = override(get_preset("tiny").train, batch_size=40)
+    for parallel, expected in ((SimpleNamespace(world=4, rank=0), loss_divisor(40, 4, "sum")), (None, None)):
+        fake = SimpleNamespace(train=train, parallel=parallel, world=4)
+        assert Setup.normalizer.fget(fake) == expected
 
 
 LENGTHS = [1, 9, 2, 40, 3, 3, 17, 1, 5, 30, 2]   # skewed: the balanced split gives unequal counts
@@ -239,7 +259,7 @@ def _grads(model):
 
 
 def _grad_rank(rank, world):
-    """Per rank: gradient with DDP (average) + rank_loss_scale 'mean', with all_reduce SUM + 'sum', and naive mean."""
+    """Per rank: gradient with DDP (average) + loss_divisor 'mean', with all_reduce SUM + 'sum', and naive mean."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     from toy_jagged import ToyJaggedModel, sample_losses, select_samples, toy_batch
     batch = toy_batch(LENGTHS, 4, seed=0)
@@ -248,14 +268,13 @@ def _grad_rank(rank, world):
     out = {"n": torch.tensor(len(mine))}
     torch.manual_seed(0)
     ddp = DDP(ToyJaggedModel(4, 8, attention=False))
-    for name, scale in (("ddp_scaled", rank_loss_scale(len(mine), len(LENGTHS), world, "mean")), ("ddp_naive", 1.0)):
+    for name, divisor in (("ddp_scaled", loss_divisor(len(LENGTHS), world, "mean")), ("ddp_naive", len(mine))):
         ddp.zero_grad()
-        (sample_losses(ddp, values, offsets, labels).mean() * scale).backward()
+        (sample_losses(ddp, values, offsets, labels).sum() / divisor).backward()
         out[name] = _grads(ddp.module).clone()
     torch.manual_seed(0)
     model = ToyJaggedModel(4, 8, attention=False)
-    (sample_losses(model, values, offsets, labels).mean()
-     * rank_loss_scale(len(mine), len(LENGTHS), world, "sum")).backward()
+    (sample_losses(model, values, offsets, labels).sum() / loss_divisor(len(LENGTHS), world, "sum")).backward()
     flat = _grads(model)
     torch.distributed.all_reduce(flat)
     out["sum_scaled"] = flat
@@ -280,6 +299,87 @@ def test_two_rank_gradient_equals_single_process_full_batch():
         assert rel(r["sum_scaled"]) < 1e-5
         assert rel(r["ddp_naive"]) > 1e-3, "the naive per-rank mean must differ (else the test proves nothing)"
     assert math.isclose(rel(results[0]["ddp_scaled"]), rel(results[1]["ddp_scaled"]), abs_tol=1e-7)
+
+
+# ----------------------------------------------------------------------------- a model gemref did not define
+
+def _cat(batches):
+    """One RecBatch of several (tests/my_rec.py's batch type), offsets shifted."""
+    from my_rec import RecBatch
+
+    def offsets(key):
+        parts = [getattr(b, key) for b in batches]
+        ends = torch.cumsum(torch.tensor([int(p[-1]) for p in parts]), 0)
+        return torch.cat([parts[0][:1]] + [p[1:] + (ends[i - 1] if i else 0) for i, p in enumerate(parts)])
+    return RecBatch(torch.cat([b.items for b in batches]), offsets("offsets"), torch.cat([b.users for b in batches]),
+                    offsets("user_offsets"), torch.cat([b.labels for b in batches]))
+
+
+def _measured_cost():
+    """A Calibration, as a user gets one: 'measured' step times of batches of varied size and mix."""
+    rng = np.random.default_rng(4)
+    true = SampleCost(2e-4, 3e-6, 5e-7)                         # seconds
+    lengths_list = [rng.integers(0, 60, size=int(rng.integers(2, 24))) for _ in range(12)]
+    fit = calibrate(lengths_list, [1e-3 + true.cost(L).sum() for L in lengths_list])
+    assert fit.r2 > 0.999
+    return fit
+
+
+COSTS = {"SampleCost": SampleCost(0.0, 1.0, 0.05),              # events + 0.05 per pair of events
+         "calibrated": _measured_cost(),
+         "callable": lambda lengths: 1.0 + lengths + 0.05 * lengths.astype(float) ** 2}
+
+
+@pytest.mark.parametrize("kind", list(COSTS))
+def test_balanced_ranks_sum_to_the_global_batch_gradient_on_my_rec(kind):
+    """The sampler over MyRec-like skewed lengths, a user's cost, per-rank batches from make_batch,
+    one training step per rank's part: summed (or averaged) gradients are the global batch's."""
+    from my_rec import MyRec, make_batch
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(rng.lognormal(2.0, 1.1, 60).astype(np.int64), 60)   # 0-length histories allowed
+    world, global_size = 3, 12
+    samplers = [BalancedDistributedBatchSampler(lengths, global_size, COSTS[kind], rank=r, world_size=world,
+                                                policy="kk", drop_last=True) for r in range(world)]
+    parts = [next(iter(s)) for s in samplers]
+    assert len({len(p) for p in parts}) > 1, "the test needs unequal per-rank counts"
+    loads = [sample_costs(COSTS[kind], lengths[p]).sum() for p in parts]
+    global_costs = sample_costs(COSTS[kind], lengths[next(samplers[0].global_batches())])
+    assert max(loads) == pytest.approx(rank_loads(global_costs, partition(global_costs, world, "kk", 1)).max())
+    assert max(loads) < rank_loads(global_costs, round_robin(global_costs, world)).max()
+    sample = {i: make_batch([int(lengths[i])], seed=i) for p in parts for i in p}
+
+    def grads_after(batches, divisor):
+        torch.manual_seed(0)
+        model = MyRec()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for batch in batches:
+            logits = model(batch)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels, reduction="sum")
+            (loss / divisor).backward()                          # gradients accumulate: the all-reduce's sum
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        opt.step()
+        return grads, torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    full = grads_after([_cat([sample[i] for p in parts for i in p])], global_size)        # the global batch's mean
+    ranks = [_cat([sample[i] for i in p]) for p in parts]
+    summed = grads_after(ranks, loss_divisor(global_size, world, "sum"))
+    averaged = grads_after(ranks, loss_divisor(global_size, world, "mean"))
+    torch.testing.assert_close(summed[0], full[0], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(summed[1], full[1], rtol=1e-5, atol=1e-7)       # one SGD step: the same model
+    torch.testing.assert_close(averaged[0] / world, full[0], rtol=1e-5, atol=1e-7)
+    naive = sum(grads_after([r], len(p))[0] for r, p in zip(ranks, parts)) / world      # DDP over per-rank means
+    assert float((naive - full[0]).norm() / full[0].norm()) > 1e-3, "per-rank means must differ (else the test proves nothing)"
+
+
+def test_sampler_refuses_a_cost_it_cannot_use():
+    with pytest.raises(ValueError, match="cost must be a SampleCost, a Calibration or a callable"):
+        BalancedDistributedBatchSampler([1, 2, 3, 4], 2, "flops", rank=0, world_size=2)
+    with pytest.raises(ValueError, match=r"returned 1 costs for 4 lengths"):
+        BalancedDistributedBatchSampler([1, 2, 3, 4], 2, lambda L: [1.0], rank=0, world_size=2)
+    with pytest.raises(ValueError, match=r"cost\(lengths\)\[0\]=-1"):
+        BalancedDistributedBatchSampler([1, 2, 3, 4], 2, lambda L: -np.ones(len(L)), rank=0, world_size=2)
+    with pytest.raises(ValueError, match="'shared' is policy 'lpt'"):
+        BalancedDistributedBatchSampler([1, 2, 3, 4], 2, SampleCost(0, 1, 0), rank=0, world_size=2, policy="shared")
 
 
 # ----------------------------------------------------------------------------- bench command

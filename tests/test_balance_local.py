@@ -1,4 +1,4 @@
-"""Policy "local" (gemref/balance/local.py): every sample once per epoch, deterministic, nothing read
+"""Policy "local" (gemref/balance/partition.py, `local_schedule`): every sample once per epoch, deterministic, nothing read
 from other ranks, never worse than round_robin in expectation; its bench end to end."""
 import itertools
 import json
@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings, strategies as st
 
 from gemref.balance import (SampleCost, closest_subset, displacement, imbalance, local_rank_batches, local_schedule,
                             round_robin)
-from gemref.balance.compare import compare_over_steps, epoch_batches, exchange_bytes
+from gemref.balance import compare, epoch_plan, exchange_bytes
 from gemref.cli import main
 from gemref.data.sampler import BalancedDistributedBatchSampler
 from gemref.data.synthetic import draw_lengths
@@ -114,6 +114,7 @@ def test_a_ranks_plan_reads_only_its_own_samples(world, per_rank, pool_steps, se
 def test_exchange_bytes_by_hand():
     assert exchange_bytes("kk", 1024, 32) == 1024 * 32 * 8 == exchange_bytes("lpt", 1024, 32)
     assert exchange_bytes("local", 1024, 32) == 0 == exchange_bytes("round_robin", 8, 32)
+    assert exchange_bytes("kk", 1024, 32, lengths_on_every_rank=True) == 0
 
 
 # ----------------------------------------------------------------------------- balance
@@ -127,16 +128,16 @@ def test_local_beats_round_robin_in_expectation_over_seeds():
         mean_imb = {}
         for policy in ("round_robin", "local"):
             costs = COST.cost(steps.ravel())
-            batches = epoch_batches(steps, COST, 8, policy, pool_steps=6)
+            batches = epoch_plan(steps, COST, 8, policy, pool_steps=6)
             mean_imb[policy] = np.mean([imbalance([costs[b].sum() for b in step]) for step in batches])
         diffs.append(mean_imb["round_robin"] - mean_imb["local"])
     t = statistics.mean(diffs) / (statistics.stdev(diffs) / math.sqrt(len(diffs)))
     assert t > 3, (t, diffs)
 
 
-def test_compare_over_steps_rows():
+def test_compare_rows():
     steps = np.stack([draw_lengths("skewed", 4 * 16, 512, 40, 1.1, seed=s) for s in range(12)])
-    rows = {r["policy"]: r for r in compare_over_steps(steps, COST, 4, ("round_robin", "kk", "local"), pool_steps=4,
+    rows = {r["policy"]: r for r in compare(steps, COST, 4, ("round_robin", "kk", "local"), pool_steps=4,
                                                        memory=SampleCost(0, 4, 0))}
     assert all(r["once"] for r in rows.values())
     assert rows["round_robin"]["gap_closed"] == 0 and rows["round_robin"]["displacement_max"] == 0
@@ -188,7 +189,7 @@ def test_bench_local_balance_simulated_run_writes_its_record(tmp_path, capsys):
                "--no-act-model", "--measure-ranks", "0", "--json", str(out)])
     assert rc == 0
     record = json.loads(out.read_text())
-    assert {r["policy"] for r in record["simulated"]} == {"round_robin", "lpt", "kk", "local", "shared"}
+    assert {r["policy"] for r in record["simulated"]} == {"round_robin", "lpt", "kk", "local"}
     assert all(r["plan_ms"] > 0 for r in record["simulated"])
     assert all(r["once"] for r in record["simulated"]) and record["measured"] == []
     assert "local" in capsys.readouterr().out

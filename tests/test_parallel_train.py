@@ -110,7 +110,7 @@ def _balanced_grads(rank, world):
     indices = next(iter(StepBatches(s.sampler, 0)))
     batch = s.train_set.__getitems__(indices)
     out = {"indices": torch.tensor(indices)}
-    for name, normalizer in (("global", BALANCED.batch_size), ("naive", len(indices))):
+    for name, normalizer in (("global", s.normalizer), ("naive", len(indices))):   # training's loss_divisor
         s.optimizer.zero_grad(set_to_none=True)
         backward(s.model, forward_loss(s.model, batch, normalizer=normalizer), s.parallel.finish_backward)
         out[name] = torch.cat([p.grad.full_tensor().flatten() for _, p in s.model.named_parameters()])

@@ -47,7 +47,7 @@ def test_mesh_must_match_world_size():
         check_world(MeshShape(2, 2), 3)
 
 
-@pytest.mark.parametrize("field, value, valid", [("balance", "greedy", "none, round_robin, lpt, kk"),
+@pytest.mark.parametrize("field, value, valid", [("balance", "greedy", "none, lpt, kk, local"),
                                                  ("sparse_sharding", "column", "none, row, table"),
                                                  ("backend", "mpi", "auto, gloo, nccl, ncclx")])
 def test_bad_switch_values_list_the_valid_ones(field, value, valid):

@@ -143,13 +143,13 @@ def test_distributed_cover_simulating_all_ranks(lengths, gbs, world, drop_last, 
             assert sum(map(len, batches)) == samplers[0].global_size(step)
 
 
-def test_shared_every_rank_plans_the_same_split_alone_and_uses_every_sample_once():
-    """Policy "shared": each rank builds its own sampler (nothing exchanged) and takes exactly
-    its part of the plan any other rank computes; the split is LPT's, so its slowest rank is
-    within Graham's bound of the optimum's lower bound."""
+def test_every_rank_plans_the_same_lpt_split_alone_and_uses_every_sample_once():
+    """Each rank builds its own sampler (nothing exchanged) and takes exactly its part of the
+    plan any other rank computes; the LPT split's slowest rank is within Graham's bound of the
+    optimum's lower bound."""
     lengths = draw_lengths("skewed", 4096, 512, 40, seed=3)
     world, gbs = 16, 1024
-    samplers = all_ranks(lengths, gbs, world, policy="shared", seed=11)
+    samplers = all_ranks(lengths, gbs, world, policy="lpt", seed=11)
     plans = [list(s.plan()) for s in samplers]               # every rank's own, independent planning
     assert all(plan == plans[0] for plan in plans)
     own = [list(s) for s in samplers]
@@ -164,13 +164,24 @@ def test_shared_every_rank_plans_the_same_split_alone_and_uses_every_sample_once
         assert max(loads) <= (4 / 3) * bound
 
 
-def test_shared_exchanges_nothing_and_reports_its_planning_time():
-    from gemref.balance.compare import compare_over_steps
+def test_exchange_depends_on_where_the_lengths_are_not_on_the_policy_name():
+    from gemref.balance import compare
 
     lengths = draw_lengths("skewed", 8 * 64, 512, 40, seed=5).reshape(8, 64)
-    rows = {r["policy"]: r for r in compare_over_steps(lengths, COST, 8, ("kk", "shared", "local"))}
-    assert rows["shared"]["exchange_bytes"] == 0 < rows["kk"]["exchange_bytes"] and rows["local"]["exchange_bytes"] == 0
-    assert rows["shared"]["once"] and rows["shared"]["plan_ms"] > 0 and rows["shared"]["of_optimum"] > 0.9
+    own = {r["policy"]: r for r in compare(lengths, COST, 8, ("kk", "lpt", "local"))}
+    every = {r["policy"]: r for r in compare(lengths, COST, 8, ("kk", "lpt", "local"), lengths_on_every_rank=True)}
+    assert own["lpt"]["exchange_bytes"] == own["kk"]["exchange_bytes"] == 8 * 8 * 8 and own["local"]["exchange_bytes"] == 0
+    assert all(r["exchange_bytes"] == 0 for r in every.values())
+    assert own["lpt"]["once"] and own["lpt"]["plan_ms"] > 0 and own["lpt"]["of_optimum"] > 0.9
+    assert own["lpt"]["of_optimum"] == every["lpt"]["of_optimum"]
+
+
+def test_shared_is_refused_with_the_policy_it_was():
+    from gemref.config import get_preset, override
+    from gemref.errors import UsageError
+    for old, new in (("shared", "lpt"), ("round_robin", "none")):
+        with pytest.raises(UsageError, match=f"balance='{old}' is policy '{new}' under another name"):
+            override(get_preset("tiny").train, balance=old)
 
 
 def test_distributed_balances_and_is_deterministic():

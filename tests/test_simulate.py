@@ -11,12 +11,12 @@ import math
 import numpy as np
 import pytest
 
-from gemref.balance import SampleCost, rank_loads, round_robin
+from gemref.balance import SampleCost, imbalance, lpt, rank_loads, round_robin
 from gemref.cli import main
 from gemref.config import MeshShape, get_preset
 from gemref.mfu.flops import sample_cost_coefficients
 from gemref.simulate.cost_model import HardwareProfile, LinkTier, collective_time, get_profile, sm_count
-from gemref.simulate.projection import LADDER, Options, draw_batches, project, split_loads
+from gemref.simulate.projection import LADDER, Options, draw_batches, load_stats, project
 from gemref.simulate.step_model import comm_rows, exposed_only, one_step, predict_step, with_sm_shares
 from gemref.simulate.summary import (compare_transports, contention_findings, findings, load_waterfall, measured_mfu,
                                      mfu_at, parse_mfu_assumption, required_local_mfu, rung_deltas)
@@ -150,9 +150,12 @@ def test_more_bandwidth_is_never_slower():
         assert slow["step_s"] >= mid["step_s"] >= fast["step_s"] and fast["mfu"] >= slow["mfu"]
 
 
-def test_round_robin_loads_match_the_balancer():
-    costs = np.random.default_rng(0).lognormal(size=37)
-    assert split_loads(costs, 5, "round_robin") == pytest.approx(rank_loads(costs, round_robin(costs, 5)))
+def test_projection_imbalance_is_the_balancers():
+    """The projection's imbalance is gemref.balance's split of the same drawn batch."""
+    costs = SampleCost(*sample_cost_coefficients(TINY.model)).cost(draw_batches(TINY, 8 * 5, 1, 3 + 8)[0])
+    for policy, split in (("round_robin", round_robin), ("lpt", lpt)):
+        by_hand = imbalance(rank_loads(costs, split(costs, 8)))
+        assert load_stats(TINY, 8, 5, policy, False, 1, 3)["imbalance"] == pytest.approx(by_hand)
 
 
 def test_ladder_at_scale_large_preset():

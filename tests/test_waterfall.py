@@ -458,9 +458,9 @@ def test_with_local_balances_rung_5_locally_and_unknown_options_list_the_valid_o
     assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2)).balancing.policy == "kk"
     assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2, ("local",))).balancing.policy == "local"
     assert check_options(["window", "local"]) == ("local", "window")        # WITH_OPTIONS' order
-    assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2, ("shared",))).balancing.policy == "shared"
-    assert list(WITH_OPTIONS) == ["local", "shared", "compressed_ac", "window", "torchrec"]
-    with pytest.raises(UsageError, match="unknown waterfall option.s. 'fast'; valid: local, shared, compressed_ac, window, "
+    assert by_key["load_balance"].configure(TINY.train, Context(TINY, cpu, 2, ("lpt",))).balancing.policy == "lpt"
+    assert list(WITH_OPTIONS) == ["local", "lpt", "compressed_ac", "window", "torchrec"]
+    with pytest.raises(UsageError, match="unknown waterfall option.s. 'fast'; valid: local, lpt, compressed_ac, window, "
                                          "torchrec"):
         run_waterfall(TINY, options=("local", "fast"))
 
@@ -468,7 +468,7 @@ def test_with_local_balances_rung_5_locally_and_unknown_options_list_the_valid_o
 def test_cli_with_an_unknown_option_exits_2_with_one_line(capsys):
     assert main(["waterfall", "--preset", "tiny", "--with", "local,fast"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "valid: local, shared, compressed_ac, window, torchrec" in err[0], err
+    assert len(err) == 1 and "valid: local, lpt, compressed_ac, window, torchrec" in err[0], err
 
 
 def test_with_torchrec_shards_rung_6s_tables_with_torchrec_instead_of_gemrefs_rows():

@@ -1,26 +1,28 @@
-"""Every balancing policy over the steps of an epoch, on simulated ranks: what each leaves on
-the straggler, what it exchanges, how it reorders samples, and the heaviest rank's memory.
+"""The one comparison of balancing policies (chapter 06): every policy over the steps of an
+epoch, on simulated ranks. `gemref bench balance`, `gemref bench local_balance`, the scale
+projection (gemref/simulate/projection.py) and chapter 06 all read these rows.
 
 A step's time is its most loaded rank's cost (every rank waits for it at the gradient
-all-reduce), so the figures are per step, then over the epoch:
-  imbalance      max / mean rank cost of a step, median over steps (1.0 = perfect)
-  of_optimum     sum over steps of a lower bound on the optimal max (the dearest sample, or
-                 the mean rank cost, whichever is larger) / sum of this policy's max: a
-                 conservative share of the best split's throughput (the true share is higher)
-  of_kk          sum over steps of kk's max / this policy's ("kk" partitions each global batch
-                 with every rank's lengths; within Graham's 4/3 of the best split, in practice
-                 within 1e-3 of the bound); None when kk is not among the policies
+all-reduce), so the figures are per step, then over the epoch (one row per policy):
+  imbalance      max / mean rank cost of a step, median over steps (1.0 = perfect); _worst: max
+  idle           share of rank-time spent waiting for the straggler, median over steps
+  lower_bound    max(dearest sample, mean rank cost) / mean rank cost, median over steps: no
+                 split of that batch can do better
+  of_optimum     sum over steps of that bound's max / this policy's: a conservative share of
+                 the best split's throughput
+  of_kk          kk's sum of max / this policy's (None when kk is not among the policies)
   gap_closed     (round_robin's sum of max - this policy's) / (round_robin's - the bound's)
-  exchange_bytes bytes each rank receives per step to balance: the global policies (lpt, kk)
-                 need the lengths of the whole global batch, which a rank reading only its own
-                 data must all-gather (world x per-rank batch int64 = 8 bytes each);
-                 round_robin, local and shared (every rank reads the lengths it needs from
-                 data it already has, gemref/balance/partition.py) need none
-  plan_ms        milliseconds each rank spends planning one step (every rank plans every step)
+  exchange_bytes bytes each rank receives per step to balance: 0 for round_robin and local,
+                 and for every policy when each rank holds every sample's length (gemref's
+                 sampler: `lengths_on_every_rank=True`); else lpt, kk and sorted_chunk
+                 all-gather the global batch's lengths (world x per-rank batch x 8 bytes)
+  plan_ms        milliseconds one rank spends planning one step
+  samples/rank   fewest-most samples a rank held in a step
   displacement   steps between a sample's home step and the step that uses it (mean, max)
   once           every sample used exactly once over the epoch (checked, not assumed)
-  peak_tokens    most history events on one rank in one step; peak_act_bytes the same for
-                 activation bytes when a per-sample bytes model (a SampleCost in bytes) is given
+  peak_tokens    most history events on one rank in one step; peak_act_bytes the same for a
+                 per-sample `memory` cost (e.g. activation bytes), None without one
+  loads          per-rank costs of the first step (for bar charts)
 """
 from __future__ import annotations
 
@@ -30,79 +32,81 @@ from typing import Sequence
 
 import numpy as np
 
-from .cost import SampleCost, check_lengths
-from .local import LOCAL, local_rank_batches
-from .partition import POLICIES, SHARED, partition
+from .cost import CostLike, check_lengths, sample_costs
+from .partition import LOCAL, POLICIES, check_policy, local_rank_batches, partition
 
 LENGTH_BYTES = 8             # one int64 history length
-NO_EXCHANGE = ("round_robin", LOCAL, SHARED)
 
 
-def exchange_bytes(policy: str, ranks: int, per_rank_batch: int) -> int:
-    """Bytes each rank receives per step to balance (module docstring)."""
-    return 0 if policy in NO_EXCHANGE else ranks * per_rank_batch * LENGTH_BYTES
+def exchange_bytes(policy: str, ranks: int, per_rank_batch: int, lengths_on_every_rank: bool = False) -> int:
+    """Bytes each rank receives per step to balance (module doc)."""
+    free = lengths_on_every_rank or policy in ("round_robin", LOCAL)
+    return 0 if free else ranks * per_rank_batch * LENGTH_BYTES
 
 
-def epoch_batches(lengths_steps, cost: SampleCost, ranks: int, policy: str, *, pool_steps: int = 8,
-                  target_per_sample: float | None = None, min_per_rank: int = 1) -> list[list[list[int]]]:
-    """batches[s][r] = the sample ids (s * G + position) rank r uses at step s.
-
-    `lengths_steps` is (steps, G): one global batch of history lengths per step. "local"
-    aims every rank at `target_per_sample` (default: the mean cost of these lengths).
-    """
+def epoch_plan(lengths_steps, cost: CostLike, ranks: int, policy: str, *, pool_steps: int = 8,
+               target_per_sample: float | None = None, min_per_rank: int = 1) -> list[list[np.ndarray]]:
+    """plan[s][r] = the sample ids (s * G + position) rank r uses at step s, for `lengths_steps`
+    (steps, G): one global batch of history lengths per step. "local" aims every rank at
+    `target_per_sample` (default: the mean cost of these lengths)."""
     lengths = np.asarray(lengths_steps)
     if lengths.ndim != 2 or lengths.shape[1] < ranks:
         raise ValueError(f"lengths_steps must be (steps, G) with G >= ranks={ranks}, got shape {lengths.shape}")
-    costs = cost.cost(check_lengths(lengths.ravel()))
+    check_policy(policy, (*POLICIES, LOCAL))
+    costs = sample_costs(cost, lengths.ravel())
     steps, G = lengths.shape
     ids = np.arange(steps * G).reshape(steps, G)
     if policy == LOCAL:
         target = float(costs.mean()) if target_per_sample is None else target_per_sample
         per_rank = [local_rank_batches(list(ids), costs, r, ranks, target, pool_steps) for r in range(ranks)]
-        return [[per_rank[r][s] for r in range(ranks)] for s in range(steps)]
-    if policy not in POLICIES:
-        raise ValueError(f"policy={policy!r}; valid: {', '.join((*POLICIES, LOCAL))}")
-    return [[ids[s][p].tolist() for p in partition(costs[ids[s]], ranks, policy, min_per_rank)]
-            for s in range(steps)]
+        return [[np.asarray(per_rank[r][s], dtype=np.int64) for r in range(ranks)] for s in range(steps)]
+    return [[ids[s][p] for p in partition(costs[ids[s]], ranks, policy, min_per_rank)] for s in range(steps)]
 
 
-def compare_over_steps(lengths_steps, cost: SampleCost, ranks: int,
-                       policies: Sequence[str] = ("round_robin", "lpt", "kk", LOCAL), *, pool_steps: int = 8,
-                       target_per_sample: float | None = None, memory: SampleCost | None = None) -> list[dict]:
-    """One row per policy (module docstring); round_robin is always computed (for gap_closed)."""
+def compare(lengths_steps, cost: CostLike, ranks: int, policies: Sequence[str] = ("round_robin", "lpt", "kk", LOCAL),
+            *, pool_steps: int = 8, target_per_sample: float | None = None, memory: CostLike | None = None,
+            min_per_rank: int = 1, lengths_on_every_rank: bool = False) -> list[dict]:
+    """One row per policy over an epoch of global batches `lengths_steps` (steps, G) (module doc)."""
     lengths = np.asarray(lengths_steps)
     flat_len = check_lengths(lengths.ravel())
-    costs = cost.cost(flat_len)
-    act = memory.cost(flat_len) if memory is not None else None
+    costs = sample_costs(cost, flat_len)
+    act = sample_costs(memory, flat_len) if memory is not None else None
     steps, G = lengths.shape
     per_step = costs.reshape(steps, G)
-    bound = np.maximum(per_step.max(axis=1), per_step.sum(axis=1) / ranks).sum()
+    step_bound = np.maximum(per_step.max(axis=1), per_step.sum(axis=1) / ranks)
     runs, plan_s = {}, {}
     for p in dict.fromkeys([*policies, "round_robin"]):
         t0 = time.perf_counter()
-        runs[p] = epoch_batches(lengths, cost, ranks, p, pool_steps=pool_steps, target_per_sample=target_per_sample)
-        plan_s[p] = (time.perf_counter() - t0) / steps
-        if p == LOCAL:          # one rank plans only its own part: the simulation planned all of them
-            plan_s[p] /= ranks
-    totals = {p: sum(max(costs[b].sum() for b in step) for step in batches) for p, batches in runs.items()}
+        runs[p] = epoch_plan(lengths, cost, ranks, p, pool_steps=pool_steps, target_per_sample=target_per_sample,
+                             min_per_rank=min_per_rank)
+        plan_s[p] = (time.perf_counter() - t0) / steps / (ranks if p == LOCAL else 1)   # local: one rank's part
+    loads = {p: np.array([[costs[b].sum() for b in step] for step in plan]) for p, plan in runs.items()}
+    totals = {p: float(v.max(axis=1).sum()) for p, v in loads.items()}
+    bound, rr = float(step_bound.sum()), totals["round_robin"]
     rows = []
     for policy in policies:
-        batches = runs[policy]
-        loads = np.array([[costs[b].sum() for b in step] for step in batches])       # (steps, ranks)
-        used = np.sort(np.concatenate([np.asarray(b, dtype=np.int64) for step in batches for b in step]))
-        moved = np.array([abs(s - i // G) for s, step in enumerate(batches) for b in step for i in b])
-        ratio = loads.max(1) / loads.mean(1)
+        plan, L = runs[policy], loads[policy]                                  # L: (steps, ranks)
+        mean = L.mean(axis=1)
+        ratio = np.where(mean > 0, L.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
+        top = L.max(axis=1)
+        idle = np.where(top > 0, (top[:, None] - L).sum(axis=1) / (ranks * np.where(top > 0, top, 1)), 0.0)
+        used = np.sort(np.concatenate([b for step in plan for b in step]))
+        moved = np.concatenate([np.abs(s - b // G) for s, step in enumerate(plan) for b in step])
+        counts = [len(b) for step in plan for b in step]
         rows.append({
             "policy": policy, "ranks": ranks, "per_rank_batch": G // ranks,
-            "imbalance": statistics.median(ratio.tolist()), "imbalance_worst": float(ratio.max()),
-            "of_optimum": float(bound / totals[policy]),
-            "of_kk": float(totals["kk"] / totals[policy]) if "kk" in totals else None,
-            "gap_closed": float((totals["round_robin"] - totals[policy]) / (totals["round_robin"] - bound))
-            if totals["round_robin"] > bound else 1.0,
-            "exchange_bytes": exchange_bytes(policy, ranks, G // ranks), "plan_ms": 1e3 * plan_s[policy],
+            "imbalance": float(np.median(ratio)), "imbalance_worst": float(ratio.max()),
+            "idle": float(np.median(idle)),
+            "lower_bound": statistics.median((step_bound / np.where(mean > 0, mean, 1)).tolist()),
+            "of_optimum": bound / totals[policy] if totals[policy] > 0 else 1.0,
+            "of_kk": totals["kk"] / totals[policy] if "kk" in totals and totals[policy] > 0 else None,
+            "gap_closed": (rr - totals[policy]) / (rr - bound) if rr > bound else 1.0,
+            "exchange_bytes": exchange_bytes(policy, ranks, G // ranks, lengths_on_every_rank),
+            "plan_ms": 1e3 * plan_s[policy], "samples/rank": f"{min(counts)}-{max(counts)}",
             "displacement_mean": float(moved.mean()), "displacement_max": int(moved.max()),
             "once": bool(np.array_equal(used, np.arange(steps * G))),
-            "peak_tokens": int(max(flat_len[b].sum() for step in batches for b in step)),
-            "peak_act_bytes": float(max(act[b].sum() for step in batches for b in step)) if act is not None else None,
+            "peak_tokens": int(max(flat_len[b].sum() for step in plan for b in step)),
+            "peak_act_bytes": float(max(act[b].sum() for step in plan for b in step)) if act is not None else None,
+            "loads": L[0].tolist(),
         })
     return rows

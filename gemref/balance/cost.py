@@ -1,11 +1,22 @@
-"""The price of one training sample for load balancing: c0 + c1*L + c2*L^2 for a history of L
-events (`SampleCost`), input checks shared by the balancing code, and `calibrate`, which fits
-the coefficients (in seconds) to measured step times by non-negative least squares.
+"""What one training sample costs, as a function of its history length L (chapter 06).
+
+A cost is what the balancer equalises across ranks; any unit works as long as every sample of
+a batch is priced in the same one. Three ways to give it:
+
+* `SampleCost(per_sample, per_token, per_token_sq)`: cost = c0 + c1*L + c2*L^2. Units are the
+  coefficients' (seconds when fitted by `calibrate`, FLOPs when counted by a FLOP formula:
+  gemref's own model uses gemref/mfu/flops.py `sample_cost_coefficients`);
+* `calibrate(lengths_list, measured_times)`: the documented way for a model you bring. Time
+  your training step on a dozen batches of varied size and length mix, fit the coefficients
+  (seconds) by non-negative least squares, and read `r2` before trusting the fit;
+* any callable `lengths (B,) int64 -> costs (B,)`, e.g. a lookup of measured per-length times.
+
+`sample_costs(cost, lengths)` prices lengths with any of the three (a `Calibration` too).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence, Union
 
 import numpy as np
 
@@ -41,18 +52,13 @@ def check_costs(costs, name: str = "costs") -> np.ndarray:
 
 @dataclass(frozen=True)
 class SampleCost:
-    """Cost of one training sample with a history of L events: per_sample + per_token*L + per_token_sq*L^2.
+    """Cost of a sample with a history of L events: per_sample + per_token*L + per_token_sq*L^2,
+    in the coefficients' unit (seconds from `calibrate`, or FLOPs of forward + backward).
+    `SampleCost(per_token=a, per_token_sq=b)` is a*L + b*L^2."""
 
-    Units are those of the coefficients: model FLOPs (forward + backward) when they come
-    from gemref/mfu/flops.py (`sample_cost_coefficients(model_cfg)` gives
-    (per_sample, per_token, per_token_sq) for a ModelConfig: dense layers on the
-    non-sequence tokens, per-event projections/FFN, attention's 2*H*D*L^2 terms), or
-    seconds when fitted by `calibrate` to measured step times.
-    """
-
-    per_sample: float      # c0: work independent of L (non-sequence tokens, cross, head)
-    per_token: float       # c1: work per history event (projections, FFN)
-    per_token_sq: float    # c2: work per L^2 (attention scores and values)
+    per_sample: float = 0.0      # c0: work independent of L (non-sequence features, head)
+    per_token: float = 0.0       # c1: work per history event (projections, FFN)
+    per_token_sq: float = 0.0    # c2: work per pair of events (attention)
 
     def __post_init__(self) -> None:
         for name in ("per_sample", "per_token", "per_token_sq"):
@@ -69,17 +75,35 @@ class SampleCost:
 @dataclass(frozen=True)
 class Calibration:
     cost: SampleCost       # fitted per-sample coefficients (seconds)
-    per_step: float        # fitted fixed time of a step, independent of its samples (seconds)
+    per_step: float        # fitted fixed time of a step, whatever its samples (seconds)
     rel_rms_error: float   # RMS of (fit - measured) / measured over the calibration batches
+    r2: float              # 1 - residual / total sum of squares (1.0 = the model explains every time)
+
+
+CostLike = Union[SampleCost, Calibration, Callable[[np.ndarray], Sequence[float]]]
+
+
+def sample_costs(cost: CostLike, lengths) -> np.ndarray:
+    """(B,) float64 costs of samples with these history lengths, priced by a SampleCost, a
+    Calibration or a callable; ValueError when `cost` is none of them or returns bad costs."""
+    L = check_lengths(lengths)
+    if isinstance(cost, Calibration):
+        cost = cost.cost
+    if isinstance(cost, SampleCost):
+        return cost.cost(L)
+    if not callable(cost):
+        raise ValueError(f"cost must be a SampleCost, a Calibration or a callable lengths -> costs, "
+                         f"got {type(cost).__name__}")
+    out = check_costs(cost(L), "cost(lengths)")
+    if out.shape != L.shape:
+        raise ValueError(f"cost(lengths) returned {out.shape[0]} costs for {L.shape[0]} lengths")
+    return out
 
 
 def _nnls(A: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Exact non-negative least squares for a handful of columns.
-
-    The NNLS optimum is the unconstrained least-squares fit on its own support, so the best
-    non-negative solution among the 2^k subset fits is the optimum (k <= 4 here: 16 solves).
-    Columns are scaled to unit norm first (sums of L^2 dwarf sample counts).
-    """
+    """Exact non-negative least squares for a handful of columns: the optimum is the plain
+    least-squares fit on its own support, so the best non-negative fit over the 2^k supports is
+    it (k <= 4: 15 solves). Columns are scaled to unit norm first (sums of L^2 dwarf counts)."""
     k = A.shape[1]
     norms = np.linalg.norm(A, axis=0)
     norms[norms == 0] = 1.0
@@ -99,12 +123,13 @@ def _nnls(A: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def calibrate(lengths_list: Sequence, measured_times: Sequence[float], per_step: bool = True) -> Calibration:
-    """Fit time(batch) = per_step + sum over its samples of (c0 + c1*L + c2*L^2) by non-negative least squares.
+    """Fit time(batch) = per_step + sum over its samples of (c0 + c1*L + c2*L^2) by non-negative
+    least squares; seconds in, seconds out.
 
-    `lengths_list[i]` holds the history lengths of batch i, `measured_times[i]` its measured
-    step time in seconds (take a median over repetitions). Batches should vary in size and
-    length mix, or the columns (count, sum L, sum L^2) are collinear and the split between
-    coefficients is arbitrary. `per_step=False` forces the fixed per-step time to 0.
+    `lengths_list[i]` holds the history lengths of batch i, `measured_times[i]` its measured step
+    time (a median over repetitions). Vary batch size and length mix, or the columns (count,
+    sum L, sum L^2) are collinear and the split between coefficients is arbitrary; a low `r2`
+    says the quadratic does not explain your step. `per_step=False` forces the fixed time to 0.
     """
     if len(lengths_list) != len(measured_times):
         raise ValueError(f"lengths_list has {len(lengths_list)} batches but measured_times has {len(measured_times)}")
@@ -119,4 +144,6 @@ def calibrate(lengths_list: Sequence, measured_times: Sequence[float], per_step:
     x = _nnls(A, times)
     fit = A @ x
     rel = np.sqrt(np.mean(((fit - times) / np.where(times > 0, times, 1.0)) ** 2))
-    return Calibration(SampleCost(*x[:3]), float(x[3]) if per_step else 0.0, float(rel))
+    total = float(np.sum((times - times.mean()) ** 2))
+    r2 = 1.0 - float(np.sum((fit - times) ** 2)) / total if total > 0 else 1.0
+    return Calibration(SampleCost(*x[:3]), float(x[3]) if per_step else 0.0, float(rel), r2)

@@ -1,30 +1,38 @@
-"""Partition one global batch of variable-length samples across data-parallel ranks.
+"""Split variable-length samples across data-parallel ranks so that every rank does the same
+work (chapter 06): the global policies, the local one, and the loss rule that keeps gradients exact.
 
-With skewed history lengths, equal sample counts per rank give very unequal work: attention
-cost grows with L^2, so the rank that draws a few long histories is the straggler every
-other rank waits for at the gradient all-reduce. This module
+Global policies split ONE global batch's costs (gemref/balance/cost.py prices them) into R
+index lists, minimising the largest per-rank cost. Every rank runs the same deterministic
+split from the lengths of the whole global batch (gemref's sampler: every rank draws the same
+sample order from the same length column, so nothing is exchanged; a job whose ranks each read
+only their own data must all-gather the lengths first, gemref/balance/compare.py counts those
+bytes). Ties go by sample index, then rank index.
 
-1. partitions a global batch's costs (gemref/balance/cost.py prices them) into R index
-   lists minimising the largest per-rank cost: `round_robin`, `sorted_chunk`, `lpt`,
-   `karmarkar_karp`, and the default policy "kk" = best of (Karmarkar-Karp, LPT), each
-   followed by a local search (`refine`);
-2. states the loss normalisation that keeps gradients exact when ranks hold different
-   sample counts (`rank_loss_scale`).
+  round_robin   sample i -> rank i % R (DistributedSampler's equal counts; ignores cost)
+  sorted_chunk  sort by cost, cut R equal-count chunks (length bucketing: the worst, for contrast)
+  lpt           longest processing time first: dearest sample onto the least-loaded rank
+  kk            Karmarkar-Karp differencing and LPT, each refined by a local search; the better
 
-Every policy here needs the costs of the whole global batch on every rank (in a real job an
-all-gather of the lengths each step); gemref/balance/local.py is the policy that does not.
-Everything here is deterministic: ties are broken by sample index, then rank index.
+Policy "local" (`local_schedule`) exchanges nothing: rank r keeps round_robin's samples
+(idx[r::R] of every global batch) and changes only WHEN it uses each, within `pool_steps` - 1
+steps of its home step, choosing per step the samples whose cost lands nearest a target every
+rank knows (the data's mean cost per sample).
+
+The loss rule (`loss_divisor`): ranks hold different sample counts, so a per-rank MEAN loss
+weights samples unequally. Each rank divides its SUMMED per-sample loss by `loss_divisor`
+(the global batch size N when gradients are summed across ranks, N / world when averaged, as
+plain DDP does); then the reduced gradient is exactly the single-process gradient of the
+global batch's mean loss. gemref's training sums (gemref/parallel/) and divides by
+`loss_divisor(global batch)` (gemref/train/compose.py `Setup.normalizer`).
 """
 from __future__ import annotations
 
 import heapq
-import statistics
-import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
-from .cost import SampleCost, check_costs
+from .cost import check_costs
 
 # ----------------------------------------------------------------------------- partitioners
 
@@ -44,11 +52,7 @@ def round_robin(costs, ranks: int) -> Partition:
 
 
 def sorted_chunk(costs, ranks: int) -> Partition:
-    """Sort by cost, cut into R contiguous chunks of equal count.
-
-    This is length bucketing (each rank gets similar lengths, which minimises padding); it
-    is the worst for balance: the last rank gets every long sample. Shown for contrast.
-    """
+    """Sort by cost, cut R equal-count chunks (length bucketing): the last rank gets every long sample."""
     c = check_costs(costs)
     _check_ranks(ranks)
     order = np.argsort(c, kind="stable")
@@ -56,11 +60,8 @@ def sorted_chunk(costs, ranks: int) -> Partition:
 
 
 def lpt(costs, ranks: int) -> Partition:
-    """Longest processing time first: each sample, dearest first, goes to the least-loaded rank.
-
-    Graham (1969): max load <= (4/3 - 1/(3R)) * optimum. Ties go to the rank with fewer
-    samples, then the lower rank index, so with n >= R every rank gets at least one sample.
-    """
+    """Each sample, dearest first, onto the least-loaded rank; Graham (1969): max load <= (4/3 - 1/(3R))
+    x optimum. Ties go to the rank with fewer samples, then the lower index (n >= R: none empty)."""
     c = check_costs(costs)
     _check_ranks(ranks)
     heap = [(0.0, 0, r) for r in range(ranks)]  # (load, n_samples, rank)
@@ -73,18 +74,13 @@ def lpt(costs, ranks: int) -> Partition:
 
 
 def karmarkar_karp(costs, ranks: int) -> Partition:
-    """Largest differencing method (Karmarkar & Karp 1982), R-way.
-
-    Every sample starts as a partial solution with R subsets (itself, and R-1 empty). Then,
-    repeatedly, the two partial solutions with the largest spread (max - min subset sum)
-    are merged: the largest subset of one joins the smallest of the other, and so on, which
-    cancels their spreads against each other. The last partial solution is the partition.
-    """
+    """Largest differencing method (Karmarkar & Karp 1982), R-way: every sample starts as a partial
+    solution of R subsets (itself and R-1 empty); the two with the largest spread (max - min sum)
+    are merged, largest subset of one with smallest of the other, until one is left."""
     c = check_costs(costs)
     _check_ranks(ranks)
-    # A partial solution: R (sum, members) pairs, sums descending. `members` is a tree
-    # (None = empty, int = a sample, pair = the union of two trees), so merging is O(R).
-    # Heap entry: (-spread, tie-breaker, partial solution).
+    # A partial solution: R (sum, members) pairs, sums descending; members is a tree (None, a
+    # sample, or a pair of trees), so merging is O(R). Heap entry: (-spread, tie, solution).
     heap = [(-ci, i, [(ci, i)] + [(0.0, None)] * (ranks - 1)) for i, ci in enumerate(c.tolist())]
     heapq.heapify(heap)
     tie = len(heap)
@@ -143,14 +139,9 @@ def _enforce_min_count(c: np.ndarray, parts: Partition, min_per_rank: int) -> Pa
 
 
 def refine(costs, parts: Partition, min_per_rank: int = 0, max_rounds: int | None = None) -> Partition:
-    """Local search: move one sample, or swap two, between the most-loaded rank and another.
-
-    Each round takes the most-loaded rank a and, over every other rank b, the move (a -> b)
-    or swap (i in a with j in b) that leaves max(load_a, load_b) lowest; it is applied only
-    if that is strictly below load_a. The sorted load vector then decreases from the top,
-    so the search terminates; it stops at the first round without an improvement (or after
-    `max_rounds`, default 4n). Counts never drop below `min_per_rank`.
-    """
+    """Local search: each round, the move (a -> b) or swap between the most-loaded rank a and any
+    other b that leaves max(load_a, load_b) lowest, applied if strictly below load_a (so it ends);
+    stops at the first round without a gain or after `max_rounds` (4n). Counts stay >= min_per_rank."""
     c = check_costs(costs)
     parts = [sorted(int(i) for i in p) for p in parts]
     if sorted(i for p in parts for i in p) != list(range(len(c))):
@@ -189,21 +180,15 @@ def refine(costs, parts: Partition, min_per_rank: int = 0, max_rounds: int | Non
     return parts
 
 
-# Karmarkar-Karp keeps R subset sums per partial solution: O(n * R log R) Python work and
-# n * R entries of memory. Above this many (n * R) "kk" refines LPT alone (R = 1024 ranks x
-# 64 samples took 196 s for KK vs 0.08 s for LPT, and LPT already reaches ~1.0001 there).
+# KK keeps R sums per partial solution: O(n R log R) work. Above n * R = this, "kk" refines LPT
+# alone (1024 ranks x 64 samples: KK 196 s, LPT 0.08 s, and LPT already ~1.0001 there).
 KK_MAX_WORK = 2_000_000
 
 
 def kk_refined(costs, ranks: int, min_per_rank: int = 0) -> Partition:
-    """Policy "kk": Karmarkar-Karp and LPT, each refined by `refine`; the one with the lower max load.
-
-    Taking the better of the two makes it never worse than LPT, hence within Graham's
-    (4/3 - 1/(3R)) of the optimum. Measured against the exhaustive optimum on 2000 random
-    heavy-tailed cases (n <= 10, R = 2, 3): optimal on 96.9%, worst 1.075x (LPT: 91.6%,
-    1.089x); tests/test_balance.py checks both the bound and these rates. For batches where
-    n * R > KK_MAX_WORK only refined LPT runs (see KK_MAX_WORK).
-    """
+    """Policy "kk": Karmarkar-Karp and LPT, each refined; the lower max load. Never worse than LPT;
+    against the exhaustive optimum (2000 heavy-tailed cases, n <= 10, R = 2, 3) optimal on 96.9%,
+    worst 1.075x (LPT: 91.6%, 1.089x), as tests/test_balance.py checks."""
     c = check_costs(costs)
     starts = [lpt(c, ranks)] if len(c) * ranks > KK_MAX_WORK else [karmarkar_karp(c, ranks), lpt(c, ranks)]
     candidates = [refine(c, _enforce_min_count(c, start, min_per_rank), min_per_rank) for start in starts]
@@ -211,39 +196,30 @@ def kk_refined(costs, ranks: int, min_per_rank: int = 0) -> Partition:
     return candidates[int(np.argmin(maxes))]  # ties -> the first (Karmarkar-Karp)
 
 
-# "shared": the split every rank computes for itself, identically, from lengths it already has.
-# A global policy balances each global batch with the lengths of all its samples; where a rank
-# only reads its own data those lengths must first be all-gathered (gemref/balance/compare.py
-# counts those bytes for lpt and kk). When every rank can read the whole global batch's lengths
-# without exchanging anything (the same deterministic sample order on every rank, as gemref's
-# sampler has, plus a length column or index shared by all ranks), each rank can run the same
-# deterministic partition and take its own part: the global balance with 0 bytes exchanged.
-# LPT is the partition: on the presets' skewed lengths it lands within 0.2% of the optimum's
-# bound at 8..1024 ranks, and plans a 1024-rank step in about a tenth of a second (kk's
-# refinement takes seconds per step there); `gemref bench local_balance` measures both.
-SHARED = "shared"
-
 POLICIES: dict[str, Callable[[np.ndarray, int], Partition]] = {
-    "round_robin": round_robin,
-    "sorted_chunk": sorted_chunk,
-    "lpt": lpt,
-    "kk": kk_refined,
-    SHARED: lpt,
-}
+    "round_robin": round_robin, "sorted_chunk": sorted_chunk, "lpt": lpt, "kk": kk_refined}
+LOCAL = "local"
+ALIASES = {"shared": "lpt", "none": "round_robin"}   # old names, refused with the one to use
+
+
+def check_policy(policy: str, valid: Sequence[str]) -> None:
+    """ValueError naming the valid policies (and, for an old name, the policy it was)."""
+    if policy in valid:
+        return
+    hint = f" ('{policy}' is policy '{ALIASES[policy]}')" if policy in ALIASES else ""
+    raise ValueError(f"policy={policy!r}{hint}; valid: {', '.join(valid)}")
 
 
 def partition(costs, ranks: int, policy: str = "kk", min_per_rank: int = 0) -> Partition:
     """R lists of sample indices (each ascending) that cover every sample exactly once.
 
-    `min_per_rank` > 0 guarantees that many samples on every rank (a rank with an empty
-    batch would break a forward pass); a batch with fewer than min_per_rank * R samples
-    is then a ValueError. Short ranks are filled by the moves that keep the max load lowest
-    (only "kk" and, for min_per_rank > 1, "lpt" ever need that), before "kk"'s refinement.
+    `min_per_rank` > 0 guarantees that many samples on every rank (an empty batch breaks a
+    forward pass); a batch of fewer than min_per_rank * R samples is then a ValueError. Short
+    ranks are filled by the moves that keep the max load lowest, before "kk"'s refinement.
     """
     c = check_costs(costs)
     _check_ranks(ranks)
-    if policy not in POLICIES:
-        raise ValueError(f"policy={policy!r}; valid: {', '.join(POLICIES)}")
+    check_policy(policy, tuple(POLICIES))
     if isinstance(min_per_rank, bool) or not isinstance(min_per_rank, (int, np.integer)) or min_per_rank < 0:
         raise ValueError(f"min_per_rank must be an integer >= 0, got {min_per_rank!r}")
     if len(c) < min_per_rank * ranks:
@@ -268,58 +244,117 @@ def idle_fraction(loads) -> float:
     return float((top - loads).sum()) / (loads.size * top) if top > 0 else 0.0
 
 
-# ----------------------------------------------------------------------------- loss scaling
+def loss_divisor(global_size: int, world: int = 1, grad_reduce: str = "sum") -> float:
+    """What each rank divides its SUMMED per-sample loss by (module doc: the loss rule).
 
-
-def rank_loss_scale(n_rank: int, n_global: int, world: int, grad_reduce: str = "mean") -> float:
-    """Factor for this rank's MEAN per-sample loss so the reduced gradient equals the global-batch mean's.
-
-    The single-process reference is loss = (1/N) * sum over all N samples of the global
-    batch. Rank r holds n_r of them and computes mean_r = (1/n_r) * sum over its samples.
-    - grad_reduce="sum" (all_reduce SUM): use mean_r * n_r / N  (= its sum / N).
-    - grad_reduce="mean" (DDP and FSDP average over `world` ranks): use mean_r * world * n_r / N.
-    Multiplying mean_r by 1 (the usual per-rank mean) is only right when every n_r = N/world,
-    which load balancing breaks on purpose. N is the size of THIS step's global batch (the
-    last one of an epoch may be smaller): `BalancedDistributedBatchSampler.global_size(step)`.
+    `global_size`: samples in this step's global batch over all ranks (the sampler's
+    `global_size(step)`); grad_reduce="sum" (all-reduce SUM, gemref's DDP and FSDP): N;
+    "mean" (gradients averaged over `world` ranks, plain DDP): N / world.
     """
-    for name, value, low in (("n_rank", n_rank, 1), ("n_global", n_global, 1), ("world", world, 1)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    if n_rank > n_global:
-        raise ValueError(f"n_rank={n_rank} exceeds n_global={n_global}")
+    for name, value in (("global_size", global_size), ("world", world)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     if grad_reduce == "sum":
-        return n_rank / n_global
+        return int(global_size)
     if grad_reduce == "mean":
-        return world * n_rank / n_global
+        return global_size / world
     raise ValueError(f"grad_reduce={grad_reduce!r}; valid: sum, mean")
 
 
-def compare_policies(batches, cost: SampleCost, ranks: int, policies=tuple(POLICIES),
-                     min_per_rank: int = 1) -> list[dict]:
-    """Partition every global batch (an array of history lengths) with each policy.
+# ----------------------------------------------------------------------------- policy "local"
+# Rules of `local_schedule`, for one rank over an epoch, pool k = pool_steps:
+# * pool: at step s the rank may use any of its samples whose home step (the global batch
+#   round_robin would use them in) lies in [s - (k-1), s + (k-1)]: it reads k-1 steps ahead;
+# * deadline: a sample unused at home + k - 1 must go at that step (forced); the last step
+#   takes whatever is left;
+# * choice: besides the forced ones, the step's count is filled with pool samples bringing the
+#   step's cost closest to count x target (oldest first, then one-for-one swaps). Once the
+#   read-ahead reaches the epoch's end the aim becomes the pool's own mean cost, so a rank left
+#   with heavy samples spreads them over the steps left instead of piling them at the end.
+# Every sample is used exactly once: a step takes exactly its count; the pool always holds at
+# least that many; the forced samples of step s all have home s-k+1, at most a step's count;
+# and the counts add up, so the last step's leftover is exactly its count. k = 1 is round_robin.
 
-    One row per policy, medians over batches: imbalance (max/mean rank cost, 1 = perfect),
-    its worst batch, idle (the share of rank-time spent waiting for the straggler at the
-    all-reduce), samples per rank (min-max), the partitioner's own time (ms; it runs on
-    every rank every step), the lower bound no partition can beat (largest sample or mean,
-    over mean), and `loads`: the per-rank costs of the first batch (for bar charts).
-    """
-    rows = []
-    for policy in policies:
-        imb, idle, ms, counts, bound, first = [], [], [], [], [], None
-        for lengths in batches:
-            costs = cost.cost(lengths)
-            t0 = time.perf_counter()
-            parts = partition(costs, ranks, policy, min_per_rank=min_per_rank)
-            ms.append((time.perf_counter() - t0) * 1e3)
-            loads = rank_loads(costs, parts)
-            first = loads if first is None else first
-            imb.append(imbalance(loads))
-            idle.append(idle_fraction(loads))
-            counts += [len(p) for p in parts]
-            bound.append(max(costs.max(), loads.mean()) / loads.mean())
-        rows.append({"policy": policy, "imbalance": statistics.median(imb), "imbalance_worst": max(imb),
-                     "idle": statistics.median(idle), "samples/rank": f"{min(counts)}-{max(counts)}",
-                     "part_ms": statistics.median(ms), "lower_bound": statistics.median(bound),
-                     "loads": first.tolist()})
-    return rows
+
+def _check_pool_steps(pool_steps) -> None:
+    if isinstance(pool_steps, bool) or not isinstance(pool_steps, (int, np.integer)) or pool_steps < 1:
+        raise ValueError(f"pool_steps must be an integer >= 1, got {pool_steps!r}")
+
+
+def closest_subset(values: np.ndarray, k: int, aim: float, max_rounds: int | None = None) -> np.ndarray:
+    """Boolean mask of k of `values` with a sum close to `aim`: the first k, then each round the one
+    swap that lowers |aim - sum| most (ties keep earlier entries), until none does or `max_rounds`
+    (2k + 4). O(k log n) per round (a binary search for every chosen value's partner)."""
+    n = len(values)
+    if not 0 <= k <= n:
+        raise ValueError(f"cannot choose k={k} of {n} values")
+    chosen = np.zeros(n, dtype=bool)
+    chosen[:k] = True
+    if k in (0, n):
+        return chosen
+    gap = float(aim - values[chosen].sum())
+    for _ in range(2 * k + 4 if max_rounds is None else max_rounds):
+        ci, ui = np.flatnonzero(chosen), np.flatnonzero(~chosen)
+        order = np.argsort(values[ui], kind="stable")
+        u_sorted = values[ui][order]
+        j = np.searchsorted(u_sorted, values[ci] + gap)        # the partner that would close the gap
+        cand = np.stack([np.clip(j - 1, 0, len(ui) - 1), np.clip(j, 0, len(ui) - 1)])
+        resid = np.abs(gap - (u_sorted[cand] - values[ci][None, :]))
+        flat = int(np.argmin(resid.T.ravel()))                # chosen-major: ties -> the older chosen value
+        a, side = divmod(flat, 2)
+        if not resid[side, a] < abs(gap) * (1 - 1e-12):
+            break
+        b = ui[order[cand[side, a]]]
+        gap -= float(values[b] - values[ci[a]])
+        chosen[ci[a]], chosen[b] = False, True
+    return chosen
+
+
+def local_schedule(share_costs: Sequence, target_per_sample: float, pool_steps: int = 8) -> list[list[tuple[int, int]]]:
+    """One rank's plan for an epoch from ITS OWN samples (the rules above). `share_costs[s]`: the
+    costs of its round_robin share of global batch s (equal counts; the last may hold fewer).
+    Per step, the samples to use as sorted (home step, position in that share) pairs."""
+    _check_pool_steps(pool_steps)
+    if not (np.isfinite(target_per_sample) and target_per_sample >= 0):
+        raise ValueError(f"target_per_sample must be finite and >= 0, got {target_per_sample}")
+    shares = [check_costs(c, f"share_costs[{s}]") for s, c in enumerate(share_costs)]
+    counts = [len(c) for c in shares]
+    steps = len(shares)
+    if steps > 1 and (len(set(counts[:-1])) > 1 or counts[-1] > counts[0]):
+        raise ValueError(f"shares must hold equal counts (the last may hold fewer), got {counts}")
+    home = np.repeat(np.arange(steps), counts)
+    position = np.concatenate([np.arange(n) for n in counts]) if steps else np.zeros(0, dtype=np.int64)
+    cost = np.concatenate(shares) if steps else np.zeros(0)
+    ends = np.cumsum(counts)
+    pending = np.zeros(0, dtype=np.int64)         # stream indices (home-major) not used yet
+    loaded = 0
+    plan = []
+    for s in range(steps):
+        top = min(s + pool_steps - 1, steps - 1)
+        pending = np.concatenate([pending, np.arange(loaded, ends[top])])
+        loaded = int(ends[top])
+        forced = np.ones(len(pending), dtype=bool) if s == steps - 1 else home[pending] <= s - (pool_steps - 1)
+        optional = pending[~forced]
+        free = counts[s] - int(forced.sum())
+        assert 0 <= free <= len(optional), "the pool always covers the step (the rules above)"
+        per_sample = target_per_sample if top < steps - 1 else float(cost[pending].mean())
+        aim = counts[s] * per_sample - float(cost[pending[forced]].sum())
+        chosen = closest_subset(cost[optional], free, aim)
+        take = np.sort(np.concatenate([pending[forced], optional[chosen]]))
+        pending = optional[~chosen]
+        plan.append([(int(home[i]), int(position[i])) for i in take])
+    return plan
+
+
+def local_rank_batches(global_batches: Sequence[np.ndarray], costs: np.ndarray, rank: int, world: int,
+                       target_per_sample: float, pool_steps: int = 8) -> list[list[int]]:
+    """Rank `rank`'s sample ids for every step under "local", from its own samples' costs only
+    (idx[rank::world] of every global batch): the same whatever the other ranks' samples cost."""
+    shares = [np.asarray(idx)[rank::world] for idx in global_batches]
+    plan = local_schedule([costs[share] for share in shares], target_per_sample, pool_steps)
+    return [[int(shares[home][pos]) for home, pos in step] for step in plan]
+
+
+def displacement(plan: list[list[tuple[int, int]]]) -> np.ndarray:
+    """|step used - home step| of every sample of a `local_schedule` plan (the order effect)."""
+    return np.array([abs(s - home) for s, step in enumerate(plan) for home, _ in step], dtype=np.int64)

@@ -7,8 +7,9 @@ batch with each policy and report, per policy, the medians over batches of
   imbalance = max / mean per-rank cost   (1.0 = perfect)
   idle      = sum_r (max - cost_r) / (R * max), the share of rank-time spent waiting for
               the straggler at the gradient all-reduce
-  part_ms   = time of the partitioner itself (it runs on every rank, every step)
-  lower_bound = max(dearest sample, mean) / mean: no partition of that batch can do better.
+  plan_ms   = time of the partitioner itself (it runs on every rank, every step)
+  lower_bound = max(dearest sample, mean) / mean: no partition of that batch can do better
+(gemref/balance/compare.py `compare`, the one comparison, computes them).
 
 --measure: R one-thread gloo ranks run the real GEM training step on each global batch split
 by round_robin and by kk in turn, the gradient all-reduce timed apart; the split prices samples
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         if fit:
             print(f"\ncalibrated GEM step cost (s): per_sample {fit['per_sample_s']:.3g}, per_token "
                   f"{fit['per_token_s']:.3g}, per_token^2 {fit['per_token_sq_s']:.3g}, per_step {fit['per_step_s']:.3g} "
-                  f"(rel RMS error {fit['rel_rms_error']:.1%})")
+                  f"(rel RMS error {fit['rel_rms_error']:.1%}, R^2 {fit['r2']:.3f})")
         else:
             print(f"\nsplit by model FLOPs per sample of the {args.preset} preset (as `gemref train --balance kk`)")
         if args.ranks + load_1min > (os.cpu_count() or 1):

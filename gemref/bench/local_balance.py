@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..balance import SAMPLER_POLICIES, SampleCost
+from ..balance import SAMPLER_POLICIES, SampleCost, check_policy
 from ..config import get_preset
 from ..env import versions
 from ..errors import UsageError
@@ -37,7 +37,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-rank-batch", type=int, default=32, help="samples per rank per step")
     p.add_argument("--simulated-steps", type=int, default=64, help="steps in the simulated epoch")
     p.add_argument("--pool-steps", type=int, default=8, help='"local": steps a sample may move (its pool, k)')
-    p.add_argument("--policies", default="round_robin,lpt,kk,local,shared", help="policies (comma separated)")
+    p.add_argument("--policies", default="round_robin,lpt,kk,local", help="policies (comma separated)")
     p.add_argument("--kk-max-ranks", type=int, default=256, help="run kk only up to this many simulated ranks")
     p.add_argument("--preset", default="small", help="lengths and per-sample FLOPs of this preset")
     p.add_argument("--no-act-model", action="store_true", help="skip the activation-bytes model (peak_act_mb)")
@@ -53,9 +53,13 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     args.ranks, measure_ranks = _ints(args.ranks), [r for r in _ints(args.measure_ranks) if r]
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    bad = [p for p in args.policies if p not in SAMPLER_POLICIES]
-    if bad or not args.policies:
-        raise UsageError(f"--policies {bad or args.policies}: valid: {', '.join(SAMPLER_POLICIES)}")
+    if not args.policies:
+        raise UsageError(f"--policies is empty: valid: {', '.join(SAMPLER_POLICIES)}")
+    for p in args.policies:
+        try:
+            check_policy(p, SAMPLER_POLICIES)
+        except ValueError as e:
+            raise UsageError(f"--policies: {e}") from None
     for name in ("per_rank_batch", "simulated_steps", "pool_steps", "measure_per_rank_batch", "measure_steps"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -9,8 +9,18 @@ and use every sample exactly once per epoch; nothing is dropped silently.
   FLOPs with a `SampleCost`) within a fixed budget.
 - `BalancedDistributedBatchSampler` (R ranks): cuts global batches of fixed size and splits
   each across ranks by cost (gemref/balance/partition.py), so every rank finishes at the same
-  time; or, with policy "local" (gemref/balance/local.py), keeps round_robin's split and lets
-  each rank reorder its own samples across nearby steps, with nothing exchanged.
+  time; or, with policy "local", keeps round_robin's split and lets each rank reorder its own
+  samples across nearby steps, with nothing exchanged. Chapter 06 explains both.
+
+A cost is whatever prices a sample from its history length: a `SampleCost` (c0 + c1*L + c2*L^2,
+in the coefficients' unit), a `Calibration` fitted to your measured step times
+(`gemref.balance.calibrate`, check its `r2`), or a callable lengths -> costs.
+
+The loss rule: with a balanced sampler ranks hold different sample counts, so each rank divides
+its SUMMED per-sample loss by `gemref.balance.loss_divisor(sampler.global_size(step), world,
+grad_reduce)`: the global batch size when gradients are summed across ranks (gemref's
+training), that over world when they are averaged (plain DDP). Then the reduced gradient is
+the single-process gradient of the global batch's mean loss.
 """
 from __future__ import annotations
 
@@ -20,12 +30,13 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ..balance import LOCAL, SAMPLER_POLICIES, SampleCost, check_costs, check_lengths, local_rank_batches, partition
+from ..balance import (LOCAL, SAMPLER_POLICIES, CostLike, check_lengths, check_policy, local_rank_batches,
+                       partition, sample_costs)
 
 
-def _weights(lengths, cost: SampleCost | None) -> np.ndarray:
+def _weights(lengths, cost: CostLike | None) -> np.ndarray:
     L = check_lengths(lengths)
-    return L.astype(np.float64) if cost is None else cost.cost(L)
+    return L.astype(np.float64) if cost is None else sample_costs(cost, L)
 
 
 def _permutation(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -48,7 +59,7 @@ class TokenBudgetBatcher:
     `allow_oversize=True` it becomes a batch of its own instead.
     """
 
-    def __init__(self, lengths, budget: float, cost: SampleCost | None = None, seed: int = 0,
+    def __init__(self, lengths, budget: float, cost: CostLike | None = None, seed: int = 0,
                  shuffle: bool = True, allow_oversize: bool = False, max_samples: int | None = None):
         self.weights = _weights(lengths, cost)
         if not (np.isfinite(budget) and budget > 0):
@@ -116,29 +127,27 @@ class BalancedDistributedBatchSampler:
     The last global batch may be smaller: it is kept and partitioned like the others, or
     dropped with drop_last=True. Every rank gets at least `min_per_rank` (default 1)
     samples per step; a dataset whose last batch cannot give that is a ValueError at
-    construction. Ranks hold different sample counts: scale each rank's loss with
-    `gemref.balance.rank_loss_scale(len(batch), sampler.global_size(step), world)`.
+    construction. Ranks hold different sample counts: divide each rank's summed loss by
+    `gemref.balance.loss_divisor(sampler.global_size(step), world, grad_reduce)` (module doc).
+    `cost`: a SampleCost, a Calibration or a callable lengths -> costs (module doc).
 
     policy="local": rank r owns idx[r::world] of every global batch (round_robin's counts,
-    so global_size and the loss scale are round_robin's) and uses each of its samples within
+    so global_size and the loss divisor are round_robin's) and uses each of its samples within
     `pool_steps` - 1 steps of its home step, chosen from its own samples only so that each
     step's cost lands near the step's count x `target_per_sample` (default: the mean cost
     of `lengths`, the same on every rank). Every sample is still used exactly once per epoch
-    (gemref/balance/local.py states the rules and why).
+    (gemref/balance/partition.py states the rules and why).
     """
 
-    def __init__(self, lengths, global_batch_size: int, cost: SampleCost,
+    def __init__(self, lengths, global_batch_size: int, cost: CostLike,
                  rank: int | None = None, world_size: int | None = None, seed: int = 0,
                  policy: str = "kk", drop_last: bool = False, shuffle: bool = True, min_per_rank: int = 1,
                  pool_steps: int = 8, target_per_sample: float | None = None):
         self.lengths = check_lengths(lengths)
-        if not isinstance(cost, SampleCost):
-            raise ValueError(f"cost must be a SampleCost, got {type(cost).__name__}")
         self.cost = cost
-        self.costs = check_costs(self.cost.cost(self.lengths))
+        self.costs = sample_costs(cost, self.lengths)
         self.rank, self.world_size = _dist_rank_world(rank, world_size)
-        if policy not in SAMPLER_POLICIES:
-            raise ValueError(f"policy={policy!r}; valid: {', '.join(SAMPLER_POLICIES)}")
+        check_policy(policy, SAMPLER_POLICIES)
         if isinstance(pool_steps, bool) or not isinstance(pool_steps, (int, np.integer)) or pool_steps < 1:
             raise ValueError(f"pool_steps must be an integer >= 1, got {pool_steps!r}")
         if target_per_sample is not None and not (np.isfinite(target_per_sample) and target_per_sample >= 0):

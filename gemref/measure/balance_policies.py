@@ -1,14 +1,14 @@
 """Partition policies across data-parallel ranks: projected on drawn batches, and the GEM step measured on gloo ranks.
 
 Projected (`projected_rows`): each global batch of history lengths priced by a SampleCost and
-split by every policy (gemref/balance/partition.py `compare_policies` states the columns:
-imbalance, idle, part_ms, lower_bound), medians over the batches.
+split by every policy: gemref/balance/compare.py `compare` over those batches as the steps of an
+epoch (it states the columns), the columns of one step's split kept.
 
 Measured (`measure_policies`): R one-thread gloo ranks (gemref.parallel.launch) run the real
 GEM training step: every rank builds the preset's GEMRef and its optimizer as training does
 (`gem_model`), and on each global batch (synthetic ids, the given lengths) takes its samples
 split by round_robin and by kk in turn and runs training's step (`step.train_step`) with the
-loss divided by the global batch size; between backward and the optimizer update the gradients
+loss divided by training's `loss_divisor` of the global batch; between backward and the optimizer update the gradients
 are all-reduced (gemref/parallel/replicate.py `all_reduce_grads`), timed apart from the
 forward+backward (`timed_step`). Per rank: compute time and wait (+comm) time in the
 all-reduce; per step: step time (max over ranks), imbalance of compute wall time and of compute
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..balance import POLICIES, Calibration, SampleCost, calibrate, compare_policies, partition
+from ..balance import POLICIES, Calibration, SampleCost, calibrate, compare, loss_divisor, partition
 from ..config import get_preset, override
 from ..data.batches import batch_with_lengths
 from ..parallel.launch import cpu_ranks, launch, to_rank0
@@ -40,11 +40,13 @@ MEASURED_POLICIES = ("round_robin", "kk")
 WARMUP_STEPS = 2     # untimed steps of --measure before the timed ones
 
 
+PROJECTED_COLUMNS = ("policy", "imbalance", "imbalance_worst", "idle", "samples/rank", "plan_ms", "lower_bound")
+
+
 def projected_rows(batches: list[np.ndarray], cost: SampleCost, ranks: int) -> list[dict]:
-    """One row per policy (every POLICIES entry) over the global batches of lengths `batches`:
-    compare_policies' medians, without the per-rank loads."""
-    return [{k: v for k, v in row.items() if k != "loads"}
-            for row in compare_policies(batches, cost, ranks, tuple(POLICIES))]
+    """One row per policy (every POLICIES entry) over the equal-size global batches of lengths
+    `batches`: `compare`'s PROJECTED_COLUMNS (medians over the batches)."""
+    return [{k: row[k] for k in PROJECTED_COLUMNS} for row in compare(np.stack(batches), cost, ranks, tuple(POLICIES))]
 
 
 def gem_model(preset: str, max_len: int) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -83,7 +85,7 @@ def _measure_rank(rank, world, preset, max_len, lengths_per_step, cost_coeffs, p
         for policy in policies:
             mine = batch.select(partition(cost.cost(lengths), world, policy, min_per_rank=1)[rank])
             dist.barrier()
-            times = timed_step(model, optimizer, mine, len(lengths))
+            times = timed_step(model, optimizer, mine, loss_divisor(len(lengths)))
             if step >= warmup:
                 out[policy].append([*times, mine.batch_size])
     return to_rank0({p: torch.tensor(v, dtype=torch.float64) for p, v in out.items()})
@@ -147,4 +149,5 @@ def calibrate_gem(preset: str, max_len: int, pool: np.ndarray, n_batches: int = 
 def calibration_record(fit: Calibration) -> dict:
     """A calibrate_gem fit as the record's `calibration` entry (seconds per sample, event, event^2, step)."""
     return {"per_sample_s": fit.cost.per_sample, "per_token_s": fit.cost.per_token,
-            "per_token_sq_s": fit.cost.per_token_sq, "per_step_s": fit.per_step, "rel_rms_error": fit.rel_rms_error}
+            "per_token_sq_s": fit.cost.per_token_sq, "per_step_s": fit.per_step, "rel_rms_error": fit.rel_rms_error,
+            "r2": fit.r2}

@@ -1,9 +1,10 @@
 """Local rebalancing (policy "local") against the global policies: simulated at scale, measured on gloo ranks.
 
 Policy "none" of `gemref train --balance` is round_robin here (equal counts, the order of
-DistributedSampler). `simulate`: for every rank count, an epoch of global batches of
+DistributedSampler). Exchange is counted for ranks that each read only their own data (lpt and
+kk then all-gather the lengths; gemref's sampler, which gives every rank every length, needs none). `simulate`: for every rank count, an epoch of global batches of
 per_rank_batch x R history lengths drawn from the preset's skewed profile, priced in model
-FLOPs (gemref/mfu/flops.py), split by each policy (gemref/balance/compare.py states every
+FLOPs (gemref/mfu/flops.py), split by each policy (gemref/balance/compare.py `compare` states every
 column): imbalance, share of the optimum's throughput (against a lower bound on the best
 split, and against kk where kk runs: up to kk_max_ranks, since kk costs ~20 s per step at 1024
 ranks), bytes each rank receives per step to balance, how far samples move from their home
@@ -28,7 +29,7 @@ import torch.distributed as dist
 
 from ..autoac.profile import activation_bytes
 from ..balance import SAMPLER_POLICIES, SampleCost, calibrate
-from ..balance.compare import compare_over_steps, exchange_bytes
+from ..balance import compare, exchange_bytes, loss_divisor
 from ..config import get_preset
 from ..data.batches import batch_with_lengths
 from ..data.sampler import BalancedDistributedBatchSampler
@@ -69,10 +70,11 @@ def simulate(preset_name: str, ranks: list[int], policies: list[str], cost: Samp
         epoch = np.stack([_lengths(preset, r * per_rank_batch, np.random.default_rng([seed, s]))
                           for s in range(steps)])
         chosen = [p for p in policies if p != "kk" or r <= kk_max_ranks]
-        for row in compare_over_steps(epoch, cost, r, chosen, pool_steps=pool_steps,
+        for row in compare(epoch, cost, r, chosen, pool_steps=pool_steps,
                                       target_per_sample=target, memory=memory):
             act = row.pop("peak_act_bytes")
-            rows.append({**row, "peak_act_mb": act / 2**20 if act is not None else None})
+            rows.append({**{k: v for k, v in row.items() if k != "loads"},
+                         "peak_act_mb": act / 2**20 if act is not None else None})
     return rows
 
 
@@ -90,7 +92,7 @@ def _measure_rank(rank, world, preset_name, lengths, global_batch, policies, poo
             ids = plans[policy][step]
             batch = batch_with_lengths(model.cfg, lengths[ids], seed=step * world + rank)
             dist.barrier()
-            times = timed_step(model, optimizer, batch, global_batch)
+            times = timed_step(model, optimizer, batch, loss_divisor(global_batch))
             nbytes = activation_bytes(model, batch)            # untimed, separate forward
             if step >= warmup:
                 out[policy].append([*times, len(ids), nbytes])

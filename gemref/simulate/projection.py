@@ -18,7 +18,7 @@ the same two factors the waterfall measures (gemref/waterfall/stats.py).
 * scaling ratio: from the model, what survives the imbalance and the exposed communication.
 * imbalance: max/mean per-rank model FLOPs of global batches of W x b lengths drawn from
   the preset's length profile, priced with `sample_cost_coefficients` and split with the
-  rung's policy (gemref/balance/): round robin (equal counts) before the load-balance
+  rung's policy by gemref/balance/compare.py `compare` (the one comparison): round robin (equal counts) before the load-balance
   rung, kk after it (lpt when n x R > KK_WORK: kk's extra seconds buy < 1e-5 there). A
   padded sample costs the same whatever its length: only counts can differ.
 * comm: every collective of one rank's step (gemref/parallel/volume.py, history events per
@@ -50,12 +50,11 @@ measured multi-rank CPU runs.
 from __future__ import annotations
 
 import functools
-import statistics
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..balance import SampleCost, imbalance, partition, rank_loads
+from ..balance import SampleCost, compare
 from ..config import MeshShape, Preset
 from ..data.synthetic import draw_lengths
 from ..waterfall.ladder import RUNGS
@@ -170,28 +169,18 @@ def draw_batches(preset: Preset, n: int, batches: int, seed: int) -> list[np.nda
             for _ in range(batches)]
 
 
-def split_loads(costs: np.ndarray, ranks: int, policy: str) -> np.ndarray:
-    """(R,) per-rank cost of one global batch under a policy (round_robin: sample i -> rank i % R)."""
-    if policy == "round_robin":
-        pad = -len(costs) % ranks
-        return np.concatenate([costs, np.zeros(pad)]).reshape(-1, ranks).sum(0)
-    if policy == "kk" and len(costs) * ranks > KK_WORK:
-        policy = "lpt"
-    return rank_loads(costs, partition(costs, ranks, policy, min_per_rank=1))
-
-
 @functools.lru_cache(maxsize=256)
 def load_stats(preset: Preset, gpus: int, batch: int, policy: str, padded: bool, batches: int, seed: int) -> dict:
     """Median imbalance (max/mean rank cost) over drawn global batches of gpus x batch samples, and
     the mean per-rank model FLOPs. A padded sample costs the same whatever its length."""
     cost = SampleCost(*sample_cost_coefficients(preset.model))
     n_draws = batches if gpus * batch <= DRAW_SAMPLES else 1
-    imb, flops = [], []
-    for lengths in draw_batches(preset, gpus * batch, n_draws, seed + gpus):
-        costs = cost.cost(lengths)
-        imb.append(imbalance(split_loads(np.ones(len(costs)) if padded else costs, gpus, policy)))
-        flops.append(costs.sum() / gpus)
-    return {"imbalance": statistics.median(imb), "rank_flops": float(np.mean(flops))}
+    steps = np.stack(draw_batches(preset, gpus * batch, n_draws, seed + gpus))
+    if policy == "kk" and gpus * batch * gpus > KK_WORK:
+        policy = "lpt"
+    split_by = (lambda lengths: np.ones(len(lengths))) if padded else cost
+    row = compare(steps, split_by, gpus, [policy], min_per_rank=1)[0]
+    return {"imbalance": row["imbalance"], "rank_flops": float(cost.cost(steps.ravel()).sum() / (gpus * n_draws))}
 
 
 def mesh_for(rung: RungModel, gpus: int, hw: HardwareProfile, shard_group: int | None) -> MeshShape:

@@ -26,7 +26,7 @@ from ..autoac.compress import CompressionSpec
 from ..autoac.profile import auto_checkpoint
 from ..autoac.regions import auto_checkpoint_regions
 from ..autoac.solver import ac_blocks, applied_plan, apply_plan, parse_plan
-from ..balance import SampleCost
+from ..balance import SampleCost, loss_divisor
 from ..compile import compile_model
 from ..config import DatasetFolder, Preset, TrainConfig, get_preset
 from ..data.batches import representative_batch
@@ -71,8 +71,9 @@ class Setup:
 
     @property
     def normalizer(self) -> int | None:
-        """The loss divisor: the global batch when ranks hold parts of it, else None (the batch's size)."""
-        return self.train.batch_size if self.parallel else None
+        """What every rank divides its summed loss by (`gemref.balance.loss_divisor`: the global batch,
+        gradients being summed over ranks); None in one process (the batch's own size)."""
+        return loss_divisor(self.train.batch_size, self.world, "sum") if self.parallel else None
 
     def loss(self, batch: JaggedBatch) -> Tensor:
         """This run's forward loss on a batch (on the run's device)."""

@@ -10,8 +10,8 @@ its plan there, once, and carries it to the ranks in the `ac_plan` switch (Train
 
 Options (`gemref waterfall --with ...`, WITH_OPTIONS) swap in GEM's later techniques without
 adding rungs: `local` balances rung 5 with policy "local" (each rank from its own pool, no
-cross-rank traffic) instead of kk; `shared` with policy "shared" (every rank computes the
-global split itself from lengths it already has: 0 bytes exchanged); `compressed_ac` runs rung 4 with compressed saved
+cross-rank traffic) instead of kk; `lpt` with policy "lpt" (the greedy split, which every rank
+plans in a fraction of kk's time at many ranks); `compressed_ac` runs rung 4 with compressed saved
 activations: its batch search asks for the largest batch whose step fits the budget with
 every block's saved activations in MXFP8 and nothing recomputed (instead of every block fully
 checkpointed, which recomputes the most), and its AutoAC then has "compressed" as one more
@@ -41,7 +41,7 @@ from ..train import build_model
 
 WITH_OPTIONS: dict[str, str] = {
     "local": "rung 5 balances with policy local (each rank from its own pool) instead of kk",
-    "shared": "rung 5 balances with policy shared (every rank plans the global split itself, 0 bytes) instead of kk",
+    "lpt": "rung 5 balances with policy lpt (the greedy split, planned faster than kk at many ranks) instead of kk",
     "compressed_ac": "rung 4's batch search and AutoAC with saved activations stored as MXFP8 (a larger batch "
                      "without recompute)",
     "window": "sequence attention sees only the last max_len/4 events (ModelConfig.window), every rung",
@@ -58,8 +58,8 @@ def check_options(names) -> tuple[str, ...]:
     if unknown:
         raise UsageError(f"unknown waterfall option(s) {', '.join(map(repr, unknown))}; "
                          f"valid: {', '.join(WITH_OPTIONS)}")
-    if "local" in names and "shared" in names:
-        raise UsageError("--with local and shared both choose rung 5's balance policy: give one of them")
+    if "local" in names and "lpt" in names:
+        raise UsageError("--with local and lpt both choose rung 5's balance policy: give one of them")
     return tuple(n for n in WITH_OPTIONS if n in names)
 
 
@@ -179,7 +179,7 @@ CONFIGURE: dict[str, Callable[[TrainConfig, Context], "TrainConfig | str"]] = {
     "fused_attention": lambda t, c: override(t, kernel="auto"),
     "compile": _compile,
     "autoac": _autoac,
-    "load_balance": _needs_ranks(lambda t, c: override(t, balance=next((p for p in ("local", "shared") if p in c.options),
+    "load_balance": _needs_ranks(lambda t, c: override(t, balance=next((p for p in ("local", "lpt") if p in c.options),
                                                                        "kk"))),
     "fsdp_2d": _needs_ranks(lambda t, c: override(t, mesh=f"1x{c.ranks}", sparse_sharding="row")
                             if "torchrec" not in c.options else override(t, mesh=f"1x{c.ranks}", embeddings="torchrec")),
