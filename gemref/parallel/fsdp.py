@@ -1,38 +1,32 @@
-"""Dense parallelism: FSDP2 (`fully_shard`) per named layer and on the root, on the 2D mesh.
+"""Dense parallelism (chapter 07_fsdp_2d): FSDP2 `fully_shard` per named layer and on the root.
 
-`apply_fsdp(model, mesh, layers, ...)` works on any module tree: each module named in `layers`
-(fully qualified names, in forward order; GEMRef passes "layers.0", "layers.1", ...) is one
-FSDP unit, the root unit holds what is left (GEMRef: dense input projection, final norms,
-heads, and the embedding tables unless parallel/sparse.py shards them; every ShardedEmbedding
-found in the model is left to its own sharding, as `ignored_params`). A unit's parameters are stored as 1/S shards (dim 0,
-padded to a multiple of S); around its forward and backward the unit all-gathers them,
-after backward it reduce-scatters the gradients over "shard" and, on an RxS mesh with
-R > 1 (HSDP), all-reduces the gradient shards over "replicate".
+`apply_fsdp(model, mesh, layers, device)` works on any module tree: each module named in
+`layers` (fully qualified names, forward order; GEMRef passes "layers.0", "layers.1", ...) is
+one FSDP unit, the root unit holds the rest; every ShardedEmbedding in the model keeps its own
+sharding (parallel/sparse.py) and stays out of FSDP. A unit's parameters are stored as 1/S
+shards (dim 0 padded to a multiple of S), all-gathered around its forward and backward; its
+gradients are reduce-scattered over "shard" and, with R > 1 (HSDP), all-reduced over "replicate".
 
-  * mixed precision: on CUDA parameters are all-gathered and computed in bf16, gradients
-    reduced in fp32 (MixedPrecisionPolicy); on CPU everything stays fp32;
-  * reshard_after_forward=True frees the gathered parameters after forward and gathers
-    them again for backward (ZeRO-3: least memory, one more all-gather per unit);
-    False keeps them until backward (ZeRO-2-like: less traffic, more memory). The root
-    unit is never resharded after forward (its parameters are needed first in backward);
-  * explicit prefetch: layer i's forward starts layer i+1's all-gather, layer i's
-    backward starts layer i-1's, so the gathers overlap compute. On CUDA FSDP2's own
-    `set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch` (its all-gather
-    stream overlaps). On CPU there are no streams and FSDP2 waits for a prefetched gather
-    right after issuing it, so hooks issue the same prefetches with the public
-    `FSDPModule.unshard(async_op=True)` instead: the gloo thread gathers layer i+1 while
-    this thread computes layer i, and FSDP2 waits for it at layer i+1 (chapter 08 measures
-    the overlap). Forward prefetches are issued only inside the root's forward, never in a
-    checkpoint's recomputation during backward (which would gather stale parameters);
+  * mixed precision: on CUDA parameters are gathered and computed in bf16, gradients reduced
+    in fp32 (MixedPrecisionPolicy); on CPU everything stays fp32;
+  * reshard_after_forward=True frees gathered parameters after forward and gathers them
+    again for backward (ZeRO-3: least memory, one more all-gather per unit); False keeps
+    them (ZeRO-2-like). The root unit is never resharded after forward;
+  * prefetch: layer i's forward starts layer i+1's all-gather, layer i's backward starts
+    layer i-1's. On CUDA FSDP2's `set_modules_to_forward_prefetch` / `..._backward_prefetch`
+    (its all-gather stream overlaps compute). On CPU, with no streams, FSDP2 would wait for a
+    prefetched gather right after issuing it, so hooks issue it with the public
+    `FSDPModule.unshard(async_op=True)`: gloo's thread gathers layer i+1 while this thread
+    computes layer i, FSDP2 waits for it at layer i+1 (chapter 08_communication measures the
+    overlap). Only inside the root's forward: a checkpoint's recomputation in backward must
+    not start a gather that the next step would consume after the optimizer changed the shards;
   * parameters a rank leaves unused (data-dependent control flow, a rank with no samples)
-    join the reduce-scatter with zero gradients (`set_reduce_scatter_unused_params`), so
-    every rank reduces the same buffers (without it: a collective size mismatch);
-  * gradients are SUMMED over ranks (no division), so each rank's loss must be divided by
-    the GLOBAL batch size (ranking_loss(..., normalizer=global batch)): then the gradient
-    is the single-process gradient of the global batch, whatever the per-rank sample
-    counts (load balancing gives ranks different counts). SUM-only reductions are also
-    what NCCL's zero-copy path and gloo support.
-The model code never sees any of this.
+    join the reduce-scatter with zero gradients (`set_reduce_scatter_unused_params`), so every
+    rank reduces the same buffers (without it: a collective size mismatch);
+  * gradients are SUMMED over ranks (no division): each rank divides its summed loss by the
+    GLOBAL batch size, so the gradient is the one-process gradient of the global batch,
+    whatever the per-rank sample counts. SUM-only reductions are also what gloo supports.
+Sizes are in elements (padded_numel). The model code never sees any of this.
 """
 from __future__ import annotations
 
@@ -61,7 +55,8 @@ def dense_mesh(mesh: DeviceMesh) -> DeviceMesh:
 def find_layers(model: nn.Module, layers: Sequence[str]) -> list[nn.Module]:
     """The modules named in `layers`; ValueError naming any that is missing, the root, or repeated."""
     if not layers:
-        raise ValueError(f"apply_fsdp needs the names of the layers to shard as units (got none) in {type(model).__name__}")
+        raise ValueError(f"apply_fsdp needs the names of the layers of {type(model).__name__} to shard as units "
+                         f"(got none)")
     if len(set(layers)) != len(layers) or "" in layers:
         raise ValueError(f"layers {list(layers)}: each must name a submodule once (the root is always a unit)")
     found = []

@@ -1,9 +1,10 @@
 """Applying parallelism to a built model, and what a multi-rank run adds to its record.
 
-`parallel_state` builds the 2D mesh over the running process group, `parallelize` shards
-the tables and applies FSDP2 to the layers and tables the caller names (the last thing
-applied to the model, after precision, AC and compile: docs/design.md), and keeps the
-sharded tables in the ParallelState, whose `finish_backward` syncs their replicas, `rank_times` and `measure_comm` measure what the ranks did.
+`parallel_state` builds the 2D mesh over the running process group; `parallelize` shards the
+tables and applies FSDP2 to the layers and tables the caller names (the last thing applied to
+the model, after precision, AC and compile: docs/design.md) and keeps the sharded tables in the
+ParallelState, whose `finish_backward` syncs their replicas; `rank_times` and `measure_comm`
+measure what the ranks did.
 gemref/train/compose.py and loop.py call these; gemref/parallel/launch.py starts the ranks.
 
 Batches: `TrainConfig.batch_size` is the GLOBAL batch. Every rank draws the same global

@@ -1,4 +1,4 @@
-"""2D sparse parallelism: embedding tables sharded across "shard", replicated across "replicate".
+"""2D sparse parallelism (chapter 07_fsdp_2d): tables sharded across "shard", replicated across "replicate".
 
 Embedding tables are most of a ranking model's bytes and few of its FLOPs, so they are
 never all-gathered: each rank keeps a slice of every table (row-wise) or whole tables
@@ -8,7 +8,9 @@ never all-gathered: each rank keeps a slice of every table (row-wise) or whole t
                                                                   backward: all-to-all (row grads)
 
 An nn.EmbeddingBag's ids travel the same way; its rows are pooled (sum or mean, per-sample
-weights with sum) on the rank that asked, after the rows come back.
+weights with sum) on the rank that asked, after the rows come back. Options the sharded
+lookup does not reproduce (padding_idx, max_norm, scale_grad_by_freq, sparse, mode="max")
+are refused by name. Sizes: rows and dims in elements, `local_bytes` in bytes.
 
 The all-to-alls run inside a shard group (S ranks, one mesh row), so the R groups are
 replicas of each other. After every backward the caller runs `sync_replica_grads(tables,
@@ -190,7 +192,8 @@ class ShardedEmbedding(nn.Module):
         else:
             if offsets is None:
                 raise ValueError(f"table {self.plan.name!r} is an nn.EmbeddingBag: 1D ids need offsets")
-            ends = offsets[1:] if self.include_last_offset else torch.cat([offsets[1:], offsets.new_tensor([ids.numel()])])
+            ends = offsets[1:] if self.include_last_offset else \
+                torch.cat([offsets[1:], offsets.new_tensor([ids.numel()])])
             lengths = ends - offsets[:ends.numel()]
         bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=rows.device), lengths)
         pooled = rows.new_zeros(lengths.numel(), self.embedding_dim).index_add(0, bag, rows)
