@@ -1,11 +1,27 @@
 """Rung 6: parallelism applied from outside the model (docs/design.md: model code never knows about it).
 
+The idea (chapter 07_fsdp_2d): ranks form a 2D mesh RxS, R "replicate" groups of S "shard"
+ranks. Dense layers are FSDP2 units whose parameters live as 1/S shards, gathered around
+their forward and backward, their gradients reduce-scattered over "shard" and all-reduced over
+"replicate" (HSDP). Embedding tables are never gathered: their rows are split over "shard"
+(row- or table-wise), a lookup moves ids and rows with all-to-alls, and the R replicas sum
+their table gradients after backward. Chapter 08_communication measures the bytes each
+collective moves per step and how much of their time compute hides.
+
+Any model: the caller names the modules. `shard_tables(model, mesh, tables, mode)` (fully
+qualified names of nn.Embedding / nn.EmbeddingBag modules) returns the sharded tables,
+`apply_fsdp(model, mesh, layers, device)` (names of the modules to shard as units, forward
+order), `sync_replica_grads(tables, mesh)` after every backward. A missing or wrong name, or
+an R > 1 mesh whose tables are never synced, is a ValueError. Units: ranks, rows, bytes.
+
     mesh.py         the 2D DeviceMesh ("replicate", "shard") over the process group (the RxS
                     spec itself, MeshShape/parse_mesh, lives in gemref/config/)
     replicate.py    replicated data parallelism (mesh Rx1): DDP's bucketed all-reduce, overlapped
-    fsdp.py         dense: FSDP2 fully_shard per GEMLayer and on the root (FSDP 1D / HSDP 2D)
-    sparse.py       embedding tables sharded row- or table-wise over "shard", all-to-all lookups
-    parallelize.py  the mesh of a run, tables then FSDP applied last, per-rank timing and comm records
+    fsdp.py         dense: FSDP2 fully_shard per named layer and on the root (FSDP 1D / HSDP 2D)
+    sparse.py       named Embedding/EmbeddingBag tables sharded row- or table-wise over "shard",
+                    all-to-all lookups, the replicas' gradient sum
+    parallelize.py  GEMRef's path: the mesh of a run, its tables then FSDP applied last (the names
+                    passed by train/compose.py), per-rank timing and comm records
     memory.py       bytes per rank of parameters, gradients and optimizer state
     comm.py         backend choice (gloo, nccl, ncclx), collective recording, overlap
     volume.py       analytic bytes per step of every collective

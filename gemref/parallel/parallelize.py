@@ -1,8 +1,10 @@
 """Applying parallelism to a built model, and what a multi-rank run adds to its record.
 
-`parallel_state` builds the 2D mesh over the running process group, `parallelize` shards
-the tables and applies FSDP2 (the last thing applied to the model, after precision, AC and
-compile: docs/design.md), `rank_times` and `measure_comm` measure what the ranks did.
+`parallel_state` builds the 2D mesh over the running process group; `parallelize` shards the
+tables and applies FSDP2 to the layers and tables the caller names (the last thing applied to
+the model, after precision, AC and compile: docs/design.md) and keeps the sharded tables in the
+ParallelState, whose `finish_backward` syncs their replicas; `rank_times` and `measure_comm`
+measure what the ranks did.
 gemref/train/compose.py and loop.py call these; gemref/parallel/launch.py starts the ranks.
 
 Batches: `TrainConfig.batch_size` is the GLOBAL batch. Every rank draws the same global
@@ -14,8 +16,8 @@ single-process step on the global batch, whatever the per-rank counts
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -29,7 +31,7 @@ from . import comm
 from .fsdp import apply_fsdp, reshard_all
 from .mesh import build_mesh, group_dims, local_device
 from .replicate import apply_replicate
-from .sparse import shard_tables, sync_replica_grads
+from .sparse import ShardedEmbedding, shard_tables, sync_replica_grads
 from .volume import step_volume, total_bytes
 
 
@@ -41,11 +43,12 @@ class ParallelState:
     world: int
     backend: str
     train: TrainConfig
+    tables: dict[str, ShardedEmbedding] = field(default_factory=dict)   # what `parallelize` sharded
 
     def finish_backward(self, model: nn.Module) -> None:
-        """Gradient syncs FSDP does not do itself: the sharded tables' replicas."""
+        """Gradient syncs FSDP does not do itself: the replicas of the tables `parallelize` sharded."""
         if self.train.parallelism.sparse_sharding != "none":
-            sync_replica_grads(model, self.mesh)
+            sync_replica_grads(self.tables, self.mesh)
 
     def sum(self, values: list[float]) -> list[float]:
         """All-reduce (SUM) a few host numbers, in float64."""
@@ -75,19 +78,20 @@ def parallel_state(train: TrainConfig, device: torch.device) -> tuple[ParallelSt
     return state, local_device(device.type)
 
 
-def parallelize(model: nn.Module, train: TrainConfig, state: ParallelState, device: torch.device,
-                ignored: nn.Module | None = None) -> None:
-    """The last thing applied to the model. Replicated (mesh Rx1, tables not sharded): DDP's
-    bucketed all-reduce overlapped with the backward (replicate.py). Otherwise sparse tables
-    first (FSDP must ignore them), then FSDP. `ignored`: a module sharded and updated by someone
-    else (TorchRec's tables), left out of DDP and FSDP."""
+def parallelize(model: nn.Module, train: TrainConfig, state: ParallelState, device: torch.device, *,
+                layers: Sequence[str], tables: Sequence[str] = (), ignored: nn.Module | None = None) -> None:
+    """The last thing applied to the model. `layers`: fully qualified names of the modules FSDP
+    shards as units (forward order); `tables`: those of the nn.Embedding / nn.EmbeddingBag
+    modules sparse_sharding shards. Replicated (mesh Rx1, tables not sharded): DDP's bucketed
+    all-reduce overlapped with the backward (replicate.py). Otherwise sparse tables first (FSDP
+    must ignore them; kept in `state.tables` for finish_backward), then FSDP. `ignored`: a
+    module sharded and updated by someone else (TorchRec's tables), left out of DDP and FSDP."""
     if state.shape.shard == 1 and train.parallelism.sparse_sharding == "none":
         apply_replicate(model, state.mesh, ignored_modules=[ignored] if ignored is not None else ())
         return
-    ignored = shard_tables(model, state.mesh, train.parallelism.sparse_sharding) + \
-        (list(ignored.parameters()) if ignored is not None else [])
-    apply_fsdp(model, state.mesh, device, reshard_after_forward=train.parallelism.reshard_after_forward,
-               ignored_params=ignored)
+    state.tables = shard_tables(model, state.mesh, tables, train.parallelism.sparse_sharding)
+    apply_fsdp(model, state.mesh, layers, device, reshard_after_forward=train.parallelism.reshard_after_forward,
+               ignored_params=ignored.parameters() if ignored is not None else ())
 
 
 # ----------------------------------------------------------------------------- record extras

@@ -1,4 +1,4 @@
-"""2D sparse parallelism: embedding tables sharded across "shard", replicated across "replicate".
+"""2D sparse parallelism (chapter 07_fsdp_2d): tables sharded across "shard", replicated across "replicate".
 
 Embedding tables are most of a ranking model's bytes and few of its FLOPs, so they are
 never all-gathered: each rank keeps a slice of every table (row-wise) or whole tables
@@ -7,10 +7,17 @@ never all-gathered: each rank keeps a slice of every table (row-wise) or whole t
     ids --bucket by owner--> all-to-all (counts, ids) --> local lookup --> all-to-all (rows)
                                                                   backward: all-to-all (row grads)
 
+An nn.EmbeddingBag's ids travel the same way; its rows are pooled (sum or mean, per-sample
+weights with sum) on the rank that asked, after the rows come back. Options the sharded
+lookup does not reproduce (padding_idx, max_norm, scale_grad_by_freq, sparse, mode="max")
+are refused by name. Sizes: rows and dims in elements, `local_bytes` in bytes.
+
 The all-to-alls run inside a shard group (S ranks, one mesh row), so the R groups are
-replicas of each other; after backward `sync_replica_grads` all-reduces each rank's table
-gradients across the "replicate" dim (one flat all-reduce). The optimizer then holds state
-only for the local rows: optimizer state is sharded the same way as the tables.
+replicas of each other. After every backward the caller runs `sync_replica_grads(tables,
+mesh)`, which sums the tables' gradients across the "replicate" dim (one flat all-reduce).
+With R > 1 a table whose gradient was never summed refuses its next training forward
+(ValueError): its replicas would otherwise drift apart with nothing said. The optimizer
+then holds state only for the local rows: optimizer state is sharded the same way as the tables.
 
 Plans (`plan_tables`):
   * row: every table split into S contiguous row blocks of ceil(V/S) rows (the chunking of
@@ -18,12 +25,14 @@ Plans (`plan_tables`):
     torch.distributed.checkpoint saves and reshards like any other);
   * table: whole tables placed by bytes, largest first onto the least-loaded shard rank
     (LPT); owners hold a plain parameter, other ranks hold none.
-`shard_tables(model, mesh, mode)` swaps the model's nn.Embedding modules for
-`ShardedEmbedding`s from outside; the model code does not change.
+`shard_tables(model, mesh, tables, mode)` swaps the modules named by `tables` (fully qualified
+names of nn.Embedding / nn.EmbeddingBag modules, any model) for `ShardedEmbedding`s from
+outside, and returns them; the model code does not change.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -80,34 +89,56 @@ def plan_tables(tables: dict[str, tuple[int, int]], shards: int, mode: str) -> d
     return {n: plans[n] for n in tables}
 
 
+
 class _AllToAll(torch.autograd.Function):
-    """all_to_all_single of rows with autograd: backward sends the gradients the reverse way."""
+    """all_to_all_single of rows with autograd: backward sends the gradients the reverse way, and
+    marks `table` as holding gradients not yet summed over "replicate"."""
 
     @staticmethod
-    def forward(ctx, rows: Tensor, out_splits: list[int], in_splits: list[int], group, *anchor: Tensor) -> Tensor:
-        ctx.splits, ctx.group = (out_splits, in_splits), group
+    def forward(ctx, rows: Tensor, out_splits: list[int], in_splits: list[int], table, *anchor: Tensor) -> Tensor:
+        ctx.splits, ctx.table = (out_splits, in_splits), table
         out = rows.new_empty((sum(out_splits),) + tuple(rows.shape[1:]))
-        dist.all_to_all_single(out, rows.contiguous(), out_splits, in_splits, group=group)
+        dist.all_to_all_single(out, rows.contiguous(), out_splits, in_splits, group=table.group)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         out_splits, in_splits = ctx.splits
         grad_in = grad.new_empty((sum(in_splits),) + tuple(grad.shape[1:]))
-        dist.all_to_all_single(grad_in, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        dist.all_to_all_single(grad_in, grad.contiguous(), in_splits, out_splits, group=ctx.table.group)
+        ctx.table.unsynced = ctx.table.replicas > 1
         return (grad_in, None, None, None) + (None,) * (len(ctx.needs_input_grad) - 4)
 
 
-class ShardedEmbedding(nn.Module):
-    """An nn.Embedding whose rows live on the ranks of a shard group; called like the original."""
+def check_table(name: str, module: nn.Module) -> None:
+    """ValueError unless `module` is an nn.Embedding / nn.EmbeddingBag that ShardedEmbedding reproduces."""
+    if not isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+        raise ValueError(f"table {name!r} is a {type(module).__name__}; shard_tables shards nn.Embedding and "
+                         f"nn.EmbeddingBag modules only")
+    unsupported = [opt for opt, on in (("padding_idx", module.padding_idx is not None),
+                                       ("max_norm", module.max_norm is not None),
+                                       ("scale_grad_by_freq", module.scale_grad_by_freq), ("sparse", module.sparse),
+                                       ("mode='max'", getattr(module, "mode", "sum") == "max")) if on]
+    if unsupported:
+        raise ValueError(f"table {name!r} uses {', '.join(unsupported)}, which ShardedEmbedding does not implement")
 
-    def __init__(self, table: nn.Embedding, plan: TablePlan, mesh: DeviceMesh):
+
+class ShardedEmbedding(nn.Module):
+    """An nn.Embedding or nn.EmbeddingBag whose rows live on the ranks of a shard group; called
+    like the original (a bag: `(ids, offsets=None, per_sample_weights=None)`, ids 1D with
+    offsets or 2D fixed-size bags)."""
+
+    def __init__(self, table: nn.Embedding | nn.EmbeddingBag, plan: TablePlan, mesh: DeviceMesh):
         super().__init__()
+        check_table(plan.name, table)
         self.plan, self.num_embeddings, self.embedding_dim = plan, table.num_embeddings, table.embedding_dim
+        self.bag = getattr(table, "mode", None) if isinstance(table, nn.EmbeddingBag) else None
+        self.include_last_offset = getattr(table, "include_last_offset", False)
         self.dtype = table.weight.dtype
         self.group, self.shards = mesh.get_group("shard"), mesh.size(1)
-        self.shard_index = mesh.get_local_rank("shard")
+        self.shard_index, self.replicas = mesh.get_local_rank("shard"), mesh.size(0)
         self.row_start = plan.row_range(self.shard_index, self.shards)[0]
+        self.unsynced = False        # a backward left gradients not yet summed over "replicate"
         full = table.weight.detach()
         if plan.mode == "row":
             self.weight = nn.Parameter(distribute_tensor(full, mesh, [Replicate(), Shard(0)]))
@@ -120,8 +151,8 @@ class ShardedEmbedding(nn.Module):
         w = self.weight
         return w.to_local() if isinstance(w, DTensor) else w
 
-    def forward(self, ids: Tensor) -> Tensor:
-        flat = ids.reshape(-1)
+    def lookup(self, flat: Tensor) -> Tensor:
+        """Rows (N, d) of the 1D ids `flat`, served by their owners (module doc)."""
         owner = self.plan.owner_of(flat, self.shards)
         order = torch.argsort(owner, stable=True)
         send = torch.bincount(owner, minlength=self.shards)
@@ -137,54 +168,97 @@ class ShardedEmbedding(nn.Module):
         else:
             served = F.embedding(served_ids - self.row_start, weight)
             anchor = ()
-        rows_sorted = _AllToAll.apply(served, send_l, recv_l, self.group, *anchor)
-        rows = rows_sorted[torch.argsort(order)]
-        return rows.view(*ids.shape, self.embedding_dim)
+        rows_sorted = _AllToAll.apply(served, send_l, recv_l, self, *anchor)
+        return rows_sorted[torch.argsort(order)]
+
+    def forward(self, ids: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None) -> Tensor:
+        if self.unsynced and torch.is_grad_enabled():
+            raise ValueError(f"table {self.plan.name!r}: the gradients of the last backward were never summed over "
+                             f"the mesh's 'replicate' dim (R={self.replicas}): call sync_replica_grads(tables, mesh) "
+                             f"after every backward, before the optimizer step")
+        if self.bag is None:
+            if offsets is not None or per_sample_weights is not None:
+                raise ValueError(f"table {self.plan.name!r} is an nn.Embedding: it takes no offsets or weights")
+            return self.lookup(ids.reshape(-1)).view(*ids.shape, self.embedding_dim)
+        rows = self.lookup(ids.reshape(-1))
+        if per_sample_weights is not None:
+            if self.bag != "sum":
+                raise ValueError(f"table {self.plan.name!r}: per_sample_weights need mode='sum', not {self.bag!r}")
+            rows = rows * per_sample_weights.reshape(-1, 1).to(rows.dtype)
+        if ids.dim() == 2:
+            if offsets is not None:
+                raise ValueError(f"table {self.plan.name!r}: 2D ids are fixed-size bags and take no offsets")
+            lengths = ids.new_full((ids.shape[0],), ids.shape[1])
+        else:
+            if offsets is None:
+                raise ValueError(f"table {self.plan.name!r} is an nn.EmbeddingBag: 1D ids need offsets")
+            ends = offsets[1:] if self.include_last_offset else \
+                torch.cat([offsets[1:], offsets.new_tensor([ids.numel()])])
+            lengths = ends - offsets[:ends.numel()]
+        bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=rows.device), lengths)
+        pooled = rows.new_zeros(lengths.numel(), self.embedding_dim).index_add(0, bag, rows)
+        return pooled / lengths.clamp(min=1)[:, None].to(pooled.dtype) if self.bag == "mean" else pooled
 
     def extra_repr(self) -> str:
         start, stop = self.plan.row_range(self.shard_index, self.shards)
-        return f"{self.num_embeddings}, {self.embedding_dim}, {self.plan.mode}-wise, rows [{start}, {stop})"
+        kind = f", bag {self.bag}" if self.bag else ""
+        return f"{self.num_embeddings}, {self.embedding_dim}{kind}, {self.plan.mode}-wise, rows [{start}, {stop})"
 
 
-def shard_tables(model: nn.Module, mesh: DeviceMesh, mode: str) -> list[nn.Parameter]:
-    """Replace every nn.Embedding in `model.tables` by a ShardedEmbedding; return their local parameters.
-
-    The returned parameters are what FSDP must ignore (`fully_shard(..., ignored_params=...)`).
+def shard_tables(model: nn.Module, mesh: DeviceMesh, tables: Sequence[str], mode: str) -> dict[str, ShardedEmbedding]:
+    """Replace each module named in `tables` (fully qualified names, e.g. "item" or "tables.item")
+    by a ShardedEmbedding planned row- or table-wise over the mesh's "shard" dim; return
+    {name: ShardedEmbedding}, what `sync_replica_grads` syncs. Their parameters are what FSDP
+    must ignore (gemref/parallel/fsdp.py `apply_fsdp` finds them itself). mode "none": {}.
     """
     if mode not in SPARSE_SHARDINGS:
         raise ValueError(f"sparse_sharding={mode!r}; valid: {', '.join(SPARSE_SHARDINGS)}")
     if mode == "none":
-        return []
-    tables = model.tables
-    plans = plan_tables({n: (t.num_embeddings, t.embedding_dim) for n, t in tables.items()}, mesh.size(1), mode)
+        return {}
+    if not tables:
+        raise ValueError(f"sparse_sharding={mode!r} needs the names of the tables to shard (got none)")
+    found = {}
+    for name in tables:
+        try:
+            found[name] = model.get_submodule(name)
+        except AttributeError:
+            raise ValueError(f"table {name!r}: no such module in {type(model).__name__}") from None
+        check_table(name, found[name])
+    plans = plan_tables({n: (t.num_embeddings, t.embedding_dim) for n, t in found.items()}, mesh.size(1), mode)
+    sharded = {}
     for name, plan in plans.items():
-        tables[name] = ShardedEmbedding(tables[name], plan, mesh)
-    return [t.weight for t in tables.values() if t.weight is not None]
+        parent, _, leaf = name.rpartition(".")
+        sharded[name] = ShardedEmbedding(found[name], plan, mesh)
+        setattr(model.get_submodule(parent), leaf, sharded[name])
+    return sharded
 
 
-def sharded_tables(model: nn.Module) -> list[ShardedEmbedding]:
-    tables = getattr(model, "tables", {})
-    return [t for t in tables.values() if isinstance(t, ShardedEmbedding)]
-
-
-def sync_replica_grads(model: nn.Module, mesh: DeviceMesh) -> None:
+def sync_replica_grads(tables: Mapping[str, ShardedEmbedding] | Iterable[ShardedEmbedding] | nn.Module,
+                       mesh: DeviceMesh) -> None:
     """Sum the table gradients of the R replicas (one flat all-reduce over "replicate").
 
-    Every rank of a replicate group holds the same shard index, hence the same tables and
-    row ranges, so the flat buffers line up.
+    `tables`: what shard_tables returned, or a module holding ShardedEmbeddings (found by type).
+    R = 1: nothing to sum. R > 1 with no sharded table given: ValueError. Every rank of a
+    replicate group holds the same shard index, hence the same tables and row ranges, so the
+    flat buffers line up.
     """
+    if isinstance(tables, nn.Module):
+        found = [m for m in tables.modules() if isinstance(m, ShardedEmbedding)]
+    else:
+        found = list(tables.values() if isinstance(tables, Mapping) else tables)
+    if not all(isinstance(t, ShardedEmbedding) for t in found):
+        raise ValueError("sync_replica_grads syncs ShardedEmbedding tables (what shard_tables returns)")
     if mesh.size(0) == 1:
         return
-    grads = []
-    for t in sharded_tables(model):
-        if t.weight is not None and t.weight.grad is not None:
-            g = t.weight.grad
-            grads.append(g.to_local() if isinstance(g, DTensor) else g)
+    if not found:
+        raise ValueError(f"mesh {mesh.size(0)}x{mesh.size(1)} has R > 1 replicas but no sharded table was given to "
+                         f"sync: pass the tables shard_tables returned")
+    for t in found:
+        t.unsynced = False
+    grads = [t.weight.grad for t in found if t.weight is not None and t.weight.grad is not None]
+    grads = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, group=mesh.get_group("replicate"))
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
+    torch._foreach_copy_(grads, [f.view_as(g) for f, g in zip(flat.split([g.numel() for g in grads]), grads)])

@@ -157,7 +157,9 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
         use_torchrec_tables(model, lr=train.lr, sharding=tables.torchrec_sharding, batch_size=per_rank,
                             two_d_shard=parallel.shape.shard if tables.torchrec_2d and parallel else None)
     if parallel is not None:
-        parallelize(model, train, parallel, device, ignored=model.tables if tables.engine == "torchrec" else None)
+        parallelize(model, train, parallel, device, layers=[f"layers.{i}" for i in range(len(model.layers))],
+                    tables=[f"tables.{name}" for name in model.tables] if tables.engine != "torchrec" else (),
+                    ignored=model.tables if tables.engine == "torchrec" else None)
     return model, kernel, report
 
 
