@@ -11,7 +11,8 @@ from gemref.config import get_preset, override
 from gemref.data.sampler import StepBatches
 from gemref.train import batch_sampler
 from gemref.model import GEMRef
-from gemref.parallel import comm
+from gemref.measure import comm
+from gemref.parallel import backend
 from gemref.simulate.cost_model import HARDWARE, LinkTier, collective_time, get_profile, group_tier
 from gemref.parallel.fsdp import padded_numel
 from gemref.config import MeshShape, parse_mesh
@@ -66,27 +67,27 @@ def test_checkpoint_switches_need_a_folder():
 
 
 def test_backend_choice_before_any_process_group():
-    assert comm.resolve_backend("auto", "cpu") == "gloo"
-    assert comm.resolve_backend("gloo", "cpu") == "gloo"
+    assert backend.resolve_backend("auto", "cpu") == "gloo"
+    assert backend.resolve_backend("gloo", "cpu") == "gloo"
     with pytest.raises(ValueError, match="backend='tcp'; valid: auto, gloo, nccl, ncclx"):
-        comm.resolve_backend("tcp", "cpu")
+        backend.resolve_backend("tcp", "cpu")
     with pytest.raises(ValueError, match="backend 'nccl' needs --device cuda"):
-        comm.resolve_backend("nccl", "cpu")
+        backend.resolve_backend("nccl", "cpu")
     with pytest.raises(ValueError, match="backend 'ncclx' needs --device cuda"):
-        comm.resolve_backend("ncclx", "cpu")
+        backend.resolve_backend("ncclx", "cpu")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without GPUs")
 def test_cuda_backends_without_gpus_say_why():
     with pytest.raises(ValueError, match="torch.cuda.is_available\\(\\) is False"):
-        comm.resolve_backend("nccl", "cuda")
+        backend.resolve_backend("nccl", "cuda")
 
 
 def test_ncclx_without_torchcomms_says_how_to_install(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(comm.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(backend.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="needs the torchcomms package.*pip install --pre torchcomms"):
-        comm.resolve_backend("ncclx", "cuda")
+        backend.resolve_backend("ncclx", "cuda")
 
 
 def gemref(*args):

@@ -9,7 +9,7 @@ from ..errors import UsageError
 from .section import Section, switch
 
 SPARSE_SHARDINGS = ("none", "row", "table")               # gemref/parallel/sparse.py
-BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/comm.py
+BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/backend.py
 
 
 @dataclass(frozen=True)

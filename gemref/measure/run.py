@@ -22,12 +22,12 @@ from ..data.jagged import JaggedBatch
 from ..data.sampler import StepBatches
 from ..interop.lib import quiet_torchrec
 from ..interop.tables import engine_record
+from .comm import measure_comm, rank_times
 from ..mfu.memory import track_peak_memory
 from ..mfu.profile import time_breakdown
 from ..parallel import launch
 from ..parallel.fsdp import reshard_all
 from ..parallel.memory import global_parameters, rank_bytes
-from ..parallel.parallelize import measure_comm, rank_times
 from ..report.records import MemoryRecord, ParallelRecord, RunRecord, run_record
 from ..runtime.files import to_jsonable, write_json
 from ..train import LoopHooks, Setup, StepResult, TrainResult, sample_batch, setup, train

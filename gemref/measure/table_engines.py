@@ -9,7 +9,7 @@ the same per-rank batches, each step timed between barriers. Step time: per wind
 rank's median step, then the median over windows with its spread; `vs_native` is the median of
 the paired per-window ratios against the variant's baseline (<1: faster). Bytes per rank: the
 table weights and table optimizer state this rank holds (gemref/parallel/memory.py
-`table_bytes`), and the payload bytes of the collectives of one step (gemref/parallel/comm.py's
+`table_bytes`), and the payload bytes of the collectives of one step (gemref/measure/comm.py's
 recorder). The table optimizers differ (AdamW keeps 2 values per weight, Adagrad 1), as in
 training.
 
@@ -34,7 +34,7 @@ from ..errors import UsageError
 from ..interop.lib import quiet_torchrec
 from ..interop.sharders import dmp_collection_refusal
 from ..mfu.timing import interleaved
-from ..parallel.comm import CollectiveRecorder
+from .comm import CollectiveRecorder
 from ..parallel.launch import cpu_ranks, launch, to_rank0
 from ..parallel.memory import table_bytes
 from ..parallel.mesh import group_dims

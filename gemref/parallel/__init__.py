@@ -21,10 +21,11 @@ an R > 1 mesh whose tables are never synced, is a ValueError. Units: ranks, rows
     sparse.py       named Embedding/EmbeddingBag tables sharded row- or table-wise over "shard",
                     all-to-all lookups, the replicas' gradient sum
     parallelize.py  GEMRef's path: the mesh of a run, its tables then FSDP applied last (the names
-                    passed by train/compose.py), per-rank timing and comm records
+                    passed by train/compose.py)
     memory.py       bytes per rank of parameters, gradients and optimizer state
-    comm.py         backend choice (gloo, nccl, ncclx), collective recording, overlap
-    volume.py       analytic bytes per step of every collective
+    backend.py      backend choice (gloo, nccl, ncclx) and the NCCLX mesh
+    volume.py       analytic bytes per step of every collective (the lab's comm measurement,
+                    gemref/measure/comm.py, sets what was recorded beside it)
     launch.py       local spawned ranks and torchrun's environment
 
 Checkpoints (gemref/checkpoint/) and what every command needs from the OS, files, folder locks

@@ -4,7 +4,7 @@ Every multi-rank run (`gemref train --ranks`, the waterfall, the validation runs
 that measure on ranks) goes `preflight(...)` -> `launch(fn, args, plan)`:
 
   * `preflight` is the one check of a launch, before any process or process group exists:
-    the device, one backend for every config (gemref/parallel/comm.py), the world size
+    the device, one backend for every config (gemref/parallel/backend.py), the world size
     against every config's mesh, the local device count (GPUs, or one-thread ranks per CPU
     core: gemref/options.py), and the transport (NCCLX bootstraps from torchrun's
     variables only). A problem is a UsageError in the user's terms.
@@ -24,7 +24,7 @@ Nothing may hang: a rank that raises fails the call with that rank's error (a Us
 stays a UsageError, so the CLI exits 2 with one line; a ValueError stays a ValueError, with
 the rank's traceback in its message); a rank that dies kills the
 others; past `timeout_s` every rank is killed and TimeoutError raised. Backends are
-checked before any process starts (gemref/parallel/comm.py). Nothing outlives the call: each
+checked before any process starts (gemref/parallel/backend.py). Nothing outlives the call: each
 spawned rank leads its own process group and dies with its parent (gemref/runtime/interrupt.py),
 and however the call ends (an error, Ctrl-C, SIGTERM) every rank's group is killed and reaped.
 
@@ -69,7 +69,7 @@ from ..config import MeshShape
 from ..env import resolve_device
 from ..errors import UsageError, user_input
 from ..options import check_local_ranks
-from . import comm
+from .backend import finalize_ncclx, init_ncclx, resolve_backend
 from ..runtime.files import atomic_write_text
 from ..runtime.interrupt import kill_group, own_group, starting_children
 from .mesh import check_world, local_device, release_meshes
@@ -100,15 +100,15 @@ def _timeout(seconds: float) -> datetime.timedelta:
 
 
 def init_from_env(backend: str, device: torch.device, mesh_shape, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-    """Join torchrun's job (env://). `backend` is resolved and checked already (comm.resolve_backend).
+    """Join torchrun's job (env://). `backend` is resolved and checked already (resolve_backend).
 
     nccl / gloo: init_process_group. ncclx: torchcomms builds NCCLX communicators per mesh
-    dim and the DeviceMesh over them (comm.init_ncclx; mesh.build_mesh then returns it).
+    dim and the DeviceMesh over them (init_ncclx; mesh.build_mesh then returns it).
     """
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if backend == "ncclx":
-        comm.init_ncclx(mesh_shape.replicate, mesh_shape.shard, device)
+        init_ncclx(mesh_shape.replicate, mesh_shape.shard, device)
         return
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend, init_method="env://", timeout=_timeout(timeout_s), **kwargs)
@@ -118,7 +118,7 @@ def shutdown() -> None:
     """Release communicators (NCCLX sub-communicators first), gemref's cached meshes, then the
     process group."""
     release_meshes()
-    comm.finalize_ncclx()
+    finalize_ncclx()
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -299,7 +299,7 @@ def preflight(device: str, backends: Sequence[str], meshes: Sequence[MeshShape],
     torchrun = torchrun_world()
     with user_input():      # every check here is about what the user asked for
         dev = resolve_device(device)
-        resolved = {comm.resolve_backend(b, dev) for b in backends}
+        resolved = {resolve_backend(b, dev) for b in backends}
         if len(resolved) > 1:
             raise ValueError(f"one launch runs one backend; these configs ask for {sorted(resolved)}")
         backend = resolved.pop()

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..config import MeshShape
-from .comm import ncclx_mesh_built
+from .backend import ncclx_mesh_built
 
 MESH_DIMS = ("replicate", "shard")
 _meshes: dict[tuple, DeviceMesh] = {}
@@ -67,7 +67,7 @@ def build_mesh(shape: MeshShape, device_type: str) -> DeviceMesh:
 def group_dims(mesh: DeviceMesh) -> dict[str, str]:
     """Process-group name -> mesh dim ("replicate", "shard"), plus the world group ("world").
 
-    The collective recorder (comm.py) uses it to say along which dim each collective ran.
+    The collective recorder (gemref/measure/comm.py) uses it to say along which dim each collective ran.
     """
     names = {dist.distributed_c10d._get_default_group().group_name: "world"}
     for dim in MESH_DIMS:

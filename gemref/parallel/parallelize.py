@@ -1,11 +1,11 @@
-"""Applying parallelism to a built model, and what a multi-rank run adds to its record.
+"""Applying parallelism to a built model.
 
 `parallel_state` builds the 2D mesh over the running process group; `parallelize` shards the
 tables and applies FSDP2 to the layers and tables the caller names (the last thing applied to
 the model, after precision, AC and compile: docs/design.md) and keeps the sharded tables in the
-ParallelState, whose `finish_backward` syncs their replicas; `rank_times` and `measure_comm`
-measure what the ranks did.
-gemref/train/compose.py and loop.py call these; gemref/parallel/launch.py starts the ranks.
+ParallelState, whose `finish_backward` syncs their replicas (what the ranks did is measured by
+the lab: gemref/measure/comm.py `rank_times`, `measure_comm`).
+gemref/train/compose.py calls these; gemref/parallel/launch.py starts the ranks.
 
 Batches: `TrainConfig.batch_size` is the GLOBAL batch. Every rank draws the same global
 batches (seed, epoch) and takes its part (gemref/data/sampler.py). Gradients are summed over
@@ -15,24 +15,21 @@ single-process step on the global batch, whatever the per-rank counts
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from ..config import MeshShape, Preset, TrainConfig
+from ..config import MeshShape, TrainConfig
 from ..errors import UsageError
-from ..mfu.profile import quiet_profile
-from . import comm
-from .fsdp import apply_fsdp, reshard_all
-from .mesh import build_mesh, group_dims, local_device
+from .backend import ncclx_mesh_built
+from .fsdp import apply_fsdp
+from .mesh import build_mesh, local_device
 from .replicate import apply_replicate
 from .sparse import ShardedEmbedding, shard_tables, sync_replica_grads
-from .volume import step_volume, total_bytes
 
 
 @dataclass
@@ -64,7 +61,7 @@ class ParallelState:
 
 def parallel_state(train: TrainConfig, device: torch.device) -> tuple[ParallelState | None, torch.device]:
     """The mesh over the running process group (and this rank's device); (None, device) in one plain process."""
-    if not dist.is_initialized() and comm.ncclx_mesh_built() is None:
+    if not dist.is_initialized() and ncclx_mesh_built() is None:
         layout = train.parallelism
         if layout.mesh != "1x1" or layout.sparse_sharding != "none":
             shape = layout.shape
@@ -73,7 +70,7 @@ def parallel_state(train: TrainConfig, device: torch.device) -> tuple[ParallelSt
         return None, device
     shape = train.parallelism.shape
     mesh = build_mesh(shape, device.type)
-    backend = "ncclx" if comm.ncclx_mesh_built() is not None else dist.get_backend()
+    backend = "ncclx" if ncclx_mesh_built() is not None else dist.get_backend()
     state = ParallelState(mesh, shape, dist.get_rank(), dist.get_world_size(), backend, train)
     return state, local_device(device.type)
 
@@ -92,65 +89,3 @@ def parallelize(model: nn.Module, train: TrainConfig, state: ParallelState, devi
     state.tables = shard_tables(model, state.mesh, tables, train.parallelism.sparse_sharding)
     apply_fsdp(model, state.mesh, layers, device, reshard_after_forward=train.parallelism.reshard_after_forward,
                ignored_params=ignored.parameters() if ignored is not None else ())
-
-
-# ----------------------------------------------------------------------------- record extras
-
-
-def rank_times(state: ParallelState, step_s: list[float], cpu_s: list[float], samples: list[int]) -> list[dict]:
-    """Per rank (medians over timed steps): step wall time, its compute, and the rest: waiting.
-
-    Compute is this thread's CPU time, which on CPU ranks (one thread each) is the work
-    itself, blind to time-sharing of the cores. On GPUs the host thread only launches
-    kernels: there, read the profiler's exposed communication (measure_comm) instead.
-    """
-    mine = {"rank": state.rank, "samples": statistics.median(samples), "step_s": statistics.median(step_s),
-            "compute_cpu_s": statistics.median(cpu_s),
-            "wait_s": statistics.median(max(0.0, w - c) for w, c in zip(step_s, cpu_s))}
-    return state.gather(mine)
-
-
-def measure_comm(state: ParallelState, preset: Preset, model: nn.Module, batch, fwd_bwd: Callable[[], None]) -> dict:
-    """One profiled forward+backward under the CollectiveRecorder: recorded vs analytic bytes, exposed comm.
-
-    Returns (on every rank) world totals per (kind, dim), the ratio recorded / analytic, and
-    each rank's overlap figures.
-    """
-    cuda = state.mesh.device_type == "cuda"
-    reshard_all(model)      # start from the sharded state a training step starts from
-    recorder = comm.CollectiveRecorder(group_dims(state.mesh))
-    dist.barrier()
-    with quiet_profile(state.mesh.device_type) as prof:
-        with recorder:
-            fwd_bwd()
-        if cuda:
-            torch.cuda.synchronize()
-    comm.attach_times(recorder.collectives, prof)
-    tc = state.train
-    analytic = step_volume(preset.model, state.shape, rank=state.rank, batch=batch.batch_size,
-                           tokens=batch.num_tokens, jagged=tc.attention.jagged, param_bytes=2 if cuda else 4,
-                           reduce_bytes=4, reshard_after_forward=tc.parallelism.reshard_after_forward,
-                           sparse_sharding=tc.parallelism.sparse_sharding)
-    per_rank = state.gather({"recorded": recorder.summary(), "analytic": analytic,
-                             "overlap": comm.comm_overlap(prof)})
-    rows: dict[tuple[str, str], dict] = {}
-    for r in per_rank:
-        for kind in ("recorded", "analytic"):
-            for row in r[kind]:
-                entry = rows.setdefault((row["kind"], row["dim"]), {"kind": row["kind"], "dim": row["dim"],
-                                        "recorded_bytes": 0.0, "analytic_bytes": 0.0, "recorded_count": 0.0,
-                                        "seconds": 0.0})
-                if kind == "recorded":
-                    entry["recorded_bytes"] += row["bytes_per_step"]
-                    entry["recorded_count"] += row["count_per_step"]
-                    entry["seconds"] += row["seconds_per_step"]
-                else:
-                    entry["analytic_bytes"] += row["bytes"]
-    table = sorted(rows.values(), key=lambda e: (e["dim"], e["kind"]))
-    for e in table:
-        e["ratio"] = e["recorded_bytes"] / e["analytic_bytes"] if e["analytic_bytes"] else None
-    recorded, expected = sum(e["recorded_bytes"] for e in table), sum(e["analytic_bytes"] for e in table)
-    return {"by_kind": table, "recorded_bytes": recorded, "analytic_bytes": expected,
-            "ratio": recorded / expected if expected else None,
-            "analytic_bytes_rank0": total_bytes(per_rank[0]["analytic"]),
-            "overlap_per_rank": [dict(rank=i, **r["overlap"]) for i, r in enumerate(per_rank)]}

@@ -1,6 +1,6 @@
 """Analytic communication volume of one training step: which collectives, how many payload bytes.
 
-Per rank and step, for a ModelConfig on an RxS mesh (payload bytes as comm.py records
+Per rank and step, for a ModelConfig on an RxS mesh (payload bytes as gemref/measure/comm.py records
 them: all-gather output, reduce-scatter input, all-reduce tensor, all-to-all input):
 
   dense, FSDP units = each GEMLayer + the root (the rest; plus the tables if not sharded):

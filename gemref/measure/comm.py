@@ -1,103 +1,45 @@
-"""Communication: which backend, what every collective moved, and how much of it was exposed.
+"""What a step's collectives moved and how much of their time was exposed (the lab's comm measurement).
 
-1. `resolve_backend(name, device)` checks a backend BEFORE any process group exists: gloo
-   (CPU), nccl (CUDA), ncclx (Meta's NCCLX, reached through torchcomms when importable).
-2. `CollectiveRecorder` is a TorchDispatchMode that sees every c10d collective that runs
+1. `CollectiveRecorder` is a TorchDispatchMode that sees every c10d collective that runs
    inside it (FSDP's all-gathers and reduce-scatters, the HSDP all-reduce, the sparse
    all-to-alls): kind, mesh dim, group size and payload bytes. Payload = the whole tensor
    of the collective: all-gather output, reduce-scatter input, all-reduce tensor,
    all-to-all input (what this rank sends, its own part included). A collective over a
    one-rank group moves nothing and is not recorded. It intercepts every op, so use it on
    measuring steps, not while timing.
-3. `comm_overlap(profile)` reads a torch.profiler trace: the execution intervals of the
+2. `comm_overlap(profile)` reads a torch.profiler trace: the execution intervals of the
    collectives (gloo worker threads on CPU, NCCL kernels on GPU) against the compute
    intervals (aten ops on the main thread, other kernels on GPU). total = the union of the
    comm intervals; exposed = the part of it during which no compute ran, i.e. the time a
    rank only waited on the network. `attach_times` gives each recorded collective the
    execution time of its matching profiler event.
+3. `measure_comm` runs one profiled forward+backward of a run under the recorder and sets the
+   recorded bytes beside the analytic ones (gemref/parallel/volume.py); `rank_times` gathers each
+   rank's step, compute and waiting times (gemref/measure/run.py puts both in the run record).
 
-The analytic bytes per step are in volume.py, the alpha-beta time model in gemref/simulate/cost_model.py.
+The alpha-beta time model is in gemref/simulate/cost_model.py; the backend choice in
+gemref/parallel/backend.py.
 """
 from __future__ import annotations
 
-import importlib.util
+import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ..config import BACKENDS
-
-NCCLX_INSTALL = ("pip install --pre torchcomms --index-url https://download.pytorch.org/whl/nightly/cu128 "
-                 "(see https://github.com/meta-pytorch/torchcomms; needs CUDA GPUs)")
-
-
-def resolve_backend(name: str, device: torch.device | str) -> str:
-    """The concrete backend for `device`; a ValueError saying why when it cannot run here."""
-    device = torch.device(device)
-    if name not in BACKENDS:
-        raise ValueError(f"backend={name!r}; valid: {', '.join(BACKENDS)}")
-    if name == "auto":
-        return "nccl" if device.type == "cuda" else "gloo"
-    if name == "gloo" and device.type == "cuda":
-        raise ValueError("backend 'gloo' runs CPU tensors here (no reduce-scatter on CUDA tensors); "
-                         "use --backend nccl (or ncclx) with --device cuda")
-    if name in ("nccl", "ncclx") and device.type != "cuda":
-        raise ValueError(f"backend {name!r} needs --device cuda; on CPU use gloo")
-    if name in ("nccl", "ncclx") and not torch.cuda.is_available():
-        raise ValueError(f"backend {name!r} needs CUDA GPUs, but torch.cuda.is_available() is False")
-    if name == "nccl" and not dist.is_nccl_available():
-        raise ValueError(f"backend 'nccl': this torch build ({torch.__version__}) has no NCCL")
-    if name == "ncclx" and importlib.util.find_spec("torchcomms") is None:
-        raise ValueError(f"backend 'ncclx' needs the torchcomms package, which is not importable here: {NCCLX_INSTALL}")
-    return name
-
-
-_ncclx: dict = {}   # {"mesh": DeviceMesh, "comms": [...]} of the NCCLX job this process joined
-
-
-def ncclx_mesh_built():
-    """The DeviceMesh `init_ncclx` built (None when this process runs no NCCLX job)."""
-    return _ncclx.get("mesh")
-
-
-def init_ncclx(replicate: int, shard: int, device: torch.device) -> None:
-    """Join the NCCLX job: build its mesh (ncclx_mesh) and keep it for build_mesh and shutdown."""
-    mesh, comms = ncclx_mesh(replicate, shard, device)
-    _ncclx.update(mesh=mesh, comms=comms)
-
-
-def finalize_ncclx() -> None:
-    """Release the NCCLX communicators (sub-communicators first)."""
-    for comm in _ncclx.pop("comms", []):
-        comm.finalize()
-    _ncclx.clear()
-
-
-def ncclx_mesh(replicate: int, shard: int, device: torch.device):
-    """A ("replicate", "shard") DeviceMesh whose groups are NCCLX communicators (torchcomms).
-
-    One world communicator, split into one communicator per mesh dim, wrapped as process
-    groups by `torchcomms.device_mesh.init_device_mesh`; FSDP and DTensor then run on NCCLX
-    unchanged. Returns (mesh, communicators); call `.finalize()` on each (sub-communicators
-    first) before exit. Not run in gemref's CI (needs GPUs and torchcomms).
-    """
-    import torchcomms
-    from torchcomms.device_mesh import init_device_mesh
-
-    world = torchcomms.new_comm("ncclx", device, name="gemref_world")
-    rank = world.get_rank()
-    grid = torch.arange(replicate * shard).view(replicate, shard)
-    r, s = divmod(rank, shard)
-    dims = {"replicate": world.split(grid[:, s].tolist(), "replicate"),
-            "shard": world.split(grid[r, :].tolist(), "shard")}
-    mesh = init_device_mesh(mesh_dim_comms=(dims["replicate"], dims["shard"]),
-                            mesh_dim_names=("replicate", "shard"), _global_comm=world)
-    return mesh, [dims["replicate"], dims["shard"], world]
+from ..config import Preset
+from ..mfu.profile import quiet_profile
+from ..parallel.fsdp import reshard_all
+from ..parallel.mesh import group_dims
+from ..parallel.parallelize import ParallelState
+from ..parallel.volume import step_volume, total_bytes
 
 
 # ----------------------------------------------------------------------------- recording
@@ -280,3 +222,63 @@ def attach_times(collectives: list[Collective], prof) -> int:
                 matched += 1
                 break
     return matched
+
+
+# ----------------------------------------------------------------------------- a run's comm record
+def rank_times(state: ParallelState, step_s: list[float], cpu_s: list[float], samples: list[int]) -> list[dict]:
+    """Per rank (medians over timed steps): step wall time, its compute, and the rest: waiting.
+
+    Compute is this thread's CPU time, which on CPU ranks (one thread each) is the work
+    itself, blind to time-sharing of the cores. On GPUs the host thread only launches
+    kernels: there, read the profiler's exposed communication (measure_comm) instead.
+    """
+    mine = {"rank": state.rank, "samples": statistics.median(samples), "step_s": statistics.median(step_s),
+            "compute_cpu_s": statistics.median(cpu_s),
+            "wait_s": statistics.median(max(0.0, w - c) for w, c in zip(step_s, cpu_s))}
+    return state.gather(mine)
+
+
+def measure_comm(state: ParallelState, preset: Preset, model: nn.Module, batch, fwd_bwd: Callable[[], None]) -> dict:
+    """One profiled forward+backward under the CollectiveRecorder: recorded vs analytic bytes, exposed comm.
+
+    Returns (on every rank) world totals per (kind, dim), the ratio recorded / analytic, and
+    each rank's overlap figures.
+    """
+    cuda = state.mesh.device_type == "cuda"
+    reshard_all(model)      # start from the sharded state a training step starts from
+    recorder = CollectiveRecorder(group_dims(state.mesh))
+    dist.barrier()
+    with quiet_profile(state.mesh.device_type) as prof:
+        with recorder:
+            fwd_bwd()
+        if cuda:
+            torch.cuda.synchronize()
+    attach_times(recorder.collectives, prof)
+    tc = state.train
+    analytic = step_volume(preset.model, state.shape, rank=state.rank, batch=batch.batch_size,
+                           tokens=batch.num_tokens, jagged=tc.attention.jagged, param_bytes=2 if cuda else 4,
+                           reduce_bytes=4, reshard_after_forward=tc.parallelism.reshard_after_forward,
+                           sparse_sharding=tc.parallelism.sparse_sharding)
+    per_rank = state.gather({"recorded": recorder.summary(), "analytic": analytic,
+                             "overlap": comm_overlap(prof)})
+    rows: dict[tuple[str, str], dict] = {}
+    for r in per_rank:
+        for kind in ("recorded", "analytic"):
+            for row in r[kind]:
+                entry = rows.setdefault((row["kind"], row["dim"]), {"kind": row["kind"], "dim": row["dim"],
+                                        "recorded_bytes": 0.0, "analytic_bytes": 0.0, "recorded_count": 0.0,
+                                        "seconds": 0.0})
+                if kind == "recorded":
+                    entry["recorded_bytes"] += row["bytes_per_step"]
+                    entry["recorded_count"] += row["count_per_step"]
+                    entry["seconds"] += row["seconds_per_step"]
+                else:
+                    entry["analytic_bytes"] += row["bytes"]
+    table = sorted(rows.values(), key=lambda e: (e["dim"], e["kind"]))
+    for e in table:
+        e["ratio"] = e["recorded_bytes"] / e["analytic_bytes"] if e["analytic_bytes"] else None
+    recorded, expected = sum(e["recorded_bytes"] for e in table), sum(e["analytic_bytes"] for e in table)
+    return {"by_kind": table, "recorded_bytes": recorded, "analytic_bytes": expected,
+            "ratio": recorded / expected if expected else None,
+            "analytic_bytes_rank0": total_bytes(per_rank[0]["analytic"]),
+            "overlap_per_rank": [dict(rank=i, **r["overlap"]) for i, r in enumerate(per_rank)]}
