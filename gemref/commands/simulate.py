@@ -62,7 +62,7 @@ def run_project(args: argparse.Namespace) -> int:
     from ..report import format_table
     from ..runtime.files import write_json
     from ..simulate.projection import GPU_COUNTS, Options, check_gpus, project
-    from ..simulate.summary import (at, findings, gem_band, load_waterfall, measured_mfu, mfu_pivot,
+    from ..simulate.summary import (at, collective_rows, findings, gem_band, load_waterfall, measured_mfu, mfu_pivot,
                                     parse_mfu_assumption, rung_deltas, table_rows)
 
     preset = get_preset(args.preset)
@@ -78,6 +78,9 @@ def run_project(args: argparse.Namespace) -> int:
     top = max(gpus)
     print(format_table(mfu_pivot(rows), title=f"projected MFU: {preset.name} preset on {args.hardware} (weak scaling)"))
     print(format_table(table_rows(at(rows, top)), title=f"one step at {top} GPUs (seconds per rank)"))
+    for r in (at(rows, top)[0], at(rows, top)[-1]):
+        print(format_table(collective_rows(r), title=f"{r['rung']} at {top} GPUs: collectives per step and rank "
+                                                     "(latency and bandwidth seconds)"))
     for line in findings(rows):
         print(line)
     if args.json:
