@@ -73,18 +73,29 @@ def test_auto_takes_pat_below_the_crossover_and_the_ring_above():
 
 
 def test_two_tiers_by_hand():
-    # 32 ranks, 8 per node on 4 nodes; B = 3.2e9
-    # all-gather: inter all-gather of B/8 = 4e8 over 4 ranks, ring: 3 x 8e-6 = 2.4e-5 s, 3/4 x 4e8 / 4e10 = 7.5e-3 s
-    #   (PAT: 2 x 8e-6 + 4 x 2.8e-6 = 2.72e-5 s, 1e-2 s: slower); intra all-gather of 3.2e9 over 8:
+    # 32 ranks, 8 per node on 4 nodes; B = 3.2e9; NVLink a = 3 us, b = 3.6e11; NIC a = 8 us, b = 4e10
+    # NCCL's schedule, all-gather: one ring over the 32 ranks, (32-4) NVLink steps + 3 network steps:
+    #   28 x 3e-6 + 3 x 8e-6 = 1.08e-4 s; its 31/32 x 3.2e9 = 3.1e9 B go 7/8 over NVLink, 1/8 over each NIC:
+    #   max(3.1e9 x 7/8 / 3.6e11, 3.1e9 / 8 / 4e10) = max(7.5347e-3, 9.6875e-3) = 9.6875e-3 s
+    assert parts(price("all_gather", 3.2e9, 32, 8, NVL, NIC)) == pytest.approx((1.08e-4, 9.6875e-3, "ring"))
+    # two levels: inter all-gather of B/8 = 4e8 over 4 ranks, ring: 3 x 8e-6 = 2.4e-5 s, 3/4 x 4e8 / 4e10 =
+    #   7.5e-3 s (PAT: 2 x 8e-6 + 4 x 2.8e-6 = 2.72e-5 s, 1e-2 s: slower); intra all-gather of 3.2e9 over 8:
     #   7 x 3e-6 = 2.1e-5 s, 7/8 x 3.2e9 / 3.6e11 = 7.7778e-3 s.
     #   latency 2.4e-5 + 2.1e-5 = 4.5e-5 s; bandwidth max(7.7778e-3, 7.5e-3) = 7.7778e-3 s
-    assert parts(price("all_gather", 3.2e9, 32, 8, NVL, NIC)) == pytest.approx((4.5e-5, 7.777778e-3, "ring+ring"))
+    two = price("all_gather", 3.2e9, 32, 8, NVL, NIC, schedule="hierarchical")
+    assert parts(two) == pytest.approx((4.5e-5, 7.777778e-3, "ring+ring"))
     # flat, every step and byte on the NIC: 31 x 8e-6 = 2.48e-4 s; 31/32 x 3.2e9 / 4e10 = 7.75e-2 s
-    assert parts(price("all_gather", 3.2e9, 32, 8, NVL, NIC, schedule="flat")) == pytest.approx((2.48e-4, 7.75e-2, "ring"))
-    # all-reduce: intra reduce-scatter and all-gather (2.1e-5 s and 7.7778e-3 s each) + inter all-reduce of
-    #   4e8 over 4: ring 6 x 8e-6 = 4.8e-5 s, 2 x 3/4 x 4e8 / 4e10 = 1.5e-2 s (tree: 3.2e-5 s + 2e-2 s, slower).
-    #   latency 2.1e-5 + 2.1e-5 + 4.8e-5 = 9e-5 s; bandwidth max(1.55556e-2, 1.5e-2) = 1.55556e-2 s
-    assert parts(price("all_reduce", 3.2e9, 32, 8, NVL, NIC)) == pytest.approx((9e-5, 1.555556e-2, "ring+ring"))
+    flat = price("all_gather", 3.2e9, 32, 8, NVL, NIC, schedule="flat")
+    assert parts(flat) == pytest.approx((2.48e-4, 7.75e-2, "ring"))
+    # all-reduce, NCCL: the ring twice, 2.16e-4 s + 1.9375e-2 s = 1.9591e-2 s; the tree: chains in the node
+    #   (reduce-scatter and all-gather, 2.1e-5 s and 7.7778e-3 s each) and a tree of 4e8 B over 4 nodes:
+    #   2 x 2 x 8e-6 = 3.2e-5 s, 2 x 4e8 / 4e10 = 2e-2 s: 7.4e-5 s + max(1.5556e-2, 2e-2) = 2.0074e-2 s: the ring
+    assert parts(price("all_reduce", 3.2e9, 32, 8, NVL, NIC)) == pytest.approx((2.16e-4, 1.9375e-2, "ring"))
+    assert parts(price("all_reduce", 3.2e9, 32, 8, NVL, NIC, "tree")) == pytest.approx((7.4e-5, 2e-2, "tree"))
+    # all-reduce in two levels: the inter all-reduce of 4e8 over 4 by ring: 6 x 8e-6 = 4.8e-5 s,
+    #   2 x 3/4 x 4e8 / 4e10 = 1.5e-2 s; latency 2.1e-5 + 2.1e-5 + 4.8e-5 = 9e-5 s; bandwidth max(1.5556e-2, 1.5e-2)
+    two = price("all_reduce", 3.2e9, 32, 8, NVL, NIC, schedule="hierarchical")
+    assert parts(two) == pytest.approx((9e-5, 1.555556e-2, "ring+ring"))
     # all-to-all, every peer in flight: the slower tier's alpha, 8e-6 s; max(7/32 x 3.2e9 / 3.6e11,
     #   3/4 x 3.2e9 / 4e10) = max(1.9444e-3, 6e-2) = 6e-2 s: bound by the share that leaves the node
     assert parts(price("all_to_all", 3.2e9, 32, 8, NVL, NIC)) == pytest.approx((8e-6, 6e-2, "concurrent"))
@@ -96,10 +107,14 @@ def test_two_tiers_by_hand():
 def test_two_tiers_never_cost_more_than_the_flat_ring_on_the_nic(kind):
     for n in (16, 64, 512, 4096):
         for payload in (1e3, 1e6, 1e8, 1e10):
-            two = price(kind, payload, n, 8, NVL, NIC)
             flat = price(kind, payload, n, 8, NVL, NIC, schedule="flat")
-            assert two.seconds <= flat.seconds * (1 + 1e-12), (kind, n, payload, two, flat)
-            assert two.bandwidth_s <= flat.bandwidth_s * (1 + 1e-12)
+            for schedule in ("nccl", "hierarchical"):
+                two = price(kind, payload, n, 8, NVL, NIC, schedule=schedule)
+                assert two.seconds <= flat.seconds * (1 + 1e-12), (kind, n, payload, schedule, two, flat)
+                assert two.bandwidth_s <= flat.bandwidth_s * (1 + 1e-12)
+            # two explicit levels never lose to NCCL's ring over every rank
+            assert price(kind, payload, n, 8, NVL, NIC, schedule="hierarchical").seconds <= \
+                price(kind, payload, n, 8, NVL, NIC).seconds * (1 + 1e-12)
 
 
 def test_all_to_all_latency_does_not_grow_with_the_group():
@@ -163,9 +178,11 @@ def test_bus_bandwidth_at_large_sizes_is_the_tiers():
         # 1e13 B over one node's GPUs: the latency (microseconds) vanishes beside seconds of bytes
         g = hw.gpus_per_node
         cost = price("all_gather", 1e13, g, g, hw.intra, hw.inter)
-        assert bus_bandwidth("all_gather", 1e13, g, cost.seconds) == pytest.approx(hw.intra.bandwidth_bytes_per_s, rel=1e-4)
+        bus = bus_bandwidth("all_gather", 1e13, g, cost.seconds)
+        assert bus == pytest.approx(hw.intra.bandwidth_bytes_per_s, rel=1e-4)
         cost = price("all_reduce", 1e13, 64, 1, hw.intra, hw.inter, "ring")     # one rank per node: the NIC
-        assert bus_bandwidth("all_reduce", 1e13, 64, cost.seconds) == pytest.approx(hw.inter.bandwidth_bytes_per_s, rel=1e-4)
+        bus = bus_bandwidth("all_reduce", 1e13, 64, cost.seconds)
+        assert bus == pytest.approx(hw.inter.bandwidth_bytes_per_s, rel=1e-4)
 
 
 def test_published_bus_bandwidths_against_the_model():
@@ -176,10 +193,29 @@ def test_published_bus_bandwidths_against_the_model():
     assert rows[("all_gather", 8)]["error"] == pytest.approx(-0.0044, abs=3e-4)
     assert rows[("reduce_scatter", 8)]["error"] == pytest.approx(-0.0085, abs=3e-4)
     assert rows[("all_reduce", 8)]["error"] == pytest.approx(-0.0201, abs=3e-4)
-    # 4 nodes x 8 B200, 400G EFA per GPU: bandwidth max(2 x 7/8 P / 720e9, 2 x 3/4 x P/8 / 40e9)
-    #   = P x max(2.4306e-12, 4.6875e-12); bus bandwidth 2 x 31/32 / 4.6875e-12 = 413.3 GB/s before latency,
-    #   412.8 GB/s with it: +8.1% over the measured 381.8 GB/s
+    # 4 nodes x 8 B200 (NVLink 5: 720e9 B/s, EFA: 40e9 B/s per GPU), P = 16 GiB:
+    #   NCCL's ring over 32 ranks: max(2 x 31/32 x 7/8 P / 720e9, 2 x 31/32 P / 8 / 40e9) = P x 6.0547e-12 s/B;
+    #   bus bandwidth 2 x 31/32 / 6.0547e-12 = 320.0 GB/s before latency, 319.3 with it: -16.4% of 381.8
+    #   two levels: max(2 x 7/8 P / 720e9, 2 x 3/4 x P/8 / 40e9) = P x 4.6875e-12 s/B;
+    #   2 x 31/32 / 4.6875e-12 = 413.3 GB/s before latency, 412.8 with it: +8.1%
     four = rows[("all_reduce", 32)]
-    assert four["nodes"] == 4 and four["model_gb_s"] == pytest.approx(412.8, abs=0.3)
-    assert four["error"] == pytest.approx(0.081, abs=1e-3)
+    assert four["nodes"] == 4 and four["algorithm"] == "ring"
+    assert four["model_gb_s"] == pytest.approx(319.3, abs=0.3) and four["error"] == pytest.approx(-0.164, abs=1e-3)
+    assert four["hierarchical_gb_s"] == pytest.approx(412.8, abs=0.3)
+    assert four["hierarchical_error"] == pytest.approx(0.081, abs=1e-3)
     assert all(r["source"] for r in rows.values())
+
+
+def test_the_projection_takes_a_schedule(capsys):
+    from gemref.cli import main
+
+    rows = {s: project(TINY, [64], options=Options(batches=1, batch_per_gpu=16, schedule=s))
+            for s in ("nccl", "hierarchical", "flat")}
+    for i, row in enumerate(rows["nccl"]):
+        # the replicated rungs all-reduce over 64 ranks on 8 nodes: flat >= nccl >= two levels
+        assert rows["flat"][i]["comm_s"] >= row["comm_s"] * (1 - 1e-12) >= rows["hierarchical"][i]["comm_s"] * (1 - 1e-12)
+    with pytest.raises(ValueError, match="schedule='ring'"):
+        project(TINY, [8], options=Options(batches=1, schedule="ring"))
+    assert main(["simulate", "project", "--preset", "tiny", "--gpus", "16", "--batches", "1", "--schedule", "flat"]) == 0
+    out = capsys.readouterr().out
+    assert "latency_s" in out and "bandwidth_s" in out and "comm_latency_s" in out

@@ -41,6 +41,9 @@ def _configure_project(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sm-share", type=share, default=None,
                    help="override: the share of overlapped compute lost to collectives, in [0, 1]")
     p.add_argument("--bandwidth-scale", type=positive_float, default=1.0, help="multiply every link's bandwidth")
+    p.add_argument("--schedule", choices=("nccl", "hierarchical", "flat"), default="nccl",
+                   help="collectives of groups spanning nodes: as stock NCCL runs them, in two explicit levels, or "
+                        "flat on the network (collectives.py)")
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the projection here")
     p.set_defaults(func=run_project)
 
@@ -73,7 +76,7 @@ def run_project(args: argparse.Namespace) -> int:
     options = Options(hardware=args.hardware, batch_per_gpu=args.batch_per_gpu, batches=args.batches,
                       table_sync_every=args.table_sync_every, transport=args.transport,
                       collective_sms=args.collective_sms, sm_share=args.sm_share,
-                      bandwidth_scale=args.bandwidth_scale)
+                      bandwidth_scale=args.bandwidth_scale, schedule=args.schedule)
     rows = project(preset, gpus, options=options, mfu=mfu)
     top = max(gpus)
     print(format_table(mfu_pivot(rows), title=f"projected MFU: {preset.name} preset on {args.hardware} (weak scaling)"))

@@ -29,29 +29,41 @@ with one GPU per node (`ncclPatEnable`: nNodes == nRanks). An NCCL all-to-all is
 n-1 transfers are in flight together, so it pays about one message latency, not n-1.
 
 Two tiers (`price`): a group of n ranks, g per node on k = n/g nodes, each GPU with its own NIC
-(rail-optimised, as in NVIDIA's DGX designs). NCCL's collectives are topology-aware; priced here as an
-intra-node part on NVLink and an inter-node part among the k ranks with the same local index, in
-which each GPU's NIC carries 1/g of its node's traffic (the node's share):
+(rail-optimised, as in NVIDIA's DGX designs). A group inside one node runs on NVLink; a group with
+one rank per node runs on the NICs (PAT allowed). A group with several ranks on each of several
+nodes, by `schedule`:
 
-    all_gather      inter all-gather of B/g over k ranks, then intra all-gather of B over g
+* "nccl" (default), what stock NCCL runs: all-gather and reduce-scatter as one ring over all n ranks
+  (PAT is off with more than one GPU per node), which per pass takes (n-k) NVLink steps and (k-1)
+  network steps (tuning.cc) and, its channels leaving each node through g different NICs, puts
+  (g-1)/g of its bytes on NVLink and 1/g on each NIC; all-reduce as that ring (twice) or as NCCL's
+  tree (chains inside the nodes, a tree across them: latency 2 ((g-1) a_intra + log2(k) a_inter),
+  tuning.cc's formula), whichever is faster; all-to-all and broadcast as below.
+* "hierarchical", two explicit levels (HSDP's layout made into one collective; what a
+  hierarchical implementation gets): an intra-node part on NVLink, then an inter-node part among the
+  k ranks with the same local index, in which each GPU's NIC carries 1/g of its node's traffic
+  (the node's share):
+
+    all_gather      inter all-gather of B/g over k ranks (ring or PAT), then intra all-gather of B over g
     reduce_scatter  intra reduce-scatter of B over g, then inter reduce-scatter of B/g over k
     all_reduce      intra reduce-scatter of B, inter all-reduce of B/g over k, intra all-gather of B
-                    (NCCL's tree latency 2 ((g-1) intra + log2(k) inter) is this with an inter tree)
-    broadcast       inter of B over k, then intra of B over g
+    broadcast       inter of B over k, then intra of B over g (both schedules)
     all_to_all      concurrent: every peer in flight at once, so the slower tier's one alpha; the
                     (g-1)/n of B for node peers over NVLink, the (k-1)/k of B for other nodes over
-                    the GPU's NIC
+                    the GPU's NIC (both schedules)
 
-The latency terms add up (each part's steps wait for the last); the bandwidth term is the busier tier's
-(NCCL pipelines chunks through both tiers at once, and its tuner prices a multi-node collective by one
-bus bandwidth, the bottleneck's). schedule="flat" prices the whole group on the slower tier with n
-ranks instead (what this model did before: every step pays the inter-node alpha, every byte the NIC).
+  The latency terms add up (each part's steps wait for the last); the bandwidth term is the busier
+  tier's (NCCL pipelines chunks through both tiers at once, and its tuner prices a multi-node
+  collective by one bus bandwidth, the bottleneck's).
+* "flat": the whole group on the slower tier with n ranks (what this model did before: every step
+  pays the inter-node alpha, every byte the GPU's own NIC).
 
 `algorithm="auto"` takes, part by part, the fastest of NCCL's candidates (ring or tree for all-reduce;
 ring, or PAT where a part has one rank per node, for all-gather and reduce-scatter; concurrent for
 all-to-all), as NCCL's tuner does from its own latency/bandwidth table. A named algorithm is priced
 for the part where the choice lies (the inter-node part of a two-tier group; intra parts stay on their
-auto choice). Not modelled: NCCL's protocols (LL, LL128, Simple) and channel counts, NVLink SHARP
+auto choice); under "nccl", "pat" on a group with several GPUs per node is priced in two tiers (a
+what-if: NCCL itself would not run it). Not modelled: NCCL's protocols (LL, LL128, Simple) and channel counts, NVLink SHARP
 (NVLS) and CollNet, congestion. Published measurements the model is checked against:
 cost_model.PUBLISHED.
 """
@@ -74,7 +86,7 @@ NCCL_CANDIDATES: dict[str, tuple[str, ...]] = {
     "all_gather": ("ring",), "reduce_scatter": ("ring",), "all_reduce": ("ring", "tree"),
     "all_to_all": ("concurrent",), "broadcast": ("ring", "tree")}
 NCCL_ONE_PER_NODE = {"all_gather": ("ring", "pat"), "reduce_scatter": ("ring", "pat")}
-SCHEDULES = ("hierarchical", "flat")
+SCHEDULES = ("nccl", "hierarchical", "flat")
 
 
 @dataclass(frozen=True)
@@ -162,8 +174,36 @@ def _part(kind: str, payload: float, n: int, tier: LinkTier, algorithm: str, one
     return best(kind, payload, n, tier, "auto", candidates)
 
 
+def _spanning_ring(kind: str, B: float, n: int, g: int, k: int, intra: LinkTier, inter: LinkTier) -> CollectiveCost:
+    """NCCL's ring laid over k nodes of g ranks: per pass (n-k) NVLink steps and (k-1) network steps
+    (tuning.cc's nsteps - nInterSteps and nInterSteps); its g channels leave each node through g
+    different NICs, so NVLink carries (g-1)/g of the ring's bytes and each NIC 1/g of them."""
+    passes = 2 if kind == "all_reduce" else 1
+    wire = passes * (n - 1) / n * B
+    latency = passes * ((n - k) * intra.alpha_s + (k - 1) * inter.alpha_s)
+    bandwidth = max(wire * (g - 1) / g / intra.bandwidth_bytes_per_s, wire / g / inter.bandwidth_bytes_per_s)
+    return CollectiveCost(latency, bandwidth, "ring")
+
+
+def _two_tier(kind: str, B: float, g: int, k: int, intra: LinkTier, inter: LinkTier, algorithm: str) -> CollectiveCost:
+    """Intra-node part(s) on NVLink, inter-node part among the k ranks of one local index (module doc)."""
+    if kind == "all_reduce":
+        intra_parts = [_part("reduce_scatter", B, g, intra, "auto", False),
+                       _part("all_gather", B, g, intra, "auto", False)]
+        inter_part = _part("all_reduce", B / g, k, inter, algorithm, one_per_node=True)
+    elif kind == "broadcast":
+        intra_parts = [_part(kind, B, g, intra, "auto", False)]
+        inter_part = _part(kind, B, k, inter, algorithm, one_per_node=True)
+    else:
+        intra_parts = [_part(kind, B, g, intra, "auto", False)]
+        inter_part = _part(kind, B / g, k, inter, algorithm, one_per_node=True)
+    latency = sum(p.latency_s for p in intra_parts) + inter_part.latency_s
+    bandwidth = max(sum(p.bandwidth_s for p in intra_parts), inter_part.bandwidth_s)
+    return CollectiveCost(latency, bandwidth, f"{intra_parts[0].algorithm}+{inter_part.algorithm}")
+
+
 def price(kind: str, payload_bytes: float, group_size: int, ranks_per_node: int, intra: LinkTier,
-          inter: LinkTier, algorithm: str = "auto", schedule: str = "hierarchical") -> CollectiveCost:
+          inter: LinkTier, algorithm: str = "auto", schedule: str = "nccl") -> CollectiveCost:
     """One collective over `group_size` ranks laid out `ranks_per_node` to a node (module doc: two tiers)."""
     _check(kind, payload_bytes, group_size, algorithm)
     if schedule not in SCHEDULES:
@@ -179,26 +219,21 @@ def price(kind: str, payload_bytes: float, group_size: int, ranks_per_node: int,
         return _part(kind, B, n, intra, algorithm, one_per_node=False)
     if g == 1:
         return _part(kind, B, n, inter, algorithm, one_per_node=True)
-    if schedule == "flat":
+    if schedule == "flat" or (kind == "all_to_all" and algorithm == "pairwise"):
         return _part(kind, B, n, inter, algorithm, one_per_node=False)
     if kind == "all_to_all":
-        if algorithm == "pairwise":
-            return _part(kind, B, n, inter, algorithm, one_per_node=False)
         local = (g - 1) / n * B / intra.bandwidth_bytes_per_s
         remote = (k - 1) / k * B / inter.bandwidth_bytes_per_s
         return CollectiveCost(max(intra.alpha_s, inter.alpha_s), max(local, remote), "concurrent")
-    if kind == "all_reduce":
-        intra_parts = [_part("reduce_scatter", B, g, intra, "auto", False), _part("all_gather", B, g, intra, "auto", False)]
-        inter_part = _part("all_reduce", B / g, k, inter, algorithm, one_per_node=True)
-    elif kind == "broadcast":
-        intra_parts = [_part(kind, B, g, intra, "auto", False)]
-        inter_part = _part(kind, B, k, inter, algorithm, one_per_node=True)
-    else:
-        intra_parts = [_part(kind, B, g, intra, "auto", False)]
-        inter_part = _part(kind, B / g, k, inter, algorithm, one_per_node=True)
-    latency = sum(p.latency_s for p in intra_parts) + inter_part.latency_s
-    bandwidth = max(sum(p.bandwidth_s for p in intra_parts), inter_part.bandwidth_s)
-    return CollectiveCost(latency, bandwidth, f"{intra_parts[0].algorithm}+{inter_part.algorithm}")
+    if schedule == "hierarchical" or kind == "broadcast":
+        return _two_tier(kind, B, g, k, intra, inter, algorithm)
+    # schedule "nccl": what stock NCCL runs with several GPUs per node
+    if kind in ("all_gather", "reduce_scatter"):        # PAT needs one GPU per node: the ring (a named "pat": two tiers)
+        return _spanning_ring(kind, B, n, g, k, intra, inter) if algorithm in ("auto", "ring") else \
+            _two_tier(kind, B, g, k, intra, inter, algorithm)
+    ring = _spanning_ring(kind, B, n, g, k, intra, inter)
+    tree = replace(_two_tier(kind, B, g, k, intra, inter, "tree"), algorithm="tree")   # chains in the node, a tree across
+    return {"ring": ring, "tree": tree}.get(algorithm) or min((ring, tree), key=lambda c: c.seconds)
 
 
 BUS_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
@@ -207,9 +242,10 @@ BUS_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: 
 
 
 def bus_bandwidth(kind: str, payload_bytes: float, group_size: int, seconds: float) -> float:
-    """nccl-tests' bus bandwidth (bytes/s): payload / seconds x the collective's correction factor
-    (NVIDIA/nccl-tests doc/PERFORMANCE.md: 2(n-1)/n all-reduce, (n-1)/n all-gather, reduce-scatter and
-    all-to-all, 1 broadcast), so a ring at large sizes reads its link's bandwidth whatever n."""
+    """nccl-tests' bus bandwidth (bytes/s): payload / seconds x the collective's correction factor,
+    2(n-1)/n all-reduce, (n-1)/n all-gather, reduce-scatter and all-to-all, 1 broadcast
+    (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md), so a ring at large sizes
+    reads its link's bandwidth whatever n."""
     if kind not in BUS_FACTORS:
         raise ValueError(f"unknown collective kind {kind!r}; valid: {', '.join(BUS_FACTORS)}")
     if seconds <= 0:

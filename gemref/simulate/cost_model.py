@@ -10,7 +10,10 @@ is the slower tier a group touches.
 
 Checked against published nccl-tests-style bus bandwidths (`PUBLISHED`, `published_comparison`):
 the model's bus bandwidth at large sizes is the tier's bandwidth (every profile's 0.8 x the link's
-one-way figure), and the error per scale is stated beside each figure there.
+one-way figure: ASSUMED, the share nccl-tests reaches on NVLink, which the H200 figures confirm),
+and the error per scale is stated in `published_comparison`. The latencies (3 us NVLink, 8-10 us a
+network step) are ASSUMED orders of magnitude; NCCL's own tuner uses 3.4 and 14 us per ring step
+(NVIDIA/nccl src/graph/tuning.cc, Simple protocol).
 
 SMs a collective occupies (what its overlap costs the compute, step_model.py): NCCL runs a
 collective as a GPU kernel whose thread blocks hold SMs for the whole transfer; a transport
@@ -75,7 +78,8 @@ HARDWARE: dict[str, HardwareProfile] = {
 
 HARDWARE["b200_efa_400"] = HardwareProfile(
     "b200_efa_400", 8,
-    LinkTier("nvlink5", 3e-6, _EFF * 900e9, "NVIDIA B200: NVLink 5 1.8 TB/s per GPU (both directions) -> 900 GB/s one way"),
+    LinkTier("nvlink5", 3e-6, _EFF * 900e9,
+             "NVIDIA B200: NVLink 5 1.8 TB/s per GPU (both directions) -> 900 GB/s one way"),
     LinkTier("efa_400", 10e-6, _EFF * 50e9, "AWS P6-B200: 8 x 400 Gb/s EFA (v4) per node, one per GPU"),
     "B200", "AWS P6-B200-like: 8x B200 per node (NVSwitch), 400G EFA per GPU (the 4-node measurement in PUBLISHED)")
 
@@ -126,7 +130,7 @@ def ranks_per_node(dim: str, mesh: MeshShape, hw: HardwareProfile, group_size: i
 
 
 def price_group(kind: str, payload_bytes: float, group_size: int, dim: str, mesh: MeshShape, hw: HardwareProfile,
-                algorithm: str = "auto", schedule: str = "hierarchical") -> tuple[CollectiveCost, str]:
+                algorithm: str = "auto", schedule: str = "nccl") -> tuple[CollectiveCost, str]:
     """One collective of a mesh dim's group on `hw` (collectives.price) and the tier(s) it ran on."""
     g = ranks_per_node(dim, mesh, hw, group_size)
     cost = price(kind, payload_bytes, group_size, g, hw.intra, hw.inter, algorithm, schedule)
@@ -151,7 +155,8 @@ class Published:
 _ML_ENG = ("S. Bekman, Machine Learning Engineering (github.com/stas00/ml-engineering), network/README.md: "
            "8x H200 SXM, NVLink 4, nccl 2.27.7, nccl-tests at 16 GiB")
 _ML_ENG_4N = ("S. Bekman, Machine Learning Engineering, network/README.md 'Inter-node speed depends on intra-node "
-              "speed': 4 x AWS P6-B200 (8x B200, 8x 400 Gb/s EFA v4 per node), all_reduce_bench.py, nccl 2.27.7, 16 GiB")
+              "speed': 4 x AWS P6-B200 (8x B200, 8x 400 Gb/s EFA v4 per node), all_reduce_bench.py, "
+              "nccl 2.27.7, 16 GiB")
 # H200 and H100 SXM share NVLink 4 (450 GB/s one way per GPU), so the H200 node checks the H100 profiles' NVLink
 # tier too. The all-reduce is the ring's (NCCL_NVLS_ENABLE=0): NVLink SHARP (NVLS) reached 480.0 GB/s on the same
 # node and is not modelled (the model is 25% below it).
@@ -164,20 +169,26 @@ PUBLISHED: tuple[Published, ...] = (
 
 
 def published_comparison(published=PUBLISHED) -> list[dict]:
-    """Each published bus bandwidth beside the model's (price_group on its profile) and the error
-    (model / published - 1). At 16 GiB the latency is negligible: the model's bus bandwidth is its tier's.
-    1 node (8 GPUs, NVLink 4): all-gather -0.4%, reduce-scatter -0.9%, all-reduce (ring)
-    -2.0%; 4 nodes (32 GPUs, two tiers): all-reduce +8.1% (EFA ran at 74% of its 50 GB/s there, the
-    profile assumes 80%; tests/test_simulate.py holds these)."""
+    """Each published bus bandwidth beside the model's on its profile, under NCCL's schedule
+    (`model_gb_s`, `error` = model / published - 1) and the two-level one (`hierarchical_gb_s`,
+    `hierarchical_error`; collectives.price). At 16 GiB the latency is negligible: a one-node
+    collective's bus bandwidth is its tier's. 1 node (8 GPUs, NVLink 4): all-gather -0.4%,
+    reduce-scatter -0.9%, all-reduce (ring) -2.0%. 4 nodes (32 GPUs): all-reduce -16.4% as NCCL's
+    ring over all 32 ranks (each NIC carries 31/32 of the payload / 8), +8.1% in two levels (3/4 of
+    it / 8); the measurement sits between (EFA ran at 74% of its 50 GB/s there by the two-level
+    reading, the profile assumes 80%). tests/test_collectives.py holds these."""
     out = []
     for p in published:
         hw = get_profile(p.hardware)
         g = min(p.ranks_per_node, p.ranks)
-        cost = price(p.kind, p.payload_bytes, p.ranks, g, hw.intra, hw.inter)
-        model = bus_bandwidth(p.kind, p.payload_bytes, p.ranks, cost.seconds) / 1e9
+        costs = {s: price(p.kind, p.payload_bytes, p.ranks, g, hw.intra, hw.inter, schedule=s)
+                 for s in ("nccl", "hierarchical")}
+        model = {s: bus_bandwidth(p.kind, p.payload_bytes, p.ranks, c.seconds) / 1e9 for s, c in costs.items()}
         out.append({"kind": p.kind, "ranks": p.ranks, "nodes": p.ranks // g, "hardware": p.hardware,
-                    "payload_bytes": p.payload_bytes, "algorithm": cost.algorithm, "published_gb_s": p.bus_gb_s,
-                    "model_gb_s": model, "error": model / p.bus_gb_s - 1, "source": p.source})
+                    "payload_bytes": p.payload_bytes, "algorithm": costs["nccl"].algorithm,
+                    "published_gb_s": p.bus_gb_s, "model_gb_s": model["nccl"], "error": model["nccl"] / p.bus_gb_s - 1,
+                    "hierarchical_gb_s": model["hierarchical"],
+                    "hierarchical_error": model["hierarchical"] / p.bus_gb_s - 1, "source": p.source})
     return out
 
 

@@ -66,6 +66,7 @@ from ..mfu.flops import executed_flops, model_flops, sample_cost_coefficients
 from ..mfu import meter
 from ..mfu.peak import gpu_peak
 from ..parallel.memory import projected_rank_bytes
+from .collectives import SCHEDULES
 from .cost_model import KINDS, HardwareProfile, get_profile
 from .step_model import comm_rows, comm_split, predict_step, step_collectives, with_sm_shares
 
@@ -123,6 +124,7 @@ class Options:
     collective_sms: int | None = None    # what-if: SMs every collective holds, 0..SM count (overrides transport)
     sm_share: float | None = None        # what-if: share of overlapped compute lost, [0, 1] (overrides both)
     bandwidth_scale: float = 1.0         # multiplies every link's bandwidth (sensitivity)
+    schedule: str = "nccl"               # multi-node groups: nccl | hierarchical | flat (collectives.price)
     seed: int = 0
 
 
@@ -235,6 +237,8 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
     peak = gpu_peak(hw.gpu, "bf16")
     if peak.flops is None:
         raise ValueError(f"hardware {hw.name!r}: no bf16 peak for GPU {hw.gpu!r} in gemref/mfu/peak.py")
+    if options.schedule not in SCHEDULES:
+        raise ValueError(f"schedule={options.schedule!r}; valid: {', '.join(SCHEDULES)}")
     if options.batches < 1:
         raise ValueError(f"batches must be >= 1, got {options.batches}")
     base_batch = options.batch_per_gpu or preset.train.batch_size
@@ -255,7 +259,7 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
             tokens = round(b * mean_len)     # balanced routing: every rank at the mean
             coll = comm_rows(step_collectives(preset.model, mesh, b, tokens, not r.padded,
                                               r.gather_bytes, sparse), mesh, hw,
-                             table_sync_every=options.table_sync_every)
+                             table_sync_every=options.table_sync_every, schedule=options.schedule)
             coll = with_sm_shares(coll, hw, options.transport, options.collective_sms, options.sm_share)
             m, source = local[r.key]
             compute_s = meter.seconds_at(st["rank_flops"], m, peak.flops)

@@ -87,7 +87,7 @@ def step_collectives(cfg, mesh: MeshShape, batch: int, tokens: int, jagged: bool
 
 
 def comm_rows(rows, mesh: MeshShape, hw: HardwareProfile | None, *, kind_tiers: dict | None = None,
-              table_sync_every: int = 1, algorithm: str | dict = "auto", schedule: str = "hierarchical") -> list[dict]:
+              table_sync_every: int = 1, algorithm: str | dict = "auto", schedule: str = "nccl") -> list[dict]:
     """Collective rows -> the same with `tier`, `algorithm`, `latency_s`, `bandwidth_s`, `seconds`
     (their sum) and `overlappable_s`.
 
@@ -120,7 +120,8 @@ def comm_rows(rows, mesh: MeshShape, hw: HardwareProfile | None, *, kind_tiers: 
 
 def comm_split(rows: list[dict]) -> dict:
     """The step's communication seconds split into latency (message steps) and bandwidth (bytes)."""
-    return {"comm_latency_s": sum(r["latency_s"] for r in rows), "comm_bandwidth_s": sum(r["bandwidth_s"] for r in rows)}
+    return {"comm_latency_s": sum(r["latency_s"] for r in rows),
+            "comm_bandwidth_s": sum(r["bandwidth_s"] for r in rows)}
 
 
 def exposed_only(rows: list[dict]) -> list[dict]:
@@ -180,7 +181,7 @@ def one_step(cfg, mesh: MeshShape, hw: HardwareProfile, *, batch: int, tokens: i
              local_mfu: float, jagged: bool = True, sparse_sharding: str = "row", gather_bytes: int = 2,
              imbalance: float = 1.0, transport: str = "nccl", collective_sms: int | None = None,
              sm_share: float | None = None, table_sync_every: int = 1, fuse_all_to_alls: bool = True,
-             schedule: str = "hierarchical") -> dict:
+             schedule: str = "nccl") -> dict:
     """One rank's step on `mesh` of `hw` GPUs: compute = model_flops / (bf16 peak x local_mfu),
     its collectives priced and overlapped as in the module doc, each holding the SMs of its
     kind on `transport` (or `collective_sms`; `sm_share` overrides both). `batch`/`tokens`:
