@@ -63,14 +63,15 @@ ring, or PAT where a part has one rank per node, for all-gather and reduce-scatt
 all-to-all), as NCCL's tuner does from its own latency/bandwidth table. A named algorithm is priced
 for the part where the choice lies (the inter-node part of a two-tier group; intra parts stay on their
 auto choice); under "nccl", "pat" on a group with several GPUs per node is priced in two tiers (a
-what-if: NCCL itself would not run it). Not modelled: NCCL's protocols (LL, LL128, Simple) and channel counts, NVLink SHARP
-(NVLS) and CollNet, congestion. Published measurements the model is checked against:
-cost_model.PUBLISHED.
+what-if: NCCL itself would not run it). Not modelled: NCCL's protocols (LL, LL128, Simple) and
+channel counts, NVLink SHARP (NVLS) and CollNet, congestion. The published measurements the model
+is checked against, and the error per scale: cost_model.PUBLISHED, cost_model.published_comparison.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from numbers import Integral
 
 # NVIDIA/nccl src/graph/tuning.cc (2.23+): PAT's bus bandwidth is the ring's x 0.75, and its latency adds
 # nRanks x 2.8 us ("Still a linear part; hopefully we'll manage to remove it at some point").
@@ -123,7 +124,7 @@ def _check(kind: str, payload_bytes: float, group_size: int, algorithm: str) -> 
         raise ValueError(f"algorithm={algorithm!r}; valid: auto, {', '.join(every)}")
     if algorithm not in valid:
         raise ValueError(f"algorithm={algorithm!r} does not apply to {kind}; valid: {', '.join(valid)}")
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 or payload_bytes < 0:
+    if isinstance(group_size, bool) or not isinstance(group_size, Integral) or group_size < 1 or payload_bytes < 0:
         raise ValueError(f"need an integer group_size >= 1 and payload_bytes >= 0, got {group_size!r}, "
                          f"{payload_bytes!r}")
 
@@ -208,7 +209,7 @@ def price(kind: str, payload_bytes: float, group_size: int, ranks_per_node: int,
     _check(kind, payload_bytes, group_size, algorithm)
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r}; valid: {', '.join(SCHEDULES)}")
-    if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or ranks_per_node < 1:
+    if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, Integral) or ranks_per_node < 1:
         raise ValueError(f"ranks_per_node must be an integer >= 1, got {ranks_per_node!r}")
     n, B = group_size, payload_bytes
     g = min(ranks_per_node, n)
