@@ -14,8 +14,8 @@ and ladder rung this projects (gemref/simulate/projection.py, weak scaling) the 
 and prints step seconds, E2E MFU, the QPS gain over NCCL (same samples per step: step ratio
 - 1), the compute seconds overlapped by collectives and `contention`, the share of NCCL's
 step lost to SM contention, set against GEM's reported ~5% QPS (contention up to 15%).
-It is a projection (alpha-beta collectives, assumed or given local MFU), not a timing: the
-figures are deterministic for given flags.
+It is a projection (collectives priced as NCCL runs them, gemref/simulate/collectives.py; assumed
+or given local MFU), not a timing: the figures are deterministic for given flags.
 """
 from __future__ import annotations
 

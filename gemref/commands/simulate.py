@@ -41,6 +41,9 @@ def _configure_project(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sm-share", type=share, default=None,
                    help="override: the share of overlapped compute lost to collectives, in [0, 1]")
     p.add_argument("--bandwidth-scale", type=positive_float, default=1.0, help="multiply every link's bandwidth")
+    p.add_argument("--schedule", choices=("nccl", "hierarchical", "flat"), default="nccl",
+                   help="collectives of groups spanning nodes: as stock NCCL runs them, in two explicit levels, or "
+                        "flat on the network (collectives.py)")
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the projection here")
     p.set_defaults(func=run_project)
 
@@ -62,7 +65,7 @@ def run_project(args: argparse.Namespace) -> int:
     from ..report import format_table
     from ..runtime.files import write_json
     from ..simulate.projection import GPU_COUNTS, Options, check_gpus, project
-    from ..simulate.summary import (at, findings, gem_band, load_waterfall, measured_mfu, mfu_pivot,
+    from ..simulate.summary import (at, collective_rows, findings, gem_band, load_waterfall, measured_mfu, mfu_pivot,
                                     parse_mfu_assumption, rung_deltas, table_rows)
 
     preset = get_preset(args.preset)
@@ -73,11 +76,14 @@ def run_project(args: argparse.Namespace) -> int:
     options = Options(hardware=args.hardware, batch_per_gpu=args.batch_per_gpu, batches=args.batches,
                       table_sync_every=args.table_sync_every, transport=args.transport,
                       collective_sms=args.collective_sms, sm_share=args.sm_share,
-                      bandwidth_scale=args.bandwidth_scale)
+                      bandwidth_scale=args.bandwidth_scale, schedule=args.schedule)
     rows = project(preset, gpus, options=options, mfu=mfu)
     top = max(gpus)
     print(format_table(mfu_pivot(rows), title=f"projected MFU: {preset.name} preset on {args.hardware} (weak scaling)"))
     print(format_table(table_rows(at(rows, top)), title=f"one step at {top} GPUs (seconds per rank)"))
+    for r in (at(rows, top)[0], at(rows, top)[-1]):
+        print(format_table(collective_rows(r), title=f"{r['rung']} at {top} GPUs: collectives per step and rank "
+                                                     "(latency and bandwidth seconds)"))
     for line in findings(rows):
         print(line)
     if args.json:

@@ -22,8 +22,11 @@ the same two factors the waterfall measures (gemref/waterfall/stats.py).
   rung, kk after it (lpt when n x R > KK_WORK: kk's extra seconds buy < 1e-5 there). A
   padded sample costs the same whatever its length: only counts can differ.
 * comm: every collective of one rank's step (gemref/parallel/volume.py, history events per
-  rank at the profile's mean, routing balanced) priced by the alpha-beta model of
-  gemref/simulate/cost_model.py (NVLink in a node, the NIC between nodes). Layouts:
+  rank at the profile's mean, routing balanced; the embedding all-to-alls fused across tables,
+  one per direction, as TorchRec does) priced with NCCL's algorithm choices on two tiers
+  (gemref/simulate/collectives.py: ring, tree, PAT, all-to-all peers in flight at once; NVLink in
+  a node, the node's share of the traffic on each GPU's NIC between nodes), latency and
+  bandwidth seconds apart (`comm_latency_s`, `comm_bandwidth_s`). Layouts:
   "replicated" (W x 1: every unit, tables included, all-reduced: gemref's baseline) and
   "fsdp_2d" ((W/S) x S, S = GPUs per node: FSDP in a node, HSDP across, tables row-sharded
   in the node and replicated across nodes).
@@ -41,8 +44,8 @@ the same two factors the waterfall measures (gemref/waterfall/stats.py).
 * fits: parameters + gradients + AdamW state per rank (parallel/memory.py) below the GPU's
   memory; activations are not counted.
 
-Not modelled: activation memory, congestion, hierarchical collectives, stragglers other than
-load imbalance, data loading, pipelined embedding lookups. What dominates the result: the
+Not modelled: activation memory, congestion, NCCL's protocols and NVLink SHARP, stragglers other
+than load imbalance, data loading, pipelined embedding lookups. What dominates the result: the
 local MFU (an input), the batch per GPU, the inter-node bandwidth, the table replicas'
 synchronisation and the overlap. gemref/simulate/validate.py checks the formula against
 measured multi-rank CPU runs.
@@ -62,8 +65,9 @@ from ..mfu.flops import executed_flops, model_flops, sample_cost_coefficients
 from ..mfu import meter
 from ..mfu.peak import gpu_peak
 from ..parallel.memory import projected_rank_bytes
+from .collectives import SCHEDULES
 from .cost_model import KINDS, HardwareProfile, get_profile
-from .step_model import comm_rows, predict_step, step_collectives, with_sm_shares
+from .step_model import comm_rows, comm_split, predict_step, step_collectives, with_sm_shares
 
 GPU_COUNTS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 GEM_MFU_BAND = (0.20, 0.25)   # Meta, GEM announcement (2025): end-to-end training MFU, thousands of GPUs
@@ -119,6 +123,7 @@ class Options:
     collective_sms: int | None = None    # what-if: SMs every collective holds, 0..SM count (overrides transport)
     sm_share: float | None = None        # what-if: share of overlapped compute lost, [0, 1] (overrides both)
     bandwidth_scale: float = 1.0         # multiplies every link's bandwidth (sensitivity)
+    schedule: str = "nccl"               # multi-node groups: nccl | hierarchical | flat (collectives.price)
     seed: int = 0
 
 
@@ -221,6 +226,8 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
     peak = gpu_peak(hw.gpu, "bf16")
     if peak.flops is None:
         raise ValueError(f"hardware {hw.name!r}: no bf16 peak for GPU {hw.gpu!r} in gemref/mfu/peak.py")
+    if options.schedule not in SCHEDULES:
+        raise ValueError(f"schedule={options.schedule!r}; valid: {', '.join(SCHEDULES)}")
     if options.batches < 1:
         raise ValueError(f"batches must be >= 1, got {options.batches}")
     base_batch = options.batch_per_gpu or preset.train.batch_size
@@ -241,7 +248,7 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
             tokens = round(b * mean_len)     # balanced routing: every rank at the mean
             coll = comm_rows(step_collectives(preset.model, mesh, b, tokens, not r.padded,
                                               r.gather_bytes, sparse), mesh, hw,
-                             table_sync_every=options.table_sync_every)
+                             table_sync_every=options.table_sync_every, schedule=options.schedule)
             coll = with_sm_shares(coll, hw, options.transport, options.collective_sms, options.sm_share)
             m, source = local[r.key]
             compute_s = meter.seconds_at(st["rank_flops"], m, peak.flops)
@@ -249,6 +256,7 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
             state = state_bytes(preset.model, mesh.shard, sparse)
             rows.append({"gpus": W, "rung": r.title, "key": r.key, "mesh": str(mesh), "batch_per_gpu": b,
                          "local_mfu": m, "local_mfu_source": source, "imbalance": st["imbalance"], **step,
+                         **comm_split(coll),
                          "mfu": meter.mfu(st["rank_flops"], step["step_s"], peak.flops), "rank_flops": st["rank_flops"],
                          "peak_flops": peak.flops, "transport": options.transport,
                          "collective_sms": options.collective_sms, "sm_share": options.sm_share,

@@ -4,8 +4,11 @@
 
 * compute: seconds of one rank's work at its local MFU (model FLOPs / (peak x local MFU)).
 * imbalance: max/mean rank work; every rank waits for the slowest at the next collective.
-* comm: every collective of the step (gemref/parallel/volume.py) priced by the alpha-beta
-  model of cost_model.py. A row's `overlappable_s` is the part that can run under compute:
+* comm: every collective of the step (gemref/parallel/volume.py) priced with NCCL's algorithm
+  choices on two tiers (collectives.py, cost_model.price_group): each row carries its
+  `latency_s` and `bandwidth_s` apart and the `algorithm`. The embedding all-to-alls are fused
+  across tables, one per direction (`fuse_all_to_alls`, as TorchRec's input and output dists
+  do). A row's `overlappable_s` is the part that can run under compute:
   the layer units' FSDP gathers and reduce-scatters (prefetched, reduced asynchronously).
   The root unit's and the table replicas' collectives and the embedding all-to-alls have
   nothing to hide under: exposed.
@@ -32,7 +35,15 @@ from ..config import MeshShape
 from ..parallel.fsdp import padded_numel
 from ..parallel.sparse import plan_tables
 from ..parallel.volume import model_units, step_volume, table_shapes
-from .cost_model import HardwareProfile, collective_sms as kind_sms, collective_time, group_tier, sm_share as kind_share
+from .collectives import best
+from .cost_model import HardwareProfile, collective_sms as kind_sms, price_group, sm_share as kind_share
+
+# TorchRec's sharded embeddings fuse every table's all-to-all into one per direction: the input dist
+# (KJTAllToAll: every table's ids, with their counts, to the ranks that hold their rows), the output
+# dist (every table's looked-up rows back) and its backward (every table's row gradients). volume.py
+# counts four per lookup (counts, ids, rows, gradients), the way gemref's own sharded tables
+# (gemref/parallel/sparse.py) issue them; fused, the same bytes travel in these three.
+FUSED_ALL_TO_ALLS = 3
 
 
 @functools.lru_cache(maxsize=256)
@@ -53,10 +64,14 @@ def _volume(cfg, shard: int, replicated: bool, batch: int, tokens: int, jagged: 
 
 
 def step_collectives(cfg, mesh: MeshShape, batch: int, tokens: int, jagged: bool, gather_bytes: int,
-                     sparse: str) -> list[dict]:
+                     sparse: str, fuse_all_to_alls: bool = True) -> list[dict]:
     """One rank's collectives (volume.py rows), the table replicas' all-reduce split out as
-    dim "tables", each row with `overlappable_bytes`: the layer units' share."""
+    dim "tables", each row with `overlappable_bytes`: the layer units' share. With
+    `fuse_all_to_alls` the embedding all-to-alls are FUSED_ALL_TO_ALLS calls carrying every
+    table's bytes (TorchRec); without, volume.py's four per lookup (gemref's native tables)."""
     rows, numel, held = _volume(cfg, mesh.shard, mesh.replicate > 1, batch, tokens, jagged, gather_bytes, sparse)
+    if fuse_all_to_alls:
+        rows = [{**r, "count": FUSED_ALL_TO_ALLS} if r["kind"] == "all_to_all" else r for r in rows]
     S = mesh.shard
     layers = {("all_gather", "shard"): 2 * numel * gather_bytes, ("reduce_scatter", "shard"): numel * 4,
               ("all_reduce", "replicate"): numel // S * 4}
@@ -72,25 +87,41 @@ def step_collectives(cfg, mesh: MeshShape, batch: int, tokens: int, jagged: bool
 
 
 def comm_rows(rows, mesh: MeshShape, hw: HardwareProfile | None, *, kind_tiers: dict | None = None,
-              table_sync_every: int = 1, algorithm: str = "auto") -> list[dict]:
-    """Collective rows -> the same with `tier`, `seconds` (alpha-beta) and `overlappable_s`.
+              table_sync_every: int = 1, algorithm: str | dict = "auto", schedule: str = "nccl") -> list[dict]:
+    """Collective rows -> the same with `tier`, `algorithm`, `latency_s`, `bandwidth_s`, `seconds`
+    (their sum) and `overlappable_s`.
 
-    `kind_tiers` {kind: LinkTier} replaces the mesh-dim tier (a calibrated gloo profile).
-    The table replicas' all-reduce runs every `table_sync_every` steps: 1/K of it per step.
+    Each call is priced at the row's mean payload (bytes / count) with cost_model.price_group
+    (NCCL's choices on `hw`'s two tiers; `algorithm` a name, "auto", or {kind: name}; `schedule`
+    "flat" prices every group on its slower tier alone). `kind_tiers` {kind: LinkTier} prices those
+    kinds on that one tier instead (a calibrated gloo link, collectives.best). The table replicas'
+    all-reduce runs every `table_sync_every` steps: 1/K of it per step.
     """
     if table_sync_every < 1:
         raise ValueError(f"table_sync_every must be >= 1, got {table_sync_every}")
     out = []
     for r in rows:
         dim = "replicate" if r["dim"] == "tables" else r["dim"]
-        tier = (kind_tiers or {}).get(r["kind"]) or group_tier(dim, mesh, hw)
+        alg = algorithm.get(r["kind"], "auto") if isinstance(algorithm, dict) else algorithm
         per_call = r["bytes"] / r["count"] if r["count"] else 0.0
-        seconds = r["count"] * collective_time(r["kind"], per_call, r["group_size"], tier, algorithm)
-        if r["dim"] == "tables":
-            seconds /= table_sync_every
+        tier = (kind_tiers or {}).get(r["kind"])
+        if tier is not None:
+            cost, tier_name = best(r["kind"], per_call, r["group_size"], tier, alg), tier.name
+        elif hw is None:
+            raise ValueError(f"no hardware profile and no calibrated tier for {r['kind']}: give hw or kind_tiers")
+        else:
+            cost, tier_name = price_group(r["kind"], per_call, r["group_size"], dim, mesh, hw, alg, schedule)
+        cost = cost.times(r["count"] / (table_sync_every if r["dim"] == "tables" else 1))
         share = r.get("overlappable_bytes", 0) / r["bytes"] if r["bytes"] else 0.0
-        out.append({**r, "tier": tier.name, "seconds": seconds, "overlappable_s": seconds * share})
+        out.append({**r, "tier": tier_name, "algorithm": cost.algorithm, "latency_s": cost.latency_s,
+                    "bandwidth_s": cost.bandwidth_s, "seconds": cost.seconds, "overlappable_s": cost.seconds * share})
     return out
+
+
+def comm_split(rows: list[dict]) -> dict:
+    """The step's communication seconds split into latency (message steps) and bandwidth (bytes)."""
+    return {"comm_latency_s": sum(r["latency_s"] for r in rows),
+            "comm_bandwidth_s": sum(r["bandwidth_s"] for r in rows)}
 
 
 def exposed_only(rows: list[dict]) -> list[dict]:
@@ -149,12 +180,14 @@ def predict_step(compute_s: float, imbalance_factor: float, rows: list[dict], sm
 def one_step(cfg, mesh: MeshShape, hw: HardwareProfile, *, batch: int, tokens: int, model_flops: float,
              local_mfu: float, jagged: bool = True, sparse_sharding: str = "row", gather_bytes: int = 2,
              imbalance: float = 1.0, transport: str = "nccl", collective_sms: int | None = None,
-             sm_share: float | None = None, table_sync_every: int = 1) -> dict:
+             sm_share: float | None = None, table_sync_every: int = 1, fuse_all_to_alls: bool = True,
+             schedule: str = "nccl") -> dict:
     """One rank's step on `mesh` of `hw` GPUs: compute = model_flops / (bf16 peak x local_mfu),
     its collectives priced and overlapped as in the module doc, each holding the SMs of its
     kind on `transport` (or `collective_sms`; `sm_share` overrides both). `batch`/`tokens`:
-    samples and history events per rank. Adds the collectives and `comm_share_no_overlap`:
-    the comm share of the step when nothing overlaps."""
+    samples and history events per rank. `fuse_all_to_alls` and `schedule`: step_collectives,
+    comm_rows. Adds the collectives, their `comm_latency_s` and `comm_bandwidth_s`, and
+    `comm_share_no_overlap`: the comm share of the step when nothing overlaps."""
     from ..mfu.meter import seconds_at
     from ..mfu.peak import gpu_peak
 
@@ -163,11 +196,11 @@ def one_step(cfg, mesh: MeshShape, hw: HardwareProfile, *, batch: int, tokens: i
     peak = gpu_peak(hw.gpu, "bf16")
     if peak.flops is None:
         raise ValueError(f"hardware profile {hw.name!r}: no bf16 peak for GPU {hw.gpu!r}")
-    rows = comm_rows(step_collectives(cfg, mesh, batch, tokens, jagged, gather_bytes, sparse_sharding), mesh, hw,
-                     table_sync_every=table_sync_every)
+    rows = comm_rows(step_collectives(cfg, mesh, batch, tokens, jagged, gather_bytes, sparse_sharding,
+                                      fuse_all_to_alls), mesh, hw, table_sync_every=table_sync_every, schedule=schedule)
     rows = with_sm_shares(rows, hw, transport, collective_sms, sm_share)
     compute_s = seconds_at(model_flops, local_mfu, peak.flops)
     step = predict_step(compute_s, imbalance, rows)
     serial = predict_step(compute_s, imbalance, exposed_only(rows))
-    return {**step, "comm_share_no_overlap": serial["exposed_s"] / serial["step_s"],
+    return {**step, **comm_split(rows), "comm_share_no_overlap": serial["exposed_s"] / serial["step_s"],
             "peak_source": peak.source, "collectives": rows}

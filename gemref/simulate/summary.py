@@ -18,7 +18,11 @@ from .projection import (GEM_MFU_BAND, GEM_SM_CONTENTION_MAX, GEM_SMFREE_QPS_GAI
 from .step_model import predict_step
 
 TABLE_COLUMNS = ("gpus", "rung", "mesh", "batch_per_gpu", "local_mfu", "scaling_ratio", "mfu", "compute_s",
-                 "exposed_s", "imbalance", "bubble_s", "step_s", "state_gb", "fits")
+                 "comm_latency_s", "comm_bandwidth_s", "exposed_s", "imbalance", "bubble_s", "step_s", "state_gb",
+                 "fits")
+# One row's collectives: latency and bandwidth seconds apart (step_model.comm_rows), per step and rank.
+COLLECTIVE_COLUMNS = ("kind", "dim", "group_size", "count", "bytes", "tier", "algorithm", "latency_s", "bandwidth_s",
+                      "seconds", "overlappable_s")
 
 
 def at(rows: list[dict], gpus: int) -> list[dict]:
@@ -28,6 +32,11 @@ def at(rows: list[dict], gpus: int) -> list[dict]:
 
 def table_rows(rows: list[dict]) -> list[dict]:
     return [{k: r[k] for k in TABLE_COLUMNS} for r in rows]
+
+
+def collective_rows(row: dict) -> list[dict]:
+    """The priced collectives of one projected (GPU count, rung) row, COLLECTIVE_COLUMNS only."""
+    return [{k: c.get(k) for k in COLLECTIVE_COLUMNS} for c in row["collectives"]]
 
 
 def rung_pivot(rows: list[dict], column: str) -> list[dict]:
@@ -165,7 +174,8 @@ def findings(rows: list[dict], band=GEM_MFU_BAND) -> list[str]:
         f"{min(r['gpus'] for r in rows)} GPUs, {m['grows_most']['delta']:+.1%} at {gpus}).",
         f"Full ladder at {gpus} GPUs: compute {top['compute_s']:.3g} s, imbalance bubble {top['bubble_s']:.3g} s, "
         f"exposed comm {top['exposed_s']:.3g} s (largest: {by_kind[0][0]} {by_kind[0][1]:.3g} s), SM slowdown of the "
-        f"overlapped compute {top['sm_slowdown_s']:.3g} s.",
+        f"overlapped compute {top['sm_slowdown_s']:.3g} s; of its {top['comm_s']:.3g} s of collectives "
+        f"{top['comm_latency_s']:.3g} s is latency, {top['comm_bandwidth_s']:.3g} s bandwidth.",
         "Dominant inputs: the local MFU per rung (assumed unless measured), the batch per GPU (it amortises "
         "the per-step communication), the inter-node bandwidth, "
         f"the table replicas' all-reduce (every {top['table_sync_every']} step(s) here), and the overlap of FSDP's "

@@ -19,8 +19,10 @@ The projection's step-time model (gemref/simulate/step_model.py), fed with input
   run at once before and after each step (`time_sharing_formula` shows R / C beside it).
 * imbalance: max/mean of the one-process seconds of the step's parts (the ranks wait for
   the slowest); the model-FLOP imbalance the projection uses is reported beside it.
-* comm: every collective of the step (volume.py) priced with a gloo "link" per collective
-  kind (gloo's algorithms differ by kind): alpha and beta fitted to four payload sizes,
+* comm: every collective of the step (volume.py, the all-to-alls per table lookup as gemref's
+  own sharded tables issue them: not fused) priced with a gloo "link" per collective kind
+  (gloo's algorithms differ by kind; priced as GLOO_ALGORITHMS, a ring, and one peer after
+  another for the all-to-all): alpha and beta fitted to four payload sizes,
   each collective timed once after every step of the run on its R ranks (medians), so the
   link is sampled under the load the steps see: with more ranks than cores each message
   step waits for the scheduler, so the latency depends on R and on the load, as an
@@ -48,11 +50,12 @@ import torch.distributed as dist
 from ..balance import SampleCost, imbalance
 from ..config import Preset, TrainConfig, get_preset, override
 from ..mfu.flops import sample_cost_coefficients
-from .cost_model import LinkTier, collective_time
+from .collectives import LinkTier, collective_time
 from ..parallel.launch import cpu_ranks, launch
 from .step_model import comm_rows, exposed_only, predict_step, step_collectives
 
 KINDS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
+GLOO_ALGORITHMS = {"all_gather": "ring", "reduce_scatter": "ring", "all_to_all": "pairwise", "all_reduce": "ring"}
 SIZES = (4 << 10, 32 << 10, 256 << 10, 1 << 20)   # payload bytes (volume.py's convention)
 # CPU seconds of compute before each calibration collective: long enough for gloo's threads to
 # fall asleep (a collective that follows compute costs ~3x one that follows another collective:
@@ -114,8 +117,9 @@ def _calibration_rank(rank: int, world: int, sizes, reps: int):
 
 def fit_tier(kind: str, samples: list[tuple[float, float]], world: int) -> LinkTier:
     """alpha, beta of `kind` on `world` ranks from (payload bytes, seconds): least relative error, both >= 0."""
-    hops = collective_time(kind, 0.0, world, LinkTier("unit", 1.0, 1.0, ""), "ring")      # seconds per alpha
-    share = collective_time(kind, 1.0, world, LinkTier("unit", 0.0, 1.0, ""), "ring")     # bytes on the wire per byte
+    alg = GLOO_ALGORITHMS[kind]
+    hops = collective_time(kind, 0.0, world, LinkTier("unit", 1.0, 1.0, ""), alg)      # seconds per alpha
+    share = collective_time(kind, 1.0, world, LinkTier("unit", 0.0, 1.0, ""), alg)     # bytes on the wire per byte
     t = np.array([s for _, s in samples])
     A = np.array([[hops, share * b] for b, _ in samples]) / t[:, None]      # rows scaled: relative error
     ones = np.ones(len(t))
@@ -314,7 +318,7 @@ def _compare(preset: Preset, train: TrainConfig, plan, lengths, per_part, out: d
 def _kinds(preset: Preset, train: TrainConfig) -> tuple[str, ...]:
     """The collective kinds one step of this configuration runs."""
     mesh = train.parallelism.shape
-    rows = step_collectives(preset.model, mesh, 1, 1, True, 4, train.parallelism.sparse_sharding)
+    rows = step_collectives(preset.model, mesh, 1, 1, True, 4, train.parallelism.sparse_sharding, fuse_all_to_alls=False)
     return tuple(k for k in KINDS if any(r["kind"] == k for r in rows))
 
 
@@ -328,7 +332,8 @@ def _predict_step(preset: Preset, train: TrainConfig, tiers: dict, cost: SampleC
     mesh = train.parallelism.shape
     tokens = sum(int(lengths[p].sum()) for p in parts) / ranks
     coll = comm_rows(step_collectives(preset.model, mesh, max(1, round(train.batch_size / ranks)), round(tokens), True, 4,
-                                      train.parallelism.sparse_sharding), mesh, None, kind_tiers=tiers, algorithm="ring")
+                                      train.parallelism.sparse_sharding, fuse_all_to_alls=False), mesh, None,
+                     kind_tiers=tiers, algorithm=GLOO_ALGORITHMS)
     coll = exposed_only(coll)
     compute, imb = statistics.mean(seconds), imbalance(seconds)
     result = predict_step((compute + host) * share, imb, coll)
