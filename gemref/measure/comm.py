@@ -17,7 +17,7 @@
    recorded bytes beside the analytic ones (gemref/parallel/volume.py); `rank_times` gathers each
    rank's step, compute and waiting times (gemref/measure/run.py puts both in the run record).
 
-The alpha-beta time model is in gemref/simulate/cost_model.py; the backend choice in
+The alpha-beta time model is in gemref/simulate/collectives.py (priced per step by cost_model.py); the backend choice in
 gemref/parallel/backend.py.
 """
 from __future__ import annotations
