@@ -277,6 +277,9 @@ def test_region_names_resolve_modules_methods_and_patterns():
     assert all(r.owner is model.get_submodule(r.owner_name) for r in got)
     with pytest.raises(ValueError, match=r"region 'stack.1.norm2' contains region\(s\) \['stack.1.norm2.forward'\]"):
         resolve_regions(model, ["stack.1.norm2", "stack.1.norm2.forward"])
+    assert [(r.name, r.owner, r.attr) for r in resolve_regions(model, ["forward"])] == [("forward", model, "forward")]
+    with pytest.raises(ValueError, match=r"region 'forward' contains region\(s\) \['head'\]"):
+        resolve_regions(model, ["forward", "head"])
     assert gemref_regions(model_pair()[0], ("sequence.mix", "interaction"), layers=[0]) == [
         "layers.0.sequence.mix", "layers.0.interaction"]
     with pytest.raises(ValueError, match="not a GEMRef"):

@@ -119,11 +119,12 @@ def test_measure_gives_flops_mfu_and_op_classes_of_the_example():
 
 @needs_torchrec
 def test_a_compiled_region_keeps_the_flops_and_compiles_once():
-    """gemref/compile/apply.py's CompiledRegion on the example's dense region (its `mix` method)."""
-    from gemref.compile import CompiledRegion, CompileStats
+    """gemref/compile/apply.py's compile_model on the example's dense region, its `mix` method, by name."""
+    from gemref.compile import compile_model
     from gemref.interop.example_model import example_batch, example_lengths, example_loss
-    model, stats = example(), CompileStats()
-    model.mix = CompiledRegion("mix", model.mix, stats, model)
+    model = example()
+    stats = compile_model(model, ["mix"])
+    assert stats.regions == ["mix"]
     lengths = [drawn_lengths(s, batch=8) for s in range(3)]
     batches = [example_batch(ls, seed=s) for s, ls in enumerate(lengths)]
     record = measure(model, example_loss, batches, torch.optim.Adam(model.parameters(), 1e-3),
@@ -296,3 +297,20 @@ def test_measure_reports_waste_on_my_rec():
     assert [s.model_flops for s in record.steps] == [
         3 * (my_rec_linears(ls) + MY_BLOCKS * 4 * MY_D * sum(L * (L + 1) // 2 for L in ls)) for ls in lengths[1:]]
     assert record.waste_flops_per_step == record.executed_flops_per_step - record.model_flops_per_step > 0
+
+
+def test_compiled_blocks_are_counted_as_eager_ones():
+    """MyRec's blocks (gdpa inside) compiled by name: after a compiled step the meter's model FLOPs
+    are still the real lengths' count, and counting them does not recompile the blocks."""
+    from my_rec import make_batch, my_loss
+    from gemref.compile import compile_model
+    from gemref.mfu.foreign import count_step
+    model = my_rec_with_gdpa("sdpa")
+    stats = compile_model(model, ["stack.*"])
+    my_loss(model, make_batch(MY_LENGTHS)).backward()
+    graphs = stats.graphs
+    step = count_step(model, my_loss, make_batch(MY_LENGTHS))
+    attention = MY_BLOCKS * 2 * 2 * MY_D * sum(L * (L + 1) // 2 for L in MY_LENGTHS)
+    assert step.model == 3 * (my_rec_linears(MY_LENGTHS) + attention) and step.gdpa_calls == MY_BLOCKS
+    my_loss(model, make_batch(MY_LENGTHS[::-1], seed=1)).backward()
+    assert graphs > 0 and stats.graphs == graphs and stats.recompiles == 0

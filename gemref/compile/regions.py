@@ -4,8 +4,9 @@ A region is named as the caller sees the model, never by a kind gemref invented:
 
   * a module's fully qualified name (`model.named_modules()`: "head", "stack.0"): its `forward`
     is the region (torchtitan compiles each transformer block this way);
-  * a module's name and one of its methods ("layers.0.sequence.project"): that method, for a
-    block whose dense parts sit on either side of something that should stay eager;
+  * a module's name and one of its methods ("layers.0.sequence.project"; a method of the model
+    itself by its name alone, "mix"): that method, for a block whose dense parts sit on either
+    side of something that should stay eager;
   * a pattern of either, matched segment by segment with fnmatch ("stack.*" is every direct
     child of `stack`, not their children; "layers.*.cross.mix").
 
@@ -73,11 +74,12 @@ def resolve_regions(model: nn.Module, names: Sequence[str]) -> list[Region]:
             hits = [Region(f, m, f, "forward") for f, m in modules.items() if _matches(name, f)]
         elif name in modules:
             hits = [Region(name, modules[name], name, "forward")]
-        if not hits and "." in name:                       # "module.method" (or a pattern of it)
-            owner_pattern, attr = name.rsplit(".", 1)
+        if not hits:                                       # "module.method" (or a pattern of it), "method"
+            owner_pattern, _, attr = name.rpartition(".")
             owners = ([f for f in modules if _matches(owner_pattern, f)] if _PATTERN & set(owner_pattern)
-                      else [owner_pattern] if owner_pattern in modules else [])
-            hits = [Region(f"{f}.{attr}", modules[f], f, attr) for f in owners if _method(modules[f], attr)]
+                      else [owner_pattern] if owner_pattern in modules or not owner_pattern else [])
+            hits = [Region(f"{f}.{attr}".lstrip("."), modules.get(f, model), f, attr) for f in owners
+                    if _method(modules.get(f, model), attr)]
         if not hits:
             unknown.append(name)
         for region in hits:
@@ -90,8 +92,8 @@ def resolve_regions(model: nn.Module, names: Sequence[str]) -> list[Region]:
     for outer in regions:
         if outer.attr != "forward":
             continue
-        inner = [r.name for r in regions if r is not outer and
-                 (r.owner_name == outer.owner_name or r.owner_name.startswith(outer.owner_name + "."))]
+        inner = [r.name for r in regions if r is not outer and (not outer.owner_name or r.owner_name == outer.owner_name
+                                                                or r.owner_name.startswith(outer.owner_name + "."))]
         if inner:
             raise ValueError(f"region {outer.name!r} contains region(s) {inner}: compile the outer one or the inner "
                              "ones, not both")

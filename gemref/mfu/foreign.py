@@ -26,10 +26,12 @@ gemref's one step timer (timing.py `timed_step`) and returns a `ForeignRecord`:
 gemref's switches on such a model (tests/test_foreign_model.py, chapter 13):
   * jagged attention: the model calls `gemref.attention.gdpa` on a KeyedJaggedTensor's
     JaggedTensor values/offsets (gemref/interop/example_model.py);
-  * torch.compile of a region: gemref/compile/apply.py `CompiledRegion(name, fn, CompileStats(), owner)`
-    wraps any of the model's own methods (dim 0 dynamic); `compile_model` itself only knows
-    GEMRef's blocks. A region first called under FlopCounterMode is never compiled after it
-    (torch 2.13: dynamo gives up on the frame), so `measure` counts a step's FLOPs after it ran.
+  * torch.compile of regions: gemref/compile/apply.py `compile_model(model, ["stack.*", "head"])`
+    compiles the model's regions by name (module names, `module.method`, or a method of the model
+    itself such as "mix"; patterns per segment; dim 0 dynamic: gemref/compile/regions.py). A region
+    first called under FlopCounterMode is never compiled after it (torch 2.13: dynamo gives up on
+    the frame), so `measure` counts a step's FLOPs after it ran; a compiled region that calls gdpa
+    is counted the same as eager (tests/test_foreign_model.py).
   * AutoAC does not apply: gemref/autoac finds its blocks as `model.layers[i].sequence |
     interaction | cross` (`ac_blocks`, an AttributeError otherwise), profiles them on a
     JaggedBatch through `step.forward_loss` and prices them with `model.cfg`'s analytic FLOPs;
