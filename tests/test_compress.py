@@ -12,10 +12,10 @@ from gemref.autoac.compress import (FORMATS, CompressionSpec, Packed, SavedCompr
                                     decompress, wrap_compressed)
 from gemref.autoac.profile import activation_bytes, forward_loss
 from gemref.autoac.solver import ac_blocks, apply_plan, remove_plan, saved_compression
-from gemref.compile import compile_model
-from gemref.config import get_preset
+from gemref.compile import compile_model, gemref_regions
+from gemref.config import COMPILE_REGIONS, get_preset
 from gemref.data.batches import batch_with_lengths
-from gemref.model import GEMRef
+from gemref.model import GEMRef, ranking_loss
 
 CFG = get_preset("tiny").model
 U = 2.0 ** -4          # E4M3: 3 mantissa bits, round to nearest: half an ulp relative
@@ -223,7 +223,7 @@ def test_compressed_blocks_compile_and_whole_model_compression():
         assert comp.stats["compressed"] > 0
     assert all(sqnr_db(exact[n], whole[n]) >= SQNR_FLOOR_DB - 9 for n in exact)
     apply_plan(model, {name: "compressed" for name in ac_blocks(model)}, compression=CompressionSpec("mxfp8"))
-    compile_model(model)
+    compile_model(model, gemref_regions(model, COMPILE_REGIONS), loss=ranking_loss)
     compiled = grads(model, batch)
     assert saved_compression(model).stats["compressed"] > 0
     assert all(sqnr_db(exact[n], compiled[n]) >= SQNR_FLOOR_DB - 9 for n in exact)

@@ -4,7 +4,9 @@ arithmetic of the example's linears and attention on drawn jagged lengths (no me
 MFU is checked against hand arithmetic of the record's FLOPs, times and peak; padded and
 jagged lengths meter differently; the op classes sum to the profiled step; the switches
 (jagged gdpa, a compiled region) apply and AutoAC refuses, as documented. Tests that need
-TorchRec skip without it; the plain-module tests (any nn.Module; gdpa windowed) run everywhere."""
+TorchRec skip without it; the plain-module tests (any nn.Module; gdpa windowed) run everywhere, and so
+do those on tests/my_rec.py's MyRec with its attention swapped for gdpa: its model FLOPs are the hand
+count on the real lengths for every kernel this CPU runs, padded kernels included."""
 from __future__ import annotations
 
 import pytest
@@ -117,11 +119,12 @@ def test_measure_gives_flops_mfu_and_op_classes_of_the_example():
 
 @needs_torchrec
 def test_a_compiled_region_keeps_the_flops_and_compiles_once():
-    """gemref/compile/apply.py's CompiledRegion on the example's dense region (its `mix` method)."""
-    from gemref.compile import CompiledRegion, CompileStats
+    """gemref/compile/apply.py's compile_model on the example's dense region, its `mix` method, by name."""
+    from gemref.compile import compile_model
     from gemref.interop.example_model import example_batch, example_lengths, example_loss
-    model, stats = example(), CompileStats()
-    model.mix = CompiledRegion("mix", model.mix, stats, model)
+    model = example()
+    stats = compile_model(model, ["mix"])
+    assert stats.regions == ["mix"]
     lengths = [drawn_lengths(s, batch=8) for s in range(3)]
     batches = [example_batch(ls, seed=s) for s, ls in enumerate(lengths)]
     record = measure(model, example_loss, batches, torch.optim.Adam(model.parameters(), 1e-3),
@@ -180,3 +183,134 @@ def test_gdpa_in_a_plain_module_counts_the_allowed_pairs(kernel, window):
     loss_fn = lambda m, b: m(*b).square().mean()
     pairs = sum(min(i + 1, window or L) for L in lengths for i in range(L))
     assert count_model_flops(Tower(), loss_fn, batch) == 3 * (2 * T * d * 3 * d + 2 * 2 * d * pairs)
+
+
+# ---------------------------------------------------------------- MyRec (tests/my_rec.py) with gdpa
+MY_D, MY_HEADS, MY_HIDDEN, MY_BLOCKS = 32, 2, 64, 2               # MyRec's defaults
+MY_LENGTHS = [0, 5, 17, 3, 40, 1, 22, 9]
+
+
+def my_rec_linears(lengths: list[int]) -> int:
+    """MyRec's forward Linear FLOPs by hand: per block qkv, proj, up, down on T tokens; the head on B."""
+    T, B, d = sum(lengths), len(lengths), MY_D
+    return MY_BLOCKS * 2 * T * (d * 3 * d + d * d + d * 4 * d + 4 * d * d) + 2 * B * (2 * d * MY_HIDDEN + MY_HIDDEN)
+
+
+def gdpa_attention(kernel: str, activation: str):
+    """The 4-line adapter a user writes: Block.attention's signature onto gdpa (causal, jagged)."""
+    from gemref.attention import gdpa
+
+    def attention(q, k, v, offsets):
+        return gdpa(q, k, v, offsets, activation=activation, causal=True, kernel=kernel)
+    return attention
+
+
+def cpu_case(kernel: str) -> tuple[str, torch.dtype] | None:
+    """(activation, dtype) this kernel runs MyRec's causal attention in on this CPU (softmax first)."""
+    from gemref.attention import KERNELS
+    for activation, dtype in (("softmax", torch.float32), ("silu", torch.float32), ("silu", torch.bfloat16)):
+        if KERNELS[kernel].unavailable(torch.empty(0, MY_HEADS, MY_D // MY_HEADS, dtype=dtype), activation,
+                                       True, None) is None:
+            return activation, dtype
+    return None
+
+
+def my_rec_with_gdpa(kernel: str):
+    from my_rec import MyRec
+    case = cpu_case(kernel)
+    if case is None:
+        from gemref.attention import KERNELS
+        pytest.skip(f"{kernel}: " + KERNELS[kernel].unavailable(torch.empty(0, 2, 16), "softmax", True, None))
+    torch.manual_seed(0)
+    model = MyRec().to(case[1])
+    for block in model.stack:
+        block.attention = gdpa_attention(kernel, case[0])
+    return model
+
+
+@pytest.mark.parametrize("kernel", ["reference", "sdpa", "cpu_jagged", "cpu_fused", "cpu_fused_amx",
+                                    "flash_attn", "triton"])
+def test_my_rec_model_flops_are_the_real_lengths_whatever_kernel_ran(kernel):
+    """MyRec with its attention swapped for gdpa: model FLOPs = the linears on T tokens + the causal
+    pairs sum L(L+1)/2 (x3), for every kernel that runs on this CPU, the padded ones (reference's
+    rectangle, sdpa's CPU buckets) included; executed FLOPs (fwd + bwd) are at least that."""
+    from my_rec import make_batch, my_loss
+    from gemref.mfu.foreign import count_executed_flops, count_step
+    model, batch = my_rec_with_gdpa(kernel), make_batch(MY_LENGTHS)
+    attention = MY_BLOCKS * 2 * 2 * MY_D * sum(L * (L + 1) // 2 for L in MY_LENGTHS)
+    step = count_step(model, my_loss, batch)
+    assert step.model == 3 * (my_rec_linears(MY_LENGTHS) + attention)
+    assert step.attention_model == 3 * attention and step.gdpa_calls == MY_BLOCKS
+    executed = count_executed_flops(model, my_loss, batch)
+    assert executed >= step.model
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_padded_kernels_set_their_padding_aside():
+    """reference and CPU sdpa run padded matmuls (FlopCounterMode sees more than the real pairs);
+    the meter sets that count aside, and a plain FlopCounterMode forward would have over-credited it."""
+    from my_rec import make_batch, my_loss
+    from gemref.mfu.foreign import count_step
+    batch = make_batch(MY_LENGTHS)
+    for kernel in ("reference", "sdpa"):
+        model = my_rec_with_gdpa(kernel)
+        step = count_step(model, my_loss, batch)
+        assert step.attention_set_aside > step.attention_model
+        with torch.no_grad(), FlopCounterMode(display=False) as plain:
+            my_loss(model, batch)
+        assert 3 * plain.get_total_flops() == step.model - step.attention_model + step.attention_set_aside
+
+
+def test_the_users_own_attention_counts_as_it_ran():
+    """MyRec as written (its own einsum attention, no gdpa): its matmuls count as they ran, the
+    full L x L scores of each sequence (the mask is applied after the matmul). No length 1: there
+    torch's einsum multiplies without a matmul, which FlopCounterMode does not count."""
+    from my_rec import MyRec, make_batch, my_loss
+    from gemref.mfu.foreign import count_step
+    torch.manual_seed(0)
+    lengths = [L for L in MY_LENGTHS if L != 1]
+    step = count_step(MyRec(), my_loss, make_batch(lengths))
+    full = MY_BLOCKS * 2 * 2 * MY_D * sum(L * L for L in lengths)
+    assert step.model == 3 * (my_rec_linears(lengths) + full) and step.gdpa_calls == 0
+
+
+def test_gdpa_counts_only_inside_a_meters_tally():
+    from gemref.attention import counting_attention
+    from gemref.attention.flops import counting
+    q = torch.randn(6, 2, 8)
+    offsets = torch.tensor([0, 2, 6])
+    assert not counting()
+    with counting_attention() as outer, counting_attention() as inner:
+        assert counting()
+        gdpa_attention("cpu_jagged", "softmax")(q, q, q, offsets)
+    assert not counting()
+    assert outer == inner and outer.calls == 1 and outer.model_flops == 2 * 2 * 2 * 8 * (3 + 10)
+
+
+def test_measure_reports_waste_on_my_rec():
+    from my_rec import make_batch, my_loss
+    model = my_rec_with_gdpa("sdpa")
+    lengths = [MY_LENGTHS, MY_LENGTHS[::-1], [4, 4, 30]]
+    record = measure(model, my_loss, [make_batch(ls, seed=s) for s, ls in enumerate(lengths)],
+                     torch.optim.SGD(model.parameters(), 0.1), lengths_of=lambda b: b.lengths, peak=PEAK)
+    check_record(record, None)
+    assert [s.model_flops for s in record.steps] == [
+        3 * (my_rec_linears(ls) + MY_BLOCKS * 4 * MY_D * sum(L * (L + 1) // 2 for L in ls)) for ls in lengths[1:]]
+    assert record.waste_flops_per_step == record.executed_flops_per_step - record.model_flops_per_step > 0
+
+
+def test_compiled_blocks_are_counted_as_eager_ones():
+    """MyRec's blocks (gdpa inside) compiled by name: after a compiled step the meter's model FLOPs
+    are still the real lengths' count, and counting them does not recompile the blocks."""
+    from my_rec import make_batch, my_loss
+    from gemref.compile import compile_model
+    from gemref.mfu.foreign import count_step
+    model = my_rec_with_gdpa("sdpa")
+    stats = compile_model(model, ["stack.*"])
+    my_loss(model, make_batch(MY_LENGTHS)).backward()
+    graphs = stats.graphs
+    step = count_step(model, my_loss, make_batch(MY_LENGTHS))
+    attention = MY_BLOCKS * 2 * 2 * MY_D * sum(L * (L + 1) // 2 for L in MY_LENGTHS)
+    assert step.model == 3 * (my_rec_linears(MY_LENGTHS) + attention) and step.gdpa_calls == MY_BLOCKS
+    my_loss(model, make_batch(MY_LENGTHS[::-1], seed=1)).backward()
+    assert graphs > 0 and stats.graphs == graphs and stats.recompiles == 0

@@ -78,3 +78,35 @@ def test_seconds_at_is_the_definition_solved_for_time():
     for bad in ((1e12, 0.0, 1e15), (1e12, 1.5, 1e15), (1e12, 0.5, None), (1e12, 0.5, 0.0)):
         with pytest.raises(ValueError, match="need 0 < mfu <= 1 and a positive peak"):
             meter.seconds_at(*bad)
+
+
+def test_a_foreign_models_mfu_credits_no_padding():
+    """MyRec (tests/my_rec.py) with its attention on gdpa's sdpa kernel, which on CPU runs padded
+    length buckets: MFU divides the real lengths' model FLOPs (linears on T tokens, causal pairs
+    L(L+1)/2, x3) by the time, HFU the executed FLOPs (padding and backward's recompute included),
+    so HFU / MFU = executed / model > 1."""
+    import torch
+    from my_rec import MyRec, make_batch, my_loss
+
+    from gemref.attention import gdpa
+    from gemref.mfu.foreign import measure
+
+    def attention(q, k, v, offsets):
+        return gdpa(q, k, v, offsets, activation="softmax", causal=True, kernel="sdpa")
+    torch.manual_seed(0)
+    model = MyRec()
+    for block in model.stack:
+        block.attention = attention
+    lengths = [[3, 40, 0, 17], [9, 30, 30, 1, 2]]
+    record = measure(model, my_loss, [make_batch(ls, seed=s) for s, ls in enumerate(lengths)],
+                     torch.optim.SGD(model.parameters(), 0.1), lengths_of=lambda b: b.lengths,
+                     peak=Peak(PEAK, "test", "fp32"))
+    d, hidden, T, B = 32, 64, sum(lengths[1]), len(lengths[1])
+    linears = 2 * 2 * T * (d * 3 * d + d * d + d * 4 * d + 4 * d * d) + 2 * B * (2 * d * hidden + hidden)
+    attention_flops = 2 * 2 * 2 * d * sum(L * (L + 1) // 2 for L in lengths[1])
+    (step,) = record.steps
+    assert step.model_flops == 3 * (linears + attention_flops)
+    fig = record.figures
+    assert fig["mfu"] == pytest.approx(step.model_flops / (step.wall_s * PEAK), rel=1e-12)
+    assert fig["hfu"] / fig["mfu"] == pytest.approx(step.executed_flops / step.model_flops, rel=1e-12)
+    assert step.executed_flops > step.model_flops and record.waste_flops_per_step > 0

@@ -18,7 +18,7 @@ from gemref.cli import main
 from gemref.precision.mx_reference import mx_linear_reference
 from gemref.precision.sqnr import compare_linear, model_sqnr, sqnr
 from gemref.config import PRECISIONS
-from gemref.precision.apply import MXFP8Linear, apply_precision, native_support
+from gemref.precision.apply import MIN_DIM, MXFP8Linear, apply_precision, default_module_filter, native_support
 
 pytest.importorskip("torchao")
 from torchao.float8.float8_linear import Float8Linear  # noqa: E402
@@ -155,7 +155,8 @@ def test_conversion_filter_and_report(precision, converted, cls):
     assert all(type(model.get_submodule(f)) is cls for f in converted)
     assert set(model.state_dict()) == keys
     reasons = {s.fqn: s.reason for s in report.skipped}
-    assert reasons["head"] == "too small: min(in, out) = 8 < min_dim=64"
+    align, what = (32, "the MX block size") if precision == "mxfp8" else (16, "torch._scaled_mm's alignment")
+    assert reasons["head"] == f"in=80, out=8 not both divisible by {align} ({what})"   # the hardware's need first
     assert "subclass of nn.Linear" in reasons["attn.out_proj"]
     if precision == "mxfp8":
         assert reasons["odd"] == "in=96, out=80 not both divisible by 32 (the MX block size)"
@@ -169,10 +170,10 @@ def test_conversion_filter_and_report(precision, converted, cls):
     assert json.loads(json.dumps(record))["converted"] == converted
 
 
-def test_exclude_by_name_and_fallback_is_logged(caplog):
+def test_filter_fqns_and_fallback_is_logged(caplog):
     caplog.set_level(logging.INFO, logger="gemref.precision.apply")
-    report = apply_precision(Toy(), "mxfp8", device="cpu", exclude=("block.2",))
-    assert ("block.2", "excluded by name (kept in high precision)") in [(s.fqn, s.reason) for s in report.skipped]
+    report = apply_precision(Toy(), "mxfp8", device="cpu", filter_fqns=("block.2",))
+    assert ("block.2", "named by filter_fqns (kept in high precision)") in [(s.fqn, s.reason) for s in report.skipped]
     assert "mxfp8 falls back to emulated GEMMs" in caplog.text and "SM100" in caplog.text
 
 
@@ -288,6 +289,10 @@ def test_sqnr():
     (lambda: apply_precision(Toy(), "float8_rowwise", device="cpu", fsdp_float8_all_gather=True),
      "fsdp_float8_all_gather needs precision='float8_tensorwise'"),
     (lambda: apply_precision(Toy(), "mxfp8", device="cpu", min_dim=-1), "min_dim must be >= 0"),
+    (lambda: apply_precision(Toy(), "mxfp8", device="cpu", min_dim=32, module_filter=lambda fqn, m: True),
+     "give module_filter or min_dim, not both"),
+    (lambda: apply_precision(Toy(), "mxfp8", device="cpu", module_filter="head"), "module_filter must be callable"),
+    (lambda: apply_precision(Toy(), "mxfp8", device="cpu", filter_fqns="head"), "filter_fqns must be a sequence"),
     (lambda: apply_precision(Toy(), "mxfp8", device="cuda"), "parameter embed.weight is on cpu, but device=cuda"),
     (lambda: apply_precision(nn.Linear(64, 64), "mxfp8", device="cpu"), "root module is an nn.Linear"),
     (lambda: compare_linear(nn.Linear(48, 64), "mxfp8", torch.randn(4, 48)),
@@ -342,3 +347,92 @@ def test_bench_precision_cli(tmp_path, capsys):
 def test_bench_bad_dims(capsys):
     assert main(["bench", "precision", "--device", "cpu", "--dims", "64x64"]) == 2
     assert "expected MxKxN" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------- a model gemref did not define (tests/my_rec.py)
+# MyRec(d=64, hidden=64): per block qkv 64->192, proj 64->64, up 64->256, down 256->64; head 128->64, 64->1.
+MY_REC_LINEARS = {f"stack.{i}.{n}": kn for i in range(2)
+                  for n, kn in (("qkv", (64, 192)), ("proj", (64, 64)), ("up", (64, 256)), ("down", (256, 64)))}
+MY_REC_LINEARS.update({"head.0": (128, 64), "head.2": (64, 1)})
+# SQNR floors (dB) of MyRec's emulated low-precision twin against fp32 with copied weights, on one
+# batch: per converted Linear (output, input grad, weight grad) and the logits. Measured minima over
+# seeds 0-4 and the three recipes: outputs 25.1, input grads 9.7, weight grads 9.8, logits 18.8
+# (float8_tensorwise; 22.0 for rowwise and MXFP8). The gradients are low for a reason outside the
+# GEMMs: the head's ReLU. The twin's forward differs by ~28 dB, which flips the ReLU mask of the
+# hidden units within that noise of zero (a few %), and a flipped unit's gradient is wrong by all
+# of its value; head.0 alone converted measures the same 12-13 dB, while stack.1.up alone (no
+# ReLU after it) keeps 27-29 dB on both gradients. The floors leave ~2.5 dB of margin.
+MY_REC_FLOORS = (22.5, 7.0, 7.0, 16.0)
+
+
+def my_rec(d=64):
+    from my_rec import MyRec
+    torch.manual_seed(0)
+    return MyRec(d=d, heads=2, hidden=64)
+
+
+@pytest.mark.parametrize("precision", LOW_PRECISIONS)
+def test_my_rec_converted_set_is_the_default_filters(precision):
+    """The default filter on a model gemref did not define: every Linear with K, N >= MIN_DIM and
+    multiples of 16 (32 for MXFP8) is converted, the rest skipped with the reason; the report
+    lists both, and forward and backward run."""
+    from my_rec import make_batch, my_loss
+    model = my_rec()
+    keep = default_module_filter(precision)
+    expected = [f for f, (k, n) in MY_REC_LINEARS.items()
+                if min(k, n) >= MIN_DIM and k % 16 == 0 and n % 16 == 0 and (precision != "mxfp8" or n % 32 == 0)]
+    assert expected == [f for f in MY_REC_LINEARS if f != "head.2"]
+    report = apply_precision(model, precision, device="cpu")
+    assert [f for f in report.converted] == sorted(expected, key=list(MY_REC_LINEARS).index)
+    assert all(keep(f, nn.Linear(*MY_REC_LINEARS[f])) for f in report.converted)
+    align, what = (32, "the MX block size") if precision == "mxfp8" else (16, "torch._scaled_mm's alignment")
+    assert [(s.fqn, s.reason) for s in report.skipped] == [("head.2", f"in=64, out=1 not both divisible by {align} "
+                                                                      f"({what})")]
+    cls = MXFP8Linear if precision == "mxfp8" else Float8Linear
+    assert all(isinstance(model.get_submodule(f), cls) for f in report.converted)
+    assert [(c.fqn, c.in_features, c.out_features) for c in report.conversions] == [
+        (f, *MY_REC_LINEARS[f]) for f in report.converted]
+    assert {c.to for c in report.conversions} == {f"{cls.__name__} ({precision}, emulated)"}
+    text = "\n".join(report.lines())
+    assert f"converted stack.0.qkv (64 -> 192) to {cls.__name__}" in text and "skipped head.2 (64 -> 1): in=64, out=1" in text
+    loss = my_loss(model, make_batch([3, 40, 0, 17], seed=1))
+    loss.backward()
+    assert torch.isfinite(loss) and all(model.get_submodule(f).weight.grad is not None for f in report.converted)
+
+
+def test_my_rec_min_dim_sets_the_default_filters_threshold():
+    report = apply_precision(my_rec(), "mxfp8", device="cpu", min_dim=128)
+    assert report.converted == []
+    assert {s.fqn: s.reason for s in report.skipped}["stack.0.up"] == "too small: min(in, out) = 64 < min_dim=128"
+
+
+def test_my_rec_with_a_users_filter_and_filter_fqns():
+    """A user's module_filter (torchtitan's kind: fqn and module) and filter_fqns, on MyRec."""
+    model = my_rec()
+    report = apply_precision(model, "float8_rowwise", device="cpu", filter_fqns=("proj",),
+                             module_filter=lambda fqn, linear: linear.out_features >= 192)
+    assert report.converted == ["stack.0.qkv", "stack.0.up", "stack.1.qkv", "stack.1.up"]
+    reasons = {s.fqn: s.reason for s in report.skipped}
+    assert reasons["stack.0.proj"] == reasons["stack.1.proj"] == "named by filter_fqns (kept in high precision)"
+    assert reasons["stack.0.down"] == reasons["head.0"] == "module_filter returned False"
+    assert reasons["head.2"] == "in=64, out=1 not both divisible by 16 (torch._scaled_mm's alignment)"
+    assert set(reasons) | set(report.converted) == set(MY_REC_LINEARS)
+
+
+@pytest.mark.parametrize("precision", LOW_PRECISIONS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_my_rec_sqnr_against_its_fp32_twin(precision, seed):
+    """MyRec converted (emulated on CPU) against its fp32 twin with copied weights, forward and
+    backward on one jagged batch: every converted Linear and the logits above MY_REC_FLOORS."""
+    from my_rec import make_batch
+    model = my_rec()
+    batch = make_batch([5, 40, 0, 17, 28, 9], seed=seed)
+    loss_fn = lambda logits: nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
+    layers, logits_db = model_sqnr(model, precision, (batch,), loss_fn)
+    assert [layer.fqn for layer in layers] == [f for f in MY_REC_LINEARS if f != "head.2"]
+    out_floor, dgrad_floor, wgrad_floor, logits_floor = MY_REC_FLOORS
+    for layer in layers:
+        assert layer.output_db >= out_floor, layer
+        assert layer.input_grad_db >= dgrad_floor, layer
+        assert layer.weight_grad_db >= wgrad_floor, layer
+    assert logits_db >= logits_floor

@@ -524,13 +524,13 @@ def test_the_compile_rung_compiles_the_plans_regions_or_says_why_none(monkeypatc
     compile_rung = {rung.key: rung for rung in LADDER}["compile"]
     start = override(TINY.train, jagged=True, kernel="auto", batch_size=8)
     rows = [{"region": "sequence.mix", "speedup": 1.2, "kept": True}, {"region": "loss", "speedup": 0.5, "kept": False}]
-    monkeypatch.setattr(rungs, "plan_regions", fake_plan(None, None, rows))
+    monkeypatch.setattr(rungs, "plan_gemref_regions", fake_plan(None, None, rows))
     threads = torch.get_num_threads()
     out = compile_rung.configure(start, Context(TINY, torch.device("cpu"), 2))
     assert out.compilation.enabled and out.compilation.regions == "sequence.mix"
     assert seen == {"rows": 4, "threads": 1} and torch.get_num_threads() == threads
     lost = [{**r, "kept": False} for r in rows]
-    monkeypatch.setattr(rungs, "plan_regions", fake_plan(None, None, lost))
+    monkeypatch.setattr(rungs, "plan_gemref_regions", fake_plan(None, None, lost))
     why = compile_rung.configure(start, Context(TINY, torch.device("cpu"), 2))
     assert why.startswith("n/a here: no compiled region beats eager") and "sequence.mix 1.20x, loss 0.50x" in why
 

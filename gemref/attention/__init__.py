@@ -12,11 +12,12 @@ the Triton interpreter is never an automatic choice).
 """
 from . import cpu_fused, cpu_jagged, flash_attn, sdpa, triton  # noqa: F401  (each registers its kernel)
 from .api import AUTO_ORDER, KERNELS, gdpa, kernel_names, register_kernel, resolve_kernel, resolve_model_kernel
-from .flops import attention_model_flops
+from .flops import AttentionTally, attention_model_flops, counting_attention
 from .reference import ACTIVATIONS, POINTWISE, gdpa_padded, gdpa_reference
 
 AUTO_ORDER[:] = ["flash_attn", "sdpa", "cpu_fused_amx", "cpu_fused", "cpu_jagged", "triton", "reference"]
 
 __all__ = ["gdpa", "gdpa_padded", "gdpa_reference", "kernel_names", "resolve_kernel",
-           "register_kernel", "resolve_model_kernel", "attention_model_flops", "KERNELS", "AUTO_ORDER", "ACTIVATIONS",
+           "register_kernel", "resolve_model_kernel", "attention_model_flops", "counting_attention",
+           "AttentionTally", "KERNELS", "AUTO_ORDER", "ACTIVATIONS",
            "POINTWISE"]

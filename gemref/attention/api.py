@@ -10,6 +10,10 @@ runs (padding, masked tiles and recomputation included; gemref/mfu/flops.py uses
 `flops --verify`, and FlopCounterMode must see the same numbers). Asking for a kernel that cannot run is a ValueError
 carrying that reason; `kernel="auto"` picks the first kernel of `AUTO_ORDER` that can, and
 logs its choice once per (device, dtype, activation).
+
+Inside `flops.counting_attention()` (opened by a meter, gemref/mfu/foreign.py) every call notes
+its model FLOPs on the real lengths, and runs its kernel in a region whose FlopCounterMode count
+is noted too, so the meter can set the kernel's executed work aside (`flops.counted_call`).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from torch import Tensor
 
 from ..data.jagged import check_offsets, check_offsets_layout, offsets_to_lengths
 from ..errors import UsageError
+from .flops import counted_call, counting
 from .reference import ACTIVATIONS, gdpa_reference
 
 log = logging.getLogger(__name__)
@@ -184,7 +189,12 @@ def gdpa(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, kv_offsets: Tensor
     if causal and kv_offsets is not offsets and not torch.equal(offsets, kv_offsets):
         raise ValueError("causal attention needs the same query and key offsets (self-attention)")
     name = resolve_kernel(kernel, q, activation, causal, window)
-    return KERNELS[name].fn(q, k, v, offsets, kv_offsets, activation=activation, causal=causal,
-                            window=window, qk_scale=qk_scale, out_scale=out_scale,
-                            max_q=max_len, max_kv=kv_max_len if kv_max_len is not None else
-                            (max_len if kv_offsets is offsets else None))
+
+    def run() -> Tensor:
+        return KERNELS[name].fn(q, k, v, offsets, kv_offsets, activation=activation, causal=causal,
+                                window=window, qk_scale=qk_scale, out_scale=out_scale,
+                                max_q=max_len, max_kv=kv_max_len if kv_max_len is not None else
+                                (max_len if kv_offsets is offsets else None))
+    if not torch.compiler.is_compiling() and counting():   # a meter's tally is open (flops.py)
+        return counted_call(run, q, offsets, kv_offsets, causal, window)
+    return run()

@@ -15,13 +15,22 @@ attention FLOPs are ~2x the exact ones and their MFU is correspondingly higher.
 
 Padding, masked tiles and recomputation are *executed* FLOPs, not model FLOPs; each kernel
 reports those itself (`executed_flops` in api.py).
+
+A meter counting a model gemref did not define (gemref/mfu/foreign.py) cannot read these
+formulas off a config: it opens `counting_attention()`, and every `gdpa` call inside notes its
+model FLOPs on the real lengths and runs its kernel in a region of its own, whose
+FlopCounterMode count (the kernel's executed ops, whatever they are) the meter sets aside.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
+
+from ..data.jagged import offsets_to_lengths
 
 CONVENTIONS = ("exact", "palm")
 
@@ -69,3 +78,55 @@ def attention_model_flops(q_lengths: Tensor | Sequence[int], kv_lengths: Tensor 
     else:
         pairs = int(allowed_pairs_per_sequence(q_lengths, kv_lengths, causal, window).sum())
     return 2 * 2 * heads * head_dim * pairs
+
+
+# ------------------------------------------------------------------ counting gdpa calls for a meter
+@dataclass
+class AttentionTally:
+    """What the gdpa calls made inside `counting_attention()` noted, summed over the calls (FLOPs).
+
+    `model_flops`: each call's `attention_model_flops` on its REAL lengths, mask and window
+    ("exact" convention), whatever kernel ran. `set_aside_flops`: what torch's FlopCounterMode
+    counted for the ops inside the calls (the kernel's executed work: padded buckets, masked
+    tiles, the reference's padded rectangle; the backward of the calls is not in it). A meter
+    that counted a forward with FlopCounterMode takes the second out and puts the first in."""
+
+    model_flops: int = 0
+    set_aside_flops: int = 0
+    calls: int = 0
+
+
+_OPEN: list[AttentionTally] = []
+
+
+@contextmanager
+def counting_attention() -> Iterator[AttentionTally]:
+    """Open a tally that every gdpa call inside the block adds to (gemref/mfu/foreign.py opens it
+    around a forward it counts). Outside such a block gdpa counts nothing and costs nothing extra."""
+    tally = AttentionTally()
+    _OPEN.append(tally)
+    try:
+        yield tally
+    finally:
+        _OPEN.remove(tally)
+
+
+def counting() -> bool:
+    """Whether a tally is open (gdpa then runs its kernel through `counted_call`)."""
+    return bool(_OPEN)
+
+
+def counted_call(run: Callable[[], Tensor], q: Tensor, q_offsets: Tensor, kv_offsets: Tensor,
+                 causal: bool, window: int | None) -> Tensor:
+    """Run one gdpa kernel call under its own FlopCounterMode (the region set aside) and note its
+    model FLOPs and that count in every open tally."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as inside:
+        out = run()
+    model = attention_model_flops(offsets_to_lengths(q_offsets), offsets_to_lengths(kv_offsets), q.shape[1], q.shape[2], causal, window)
+    for tally in _OPEN:
+        tally.model_flops += model
+        tally.set_aside_flops += int(inside.get_total_flops())
+        tally.calls += 1
+    return out

@@ -8,7 +8,7 @@ vs_eager (the median over batches of compiled/eager step time on the same batch:
 differ in rows and longest history, so their times spread more than the variants differ),
 MFU of each, graphs compiled, and recompiles after warm-up.
 
-First, the region plan (gemref/compile/plan.py plan_regions; attention runs the same kernel
+First, the region plan (gemref/compile/plan.py plan_gemref_regions; attention runs the same kernel
 either way, so this is what compile changes): forward+backward time of each region kind of
 layer 0 and of the loss, eager vs compiled, medians of --region-reps interleaved calls on the
 first batch; the kinds compiled faster by more than the plan's margin are kept. The steps then

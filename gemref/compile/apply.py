@@ -1,12 +1,14 @@
 """Applying torch.compile to a model, one region at a time (regional compilation), shape-generic for jagged batches.
 
-Regions: in every GEMLayer, the dense parts of each block, `SequenceBlock.project` / `.mix`,
-`InteractionBlock.forward`, `CrossBlock.project` / `.mix` (gemref/model/blocks.py), plus the
-loss. Attention sits between `project` and `mix` and is not compiled: it runs whatever
-kernel gemref.attention dispatches to, whose jagged kernels need host-side lengths that a
-graph would have to guard on. Compiling per block instead of the whole model keeps compile
-time to one graph per region kind: the layers share code, so layer 2..L reuse layer 1's
-graphs. Inside a region inductor fuses LayerNorm, the SiLU gate and the residual adds
+Regions are named by the caller (`compile_model(model, ["stack.*", "head"])`: module names, a
+module's method, or patterns; gemref/compile/regions.py), on any nn.Module. GEMRef's path names
+its own (`gemref_regions`): in every GEMLayer, the dense parts of each block,
+`SequenceBlock.project` / `.mix`, `InteractionBlock.forward`, `CrossBlock.project` / `.mix`
+(gemref/model/blocks.py), plus the loss. Attention sits between `project` and `mix` and is not
+compiled: it runs whatever kernel gemref.attention dispatches to, whose jagged kernels need
+host-side lengths that a graph would have to guard on. Compiling per block instead of the whole
+model keeps compile time to one graph per region kind: the layers share code, so layer 2..L
+reuse layer 1's graphs (a region of any model whose blocks share a class does the same). Inside a region inductor fuses LayerNorm, the SiLU gate and the residual adds
 into a few kernels around the matmuls (TORCH_LOGS=output_code shows them).
 
 Dynamic shapes: dim 0 of every tensor handed to a region is the one that varies between
@@ -36,20 +38,15 @@ import functools
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch._functorch.config
 import torch.fx.experimental._config as fx_config
 from torch import Tensor, nn
 
-from ..config import COMPILE_REGIONS
 from ..model import ranking_loss
-
-# region kind -> (block, method) of every GEMLayer; COMPILE_REGIONS (gemref/config) adds "loss"
-REGION_KINDS = {"sequence.project": ("sequence", "project"), "sequence.mix": ("sequence", "mix"),
-                "interaction": ("interaction", "forward"), "cross.project": ("cross", "project"),
-                "cross.mix": ("cross", "mix")}
+from .regions import resolve_regions
 _STATS: "weakref.WeakKeyDictionary[nn.Module, CompileStats]" = weakref.WeakKeyDictionary()
 
 
@@ -137,35 +134,38 @@ class CompiledRegion:
         return out
 
 
-def compile_model(model: nn.Module, *, activation_memory_budget: float | None = None,
-                  regions: "tuple[str, ...] | None" = None) -> CompileStats:
-    """Compile GEMRef's blocks in place, region by region; returns (and registers) the stats.
+def compile_model(model: nn.Module, regions: Sequence[str], *, activation_memory_budget: float | None = None,
+                  loss: Callable[..., Tensor] | None = None) -> CompileStats:
+    """Compile the named regions of any model in place, each on its own (regional compilation, as
+    torchtitan compiles each block); returns (and registers) the stats.
 
-    `regions`: the region kinds to compile (COMPILE_REGIONS names: REGION_KINDS and "loss";
-    None: all of them); the others stay eager (e.g. a `plan_regions` plan: the kinds that won).
-    Apply after activation checkpointing (gemref/autoac/solver.py) and before FSDP: a checkpointed
-    interaction block is then compiled with its checkpoint inside the graph, while the
-    checkpoint of a sequence or cross block wraps its compiled regions and eager attention.
+    `regions`: module names (their `forward`), "module.method" names, or fnmatch patterns of
+    either, matched per dot-separated segment ("stack.*"): gemref/compile/regions.py. A name that
+    matches nothing, or a region inside another, is a ValueError naming it. Each region becomes a
+    `CompiledRegion` set as an instance attribute (dim 0 of every tensor argument dynamic, so a
+    new jagged batch does not recompile; parameter names and state_dict keys unchanged). `loss`:
+    a loss function to compile as one more region, "loss" (`loss_function(model)` returns it).
+    GEMRef's path names its regions explicitly (`gemref_regions(model, kinds)`,
+    gemref/train/compose.py). Apply after activation checkpointing and before FSDP: a checkpointed
+    block is then compiled with its checkpoint inside the graph, while a checkpoint around a block
+    whose methods are the regions wraps them and whatever stays eager between them.
     """
     if model in _STATS:
         raise ValueError("model is already compiled")
     if activation_memory_budget is not None and not 0.0 < activation_memory_budget <= 1.0:
         raise ValueError(f"activation_memory_budget must be in (0, 1], got {activation_memory_budget}")
-    chosen = COMPILE_REGIONS if regions is None else tuple(regions)
-    if unknown := [r for r in chosen if r not in COMPILE_REGIONS]:
-        raise ValueError(f"unknown region kind(s) {unknown}; valid: {', '.join(COMPILE_REGIONS)}")
+    resolved = resolve_regions(model, regions) if regions or loss is None else []
+    if already := [r.name for r in resolved if isinstance(getattr(r.owner, r.attr), CompiledRegion)]:
+        raise ValueError(f"region(s) {already} are compiled already")
     stats = CompileStats(activation_memory_budget=activation_memory_budget)
-    for i, layer in enumerate(model.layers):
-        for kind, (block_name, method) in REGION_KINDS.items():
-            if kind not in chosen:
-                continue
-            block = getattr(layer, block_name)
-            region = CompiledRegion(f"layers.{i}.{kind}", getattr(block, method), stats, block)
-            if hasattr(region.fn, "gemref_ac"):   # checkpointed (gemref/autoac/solver.py): keep it visible
-                region.gemref_ac = region.fn.gemref_ac
-            setattr(block, method, region)
-    if "loss" in chosen:
-        stats.loss = CompiledRegion("loss", ranking_loss, stats, model)
+    for r in resolved:
+        fn = getattr(r.owner, r.attr)
+        region = CompiledRegion(r.name, fn, stats, r.owner)
+        if hasattr(fn, "gemref_ac"):   # checkpointed (gemref/autoac/solver.py): keep it visible
+            region.gemref_ac = fn.gemref_ac
+        setattr(r.owner, r.attr, region)
+    if loss is not None:
+        stats.loss = CompiledRegion("loss", loss, stats, model)
     _STATS[model] = stats
     return stats
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from .section import Section, switch
 
-# torch.compile's region kinds (gemref/compile/apply.py REGION_KINDS, plus the loss)
+# torch.compile's region kinds (gemref/compile/regions.py REGION_KINDS, plus the loss)
 COMPILE_REGIONS = ("sequence.project", "sequence.mix", "interaction", "cross.project", "cross.mix", "loss")
 
 

@@ -1,7 +1,7 @@
 """Eager vs torch.compile (regional) training steps of the composed model, interleaved: the
 comparison `gemref bench compile` prints and chapter 04 plots.
 
-`region_plan` times each region kind alone (gemref/compile/plan.py plan_regions);
+`region_plan` times each region kind alone (gemref/compile/plan.py plan_gemref_regions);
 `compare_steps` trains an eager, a fully compiled and (given the plan) a plan-compiled model
 on the same batches, alternating who goes first, and reports each variant's median step
 time (seconds), its spread, its step-time ratio to eager paired per batch, MFU, compile time
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 
-from ..compile import RegionPlan, compile_stats, plan_regions
+from ..compile import RegionPlan, compile_stats, plan_gemref_regions
 from ..config import override
 from ..mfu.meter import percentile
 from ..mfu.timing import interleaved
@@ -23,8 +23,8 @@ STEP_COLUMNS = ("variant", "median_step_s", "p10_step_s", "p90_step_s", "vs_eage
 
 
 def region_plan(b: Bench, reps: int = 5) -> RegionPlan:
-    """The region plan on the bench's first batch (gemref/compile/plan.py plan_regions)."""
-    return plan_regions(strategy_model(b, "none", compiled=False), b.batches[0], reps=reps)
+    """The region plan on the bench's first batch (gemref/compile/plan.py plan_gemref_regions)."""
+    return plan_gemref_regions(strategy_model(b, "none", compiled=False), b.batches[0], reps=reps)
 
 
 def compare_steps(b: Bench, planned: tuple[str, ...] | None = None) -> dict:

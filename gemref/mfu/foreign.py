@@ -6,13 +6,18 @@ nn.Module's training step (chapter 13; the model need not be a GEMRef nor have a
 gemref's one step timer (timing.py `timed_step`) and returns a `ForeignRecord`:
   * model FLOPs per step = 3 x the forward's FLOPs as torch's FlopCounterMode counts them on the
     batch as it is (its REAL lengths; PaLM's backward = 2 x forward, docs/design.md), counted
-    after the step, outside the clock. gdpa's kernels register FLOP formulas of their EXECUTED
-    work (tiles, recompute); here their forward ops count as model FLOPs instead, 4HD per allowed
-    (query, key) pair of the real lengths (gemref/attention/flops.py). That holds when the
-    attention runs as a gemref custom op (kernel cpu_fused, cpu_jagged or triton; "auto" on
-    CPU); a kernel made of aten matmuls (reference, sdpa) is counted at what those ran (padding).
+    after the step, outside the clock, with every `gemref.attention.gdpa` call counted on its
+    REAL lengths, whatever kernel ran: the meter opens `counting_attention()` around that
+    forward, each gdpa call notes 4HD FLOPs per (query, key) pair its mask allows
+    (gemref/attention/flops.py attention_model_flops) and runs its kernel in a region whose
+    FlopCounterMode count (the kernel's executed ops: the padded rectangle of "reference", the
+    padded buckets of "sdpa" on CPU, the tiles of cpu_jagged / cpu_fused) is set aside. So the
+    padding of a gdpa kernel is never model work. Everything else counts as it ran: the user's
+    own matmuls, an attention the user wrote without gdpa (its padding or full L^2 included:
+    the meter cannot tell a pad row from a real one there), a batch the user padded.
   * executed FLOPs per step = FlopCounterMode over one forward + backward (the kernels' own
-    formulas), also outside the clock; gradients it leaves are cleared.
+    formulas: padding, masked tiles, recompute included), also outside the clock; gradients it
+    leaves are cleared. The record's `waste_flops_per_step` = executed - model.
   * the peak (peak.py `peak_flops`), and MFU, local MFU and scaling from meter.py `figures`:
     one process, so local MFU divides by the steps' own time and scaling = compute / wall.
   * seconds per op class (op_classes.py) of one more step run under the profiler; what no op
@@ -21,10 +26,12 @@ gemref's one step timer (timing.py `timed_step`) and returns a `ForeignRecord`:
 gemref's switches on such a model (tests/test_foreign_model.py, chapter 13):
   * jagged attention: the model calls `gemref.attention.gdpa` on a KeyedJaggedTensor's
     JaggedTensor values/offsets (gemref/interop/example_model.py);
-  * torch.compile of a region: gemref/compile/apply.py `CompiledRegion(name, fn, CompileStats(), owner)`
-    wraps any of the model's own methods (dim 0 dynamic); `compile_model` itself only knows
-    GEMRef's blocks. A region first called under FlopCounterMode is never compiled after it
-    (torch 2.13: dynamo gives up on the frame), so `measure` counts a step's FLOPs after it ran.
+  * torch.compile of regions: gemref/compile/apply.py `compile_model(model, ["stack.*", "head"])`
+    compiles the model's regions by name (module names, `module.method`, or a method of the model
+    itself such as "mix"; patterns per segment; dim 0 dynamic: gemref/compile/regions.py). A region
+    first called under FlopCounterMode is never compiled after it (torch 2.13: dynamo gives up on
+    the frame), so `measure` counts a step's FLOPs after it ran; a compiled region that calls gdpa
+    is counted the same as eager (tests/test_foreign_model.py).
   * AutoAC does not apply: gemref/autoac finds its blocks as `model.layers[i].sequence |
     interaction | cross` (`ac_blocks`, an AttributeError otherwise), profiles them on a
     JaggedBatch through `step.forward_loss` and prices them with `model.cfg`'s analytic FLOPs;
@@ -42,36 +49,35 @@ from torch import nn
 from torch.autograd.profiler import record_function
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..attention import attention_model_flops
-from ..data.jagged import offsets_to_lengths
+from ..attention import counting_attention
 from .flops import count_with_flop_counter
 from .meter import Figures, figures
 from .peak import Peak, peak_flops
 from .timing import StepFlops, StepRecord, timed_step
 
-GDPA_FORWARD_OPS = ("cpu_fused_fwd", "cpu_jagged_fwd", "gdpa_triton_fwd")   # torch.ops.gemref.<name>
+@dataclass
+class StepCount:
+    """One training step's FLOPs on one batch (module doc): model = 3 x the forward's counted
+    FLOPs with gdpa's attention on the real lengths; `attention_model` and `attention_set_aside`
+    are the forward's gdpa share (model FLOPs noted, kernel ops set aside; x3 like the rest)."""
+
+    model: int
+    attention_model: int
+    attention_set_aside: int
+    gdpa_calls: int
 
 
-def _gdpa_model_flops(q, k, v, q_offsets, kv_offsets, activation, causal, window, *args, out_val=None, **kwargs) -> int:
-    """Model FLOPs of one gdpa forward op: the real lengths' allowed pairs (window 0: none)."""
-    return attention_model_flops(offsets_to_lengths(q_offsets), offsets_to_lengths(kv_offsets), q.shape[1],
-                                 q.shape[2], bool(causal), int(window) or None)
-
-
-_gdpa_model_flops._get_raw = True      # FlopCounterMode passes the op's raw arguments
-
-
-def model_flop_mapping() -> dict:
-    """{gdpa forward op: its model-FLOP formula}, for the ops this process has registered."""
-    return {getattr(torch.ops.gemref, n): _gdpa_model_flops for n in GDPA_FORWARD_OPS
-            if hasattr(torch.ops.gemref, n)}
+def count_step(model: nn.Module, loss_fn: Callable, batch) -> StepCount:
+    """Model FLOPs of one training step on `batch`, with what gdpa noted (module doc)."""
+    with torch.no_grad(), counting_attention() as attention, FlopCounterMode(display=False) as counter:
+        loss_fn(model, batch)
+    forward = int(counter.get_total_flops()) - attention.set_aside_flops + attention.model_flops
+    return StepCount(3 * forward, 3 * attention.model_flops, 3 * attention.set_aside_flops, attention.calls)
 
 
 def count_model_flops(model: nn.Module, loss_fn: Callable, batch) -> int:
     """Model FLOPs of one training step on `batch`: 3 x the forward's (module doc)."""
-    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=model_flop_mapping()) as counter:
-        loss_fn(model, batch)
-    return 3 * int(counter.get_total_flops())
+    return count_step(model, loss_fn, batch).model
 
 
 def count_executed_flops(model: nn.Module, loss_fn: Callable, batch) -> int:
@@ -113,6 +119,11 @@ class ForeignRecord:
     @property
     def mfu(self) -> float | None:
         return self.figures["mfu"]
+
+    @property
+    def waste_flops_per_step(self) -> float:
+        """Executed minus model FLOPs (median step): padding, masked tiles, recompute."""
+        return self.executed_flops_per_step - self.model_flops_per_step
 
 
 def measure(model: nn.Module, loss_fn: Callable[[nn.Module, object], torch.Tensor], batches: Iterable,

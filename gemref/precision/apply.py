@@ -1,7 +1,25 @@
 """Low-precision training GEMMs (float8, MXFP8) through torchao, behind one switch.
 
 `apply_precision(model, precision, device=...)` converts the eligible nn.Linear layers of
-any module tree in place and returns a `PrecisionReport` saying what ran and why:
+any module tree in place and returns a `PrecisionReport` saying what ran and why: which Linears
+were converted and to what (`conversions`), which were skipped and why (`skipped`), `lines()`
+in words. Which Linears are eligible, in this order (the first reason a layer fails is its
+reason):
+  1. exactly nn.Linear (a subclass's forward may not call F.linear);
+  2. not named by `filter_fqns` (torchtitan's name: substrings of module names kept in high
+     precision, e.g. a numerically sensitive head);
+  3. K = in_features and N = out_features multiples of 16 (torch._scaled_mm's requirement for
+     float8, torchao's `_auto_filter_for_recipe` rule 1; 32 for MXFP8, its scaling block):
+     a hardware need, whatever the filter says;
+  4. `module_filter(fqn, linear)` is True (torchtitan's float8 converter takes the same kind of
+     filter). The default, `default_module_filter(precision, min_dim)`, keeps a Linear whose K
+     and N are both at least `min_dim` (MIN_DIM = 64, the `precision_min_dim` switch's default)
+     and multiples of 16 (32 for MXFP8). The 64 is gemref's own threshold, chosen for its small
+     CPU-sized models whose emulated float8 is about numerics, not measured for speed.
+     torchao's auto filter (`torchao.float8.float8_linear_utils._auto_filter_for_rowwise`, from
+     the H100 tables of the "Performance" section of torchao's float8 README) converts rowwise float8
+     only where it pays on a GPU: N > 2048 and K > 1024, and not N <= 4096 with K <= 2048. For
+     native GPU runs pass a filter with those numbers (or a larger `min_dim`).
 
   fp32               nothing converted; plain fp32 GEMMs.
   bf16               nothing converted; the loop runs under `report.autocast()`
@@ -12,7 +30,7 @@ any module tree in place and returns a `PrecisionReport` saying what ran and why
   float8_tensorwise  torchao Float8Linear: one scale per tensor; E4M3 input and weight,
                      E5M2 grad_output (wider range for gradients).
   float8_rowwise     torchao Float8Linear: one power-of-two scale per row, E4M3 everywhere.
-  mxfp8              our MXFP8Linear (below) over torchao's MXFP8TrainingOpConfig: one
+  mxfp8              our MXFP8Linear (torchao_layers.py) over torchao's MXFP8TrainingOpConfig: one
                      E8M0 scale per 32 values along each GEMM's reduction dim, E4M3
                      elements, scales rounded up (RCEIL); see gemref/precision/mx_reference.py for the format.
 
@@ -39,18 +57,18 @@ import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import PRECISION_KERNELS, PRECISIONS
 from ..errors import UsageError
 from .fast_linear import FastLinear
+from .torchao_layers import MX_BLOCK, MXFP8Linear, convert_float8, convert_mxfp8, import_torchao
 
 log = logging.getLogger(__name__)
 
-MX_BLOCK = 32           # MXFP8 scaling block (values per E8M0 scale)
 FLOAT8_ALIGN = 16       # torch._scaled_mm needs both weight dims divisible by 16
 MIN_DIM = 64            # default: below this a GEMM is too small to repay its casts
 _RECIPES = {
@@ -62,41 +80,20 @@ _RECIPES = {
 }
 
 
-class MXFP8Linear(nn.Linear):
-    """nn.Linear whose weight torchao wraps (MXFP8TrainingOpConfig) so that the GEMMs of
-    forward and backward run in MXFP8.
-
-    Adds what torchao 0.18's weight wrapper lacks for general models: it adds the bias
-    (the wrapper's linear override drops it), it takes any token count by zero-padding the
-    flattened tokens to a multiple of 32 (the grad_weight GEMM quantises along tokens;
-    padded zero rows change no block's amax, so real rows' results are unchanged), and
-    under autocast it casts input and weight to the autocast dtype, as FSDP2's bf16 param
-    dtype would. State-dict keys equal nn.Linear's. Built by apply_precision, which wraps
-    the weight; with a plain weight it would be a plain Linear.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight
-        if torch.is_autocast_enabled(x.device.type):
-            dtype = torch.get_autocast_dtype(x.device.type)
-            x, weight = x.to(dtype), weight.to(dtype)
-        x_MK = x.reshape(-1, self.in_features)
-        tokens = x_MK.shape[0]
-        pad = -tokens % MX_BLOCK
-        if pad:
-            x_MK = F.pad(x_MK, (0, 0, 0, pad))
-        y_MN = F.linear(x_MK, weight)[:tokens]
-        if self.bias is not None:
-            y_MN = y_MN + self.bias.to(y_MN.dtype)
-        return y_MN.reshape(*x.shape[:-1], self.out_features)
-
-
 @dataclass
 class SkippedLayer:
     fqn: str
     in_features: int
     out_features: int
     reason: str
+
+
+@dataclass
+class ConvertedLayer:
+    fqn: str
+    in_features: int
+    out_features: int
+    to: str            # what it became, e.g. "Float8Linear (float8_rowwise, emulated)"
 
 
 @dataclass
@@ -113,6 +110,14 @@ class PrecisionReport:
     skipped: list[SkippedLayer] = field(default_factory=list)
     converted_flops_share: float = 0.0   # converted Linear FLOPs / all Linear FLOPs, per token
     fsdp_float8_all_gather: bool = False
+    conversions: list[ConvertedLayer] = field(default_factory=list)   # `converted`, with shapes and type
+
+    def lines(self) -> list[str]:
+        """The conversion in words: one line per Linear, converted (to what) or skipped (why)."""
+        head = f"{self.precision} ({self.kernel}: {self.reason})"
+        return [head] + [f"  converted {c.fqn} ({c.in_features} -> {c.out_features}) to {c.to}"
+                         for c in self.conversions] + [f"  skipped {s.fqn} ({s.in_features} -> {s.out_features}): "
+                                                      f"{s.reason}" for s in self.skipped]
 
     @property
     def is_emulated(self) -> bool:
@@ -161,7 +166,7 @@ def native_support(precision: str, device: torch.device | str) -> tuple[bool, st
     from torch.utils._triton import has_triton
     if not has_triton():
         return False, f"{need}; Triton is missing"
-    _import_torchao(precision)
+    import_torchao(precision)
     import torchao.prototype.mx_formats.kernels  # noqa: F401  (defines torchao::mxfp8_quantize)
     if not (hasattr(torch.ops.torchao, "mxfp8_quantize") and
             torch._C._dispatch_has_kernel_for_dispatch_key("torchao::mxfp8_quantize", "CUDA")):
@@ -169,20 +174,40 @@ def native_support(precision: str, device: torch.device | str) -> tuple[bool, st
     return True, f"{name} has MXFP8 tensor cores"
 
 
-def _skip_reason(fqn: str, module: nn.Module, precision: str, min_dim: int,
-                 exclude: tuple[str, ...]) -> str | None:
+def _alignment(precision: str) -> int:
+    return MX_BLOCK if precision == "mxfp8" else FLOAT8_ALIGN
+
+
+def default_module_filter(precision: str, min_dim: int = MIN_DIM) -> Callable[[str, nn.Linear], bool]:
+    """The default filter (module doc, rule 4): K and N both >= `min_dim` and multiples of 16
+    (32 for MXFP8). `filter(fqn, linear) -> bool`, True to convert."""
+    align = _alignment(precision)
+
+    def keep(fqn: str, linear: nn.Linear) -> bool:
+        k, n = linear.in_features, linear.out_features
+        return min(k, n) >= min_dim and k % align == 0 and n % align == 0
+    keep.min_dim = min_dim
+    return keep
+
+
+def _skip_reason(fqn: str, module: nn.Module, precision: str, module_filter: Callable[[str, nn.Linear], bool],
+                 filter_fqns: Sequence[str]) -> str | None:
+    """Why `module` stays in high precision (module doc's rules, in order), None to convert it."""
     if type(module) not in (nn.Linear, FastLinear):
         return f"{type(module).__name__} is a subclass of nn.Linear (its forward may not call F.linear)"
-    if any(name in fqn for name in exclude):
-        return "excluded by name (kept in high precision)"
+    if any(name in fqn for name in filter_fqns):
+        return "named by filter_fqns (kept in high precision)"
     k, n = module.in_features, module.out_features
-    if min(k, n) < min_dim:
-        return f"too small: min(in, out) = {min(k, n)} < min_dim={min_dim}"
-    align = MX_BLOCK if precision == "mxfp8" else FLOAT8_ALIGN
+    align = _alignment(precision)
     if k % align or n % align:
         what = "the MX block size" if precision == "mxfp8" else "torch._scaled_mm's alignment"
         return f"in={k}, out={n} not both divisible by {align} ({what})"
-    return None
+    if module_filter(fqn, module):
+        return None
+    min_dim = getattr(module_filter, "min_dim", None)
+    if min_dim is not None and min(k, n) < min_dim:
+        return f"too small: min(in, out) = {min(k, n)} < min_dim={min_dim}"
+    return "module_filter returned False"
 
 
 def _choose_kernel(precision: str, device: torch.device, kernel: str) -> tuple[str, str]:
@@ -198,22 +223,32 @@ def _choose_kernel(precision: str, device: torch.device, kernel: str) -> tuple[s
 
 
 def apply_precision(model: nn.Module, precision: str, *, device: torch.device | str,
-                    kernel: str = "auto", min_dim: int = MIN_DIM, exclude: tuple[str, ...] = (),
+                    kernel: str = "auto", module_filter: Callable[[str, nn.Linear], bool] | None = None,
+                    min_dim: int | None = None, filter_fqns: Sequence[str] = (),
                     fsdp_float8_all_gather: bool = False) -> PrecisionReport:
     """Convert `model`'s eligible nn.Linear layers in place for `precision` (see module doc).
 
     device: where the model will run (decides native vs emulated). kernel: auto | native |
-    emulated. min_dim: layers with min(in, out) below it stay in high precision. exclude:
-    substrings of module names to keep in high precision (e.g. a numerically sensitive head).
-    Converted layers may get new Parameter objects (MXFP8 wraps them): build the optimizer
-    after this call.
+    emulated. module_filter(fqn, linear) -> bool: True to convert (default:
+    `default_module_filter(precision, min_dim)`); min_dim: the default filter's threshold
+    (MIN_DIM when None; giving it with a module_filter is an error: it would be ignored).
+    filter_fqns: substrings of module names to keep in high precision. Converted layers may get
+    new Parameter objects (MXFP8 wraps them): build the optimizer after this call.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
     if kernel not in PRECISION_KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; valid: {', '.join(PRECISION_KERNELS)}")
+    if module_filter is not None and min_dim is not None:
+        raise ValueError("give module_filter or min_dim, not both: min_dim is the default filter's threshold")
+    if module_filter is not None and not callable(module_filter):
+        raise ValueError(f"module_filter must be callable (fqn, linear) -> bool, got {type(module_filter).__name__}")
+    if isinstance(filter_fqns, str):
+        raise ValueError(f"filter_fqns must be a sequence of names, got the string {filter_fqns!r}")
+    min_dim = MIN_DIM if min_dim is None else min_dim
     if min_dim < 0:
         raise ValueError(f"min_dim must be >= 0, got {min_dim}")
+    module_filter = module_filter or default_module_filter(precision, min_dim)
     if fsdp_float8_all_gather and precision != "float8_tensorwise":
         raise ValueError(f"fsdp_float8_all_gather needs precision='float8_tensorwise', got {precision!r}")
     device = torch.device(device)
@@ -236,7 +271,7 @@ def apply_precision(model: nn.Module, precision: str, *, device: torch.device | 
     kernel_used, reason = _choose_kernel(precision, device, kernel)
     skipped, chosen = [], []
     for fqn, m in linears.items():
-        why = _skip_reason(fqn, m, precision, min_dim, exclude)
+        why = _skip_reason(fqn, m, precision, module_filter, filter_fqns)
         if why:
             skipped.append(SkippedLayer(fqn, m.in_features, m.out_features, why))
         else:
@@ -245,80 +280,15 @@ def apply_precision(model: nn.Module, precision: str, *, device: torch.device | 
         if type(linears[fqn]) is FastLinear:
             linears[fqn].__class__ = nn.Linear
     if chosen and precision == "mxfp8":
-        _convert_mxfp8(model, set(chosen), kernel_used)
+        convert_mxfp8(model, set(chosen), kernel_used)
     elif chosen:
-        _convert_float8(model, set(chosen), precision, kernel_used, fsdp_float8_all_gather)
+        convert_float8(model, set(chosen), precision, kernel_used, fsdp_float8_all_gather)
     flops = {fqn: m.in_features * m.out_features for fqn, m in linears.items()}
     share = sum(flops[f] for f in chosen) / sum(flops.values()) if flops else 0.0
     # CUDA: the rest of the model runs in bf16 autocast (as torchtitan does); CPU: emulated
     # numerics are measured against an fp32 baseline, so nothing else changes.
     autocast = torch.bfloat16 if device.type == "cuda" else None
+    to = f"{'MXFP8Linear' if precision == 'mxfp8' else 'Float8Linear'} ({precision}, {kernel_used})"
+    conversions = [ConvertedLayer(f, linears[f].in_features, linears[f].out_features, to) for f in chosen]
     return PrecisionReport(precision, kernel_used, reason, str(device), _RECIPES[precision], autocast,
-                           chosen, skipped, share, fsdp_float8_all_gather)
-
-
-# What torchao 0.18 logs while it is imported, and why it is silenced there (and only there):
-# "torchao": it tries to load its CUDA extensions (_C_mxfp8, _C_cutlass_90a) and warns, with
-# their absolute paths, when torch has no CUDA; "torch.utils._pytree": its MX modules register
-# Enum classes with pytree.register_constant, which torch 2.13 deprecates. Neither is gemref's
-# to fix; gemref says in its own words what runs (PrecisionReport's kernel and reason).
-_TORCHAO_IMPORT_NOISE = ("torchao", "torch.utils._pytree")
-_TORCHAO_MODULES = ("torchao", "torchao.float8", "torchao.quantization", "torchao.prototype.mx_formats.config",
-                    "torchao.prototype.moe_training.config")
-
-
-def _import_torchao(precision: str):
-    """Import torchao and the modules gemref uses from it, with the import noise above silenced."""
-    import importlib
-
-    loggers = [logging.getLogger(name) for name in _TORCHAO_IMPORT_NOISE]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        for name in _TORCHAO_MODULES:
-            importlib.import_module(name)
-    except ImportError:
-        raise ValueError(f"precision={precision!r} needs torchao (pip install --no-deps "
-                         "torchao, see requirements-nodeps.txt)") from None
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-
-
-def _convert_float8(model: nn.Module, fqns: set[str], precision: str, kernel: str,
-                    fsdp_float8_all_gather: bool) -> None:
-    _import_torchao(precision)
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    config = Float8LinearConfig.from_recipe_name(precision.removeprefix("float8_"))
-    # pad_inner_dim: torch._scaled_mm needs the reduction dim % 16, which for grad_weight
-    # is the token count; torchao zero-pads it (native only: emulation has no such limit).
-    config = dataclasses.replace(config, emulate=kernel == "emulated", pad_inner_dim=kernel == "native",
-                                 enable_fsdp_float8_all_gather=fsdp_float8_all_gather)
-    convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn in fqns, config=config)
-
-
-def _convert_mxfp8(model: nn.Module, fqns: set[str], kernel: str) -> None:
-    _import_torchao("mxfp8")
-    import torchao
-    from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
-    from torchao.prototype.mx_formats.config import ScaleCalculationMode
-    from torchao.quantization import quantize_
-    from torchao.quantization.quantize_.common import KernelPreference
-    preference = KernelPreference.AUTO if kernel == "native" else KernelPreference.EMULATED
-    config = MXFP8TrainingOpConfig(kernel_preference=preference,
-                                   scale_calculation_mode=ScaleCalculationMode.RCEIL)
-    try:  # torchao asserts on torch builds it cannot train MXFP8 with: ask before swapping
-        quantize_(nn.Sequential(nn.Linear(MX_BLOCK, MX_BLOCK, device="meta")), config)
-    except AssertionError as e:
-        raise ValueError(f"torchao {torchao.__version__} cannot train MXFP8 with torch "
-                         f"{torch.__version__}: {e}") from None
-    for fqn in fqns:
-        parent_name, _, child = fqn.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        old = getattr(parent, child)
-        with torch.device("meta"):  # no allocation: the new module takes the old parameters
-            new = MXFP8Linear(old.in_features, old.out_features, bias=old.bias is not None)
-        new.weight, new.bias = old.weight, old.bias
-        setattr(parent, child, new)
-    quantize_(model, config, filter_fn=lambda m, fqn: fqn in fqns and isinstance(m, MXFP8Linear))
+                           chosen, skipped, share, fsdp_float8_all_gather, conversions)

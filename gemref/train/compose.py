@@ -27,7 +27,7 @@ from ..autoac.profile import auto_checkpoint
 from ..autoac.regions import auto_checkpoint_regions
 from ..autoac.solver import ac_blocks, applied_plan, apply_plan, parse_plan
 from ..balance import SampleCost, loss_divisor
-from ..compile import compile_model
+from ..compile import compile_model, gemref_regions
 from ..config import DatasetFolder, Preset, TrainConfig, get_preset
 from ..data.batches import representative_batch
 from ..data.folder import check_lengths, check_unchanged
@@ -39,7 +39,7 @@ from ..data.shards import dataset_dir, ensure_dataset, shard_paths
 from ..env import resolve_device
 from ..mfu.flops import sample_cost_coefficients, step_flops
 from ..mfu.timing import StepRecord, timed_step
-from ..model import GEMRef
+from ..model import GEMRef, ranking_loss
 from ..parallel.parallelize import ParallelState, parallel_state, parallelize
 from ..precision.apply import PrecisionReport, apply_precision
 from ..precision.fast_linear import use_fastest_cpu_gemms
@@ -150,8 +150,9 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     elif compression is not None:   # no checkpointing: every block keeps its saved activations compressed
         apply_plan(model, {name: "compressed" for name in ac_blocks(model)}, compression=compression)
     if train.compilation.enabled:
-        compile_model(model, activation_memory_budget=ac.budget if ac.mode == "pt2" else None,
-                      regions=train.compilation.region_kinds)
+        kinds = train.compilation.region_kinds    # GEMRef's kinds, named for compile_model
+        compile_model(model, gemref_regions(model, kinds), loss=ranking_loss if "loss" in kinds else None,
+                      activation_memory_budget=ac.budget if ac.mode == "pt2" else None)
     if tables.engine == "torchrec":   # TorchRec's tables (sharded by DMP over the ranks), gemref's dense layers
         from ..interop.sharders import use_torchrec_tables   # TorchRec is optional: imported only on use
         use_torchrec_tables(model, lr=train.lr, sharding=tables.torchrec_sharding, batch_size=per_rank,

@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from ..autoac.batch_search import larger_batch, step_bytes
-from ..compile import plan_regions
+from ..compile import plan_gemref_regions
 from ..config import Preset, TrainConfig, override
 from ..data.batches import representative_batch
 from ..errors import UsageError
@@ -124,7 +124,7 @@ def _low_precision(train: TrainConfig, ctx: Context) -> TrainConfig | str:
 
 def _compile(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     """Compile the region kinds that win: each measured eager against compiled on the batch each
-    rank runs, with the threads a rank has (gemref.compile.plan_regions), once, here; the ranks
+    rank runs, with the threads a rank has (gemref.compile.plan_gemref_regions), once, here; the ranks
     get the plan in compile_regions. No winner: the rung does not apply (every region would
     only add its call overhead), and says by how much each lost."""
     per_rank = max(1, train.batch_size // ctx.ranks)
@@ -134,7 +134,7 @@ def _compile(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     if ctx.device.type == "cpu" and ctx.ranks > 1:
         torch.set_num_threads(1)               # as a rank runs (gemref/parallel/launch.py)
     try:
-        found = plan_regions(model, batch)
+        found = plan_gemref_regions(model, batch)
     finally:
         torch.set_num_threads(threads)
     if not found.kept:
