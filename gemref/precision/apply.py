@@ -64,7 +64,6 @@ from torch import nn
 
 from ..config import PRECISION_KERNELS, PRECISIONS
 from ..errors import UsageError
-from .fast_linear import FastLinear
 from .torchao_layers import MX_BLOCK, MXFP8Linear, convert_float8, convert_mxfp8, import_torchao
 
 log = logging.getLogger(__name__)
@@ -193,7 +192,7 @@ def default_module_filter(precision: str, min_dim: int = MIN_DIM) -> Callable[[s
 def _skip_reason(fqn: str, module: nn.Module, precision: str, module_filter: Callable[[str, nn.Linear], bool],
                  filter_fqns: Sequence[str]) -> str | None:
     """Why `module` stays in high precision (module doc's rules, in order), None to convert it."""
-    if type(module) not in (nn.Linear, FastLinear):
+    if type(module) is not nn.Linear and not getattr(type(module), "computes_as_linear", False):
         return f"{type(module).__name__} is a subclass of nn.Linear (its forward may not call F.linear)"
     if any(name in fqn for name in filter_fqns):
         return "named by filter_fqns (kept in high precision)"
@@ -277,7 +276,7 @@ def apply_precision(model: nn.Module, precision: str, *, device: torch.device | 
         else:
             chosen.append(fqn)
     for fqn in chosen:          # a converted layer leaves the fp32 fast path: plain Linear again
-        if type(linears[fqn]) is FastLinear:
+        if type(linears[fqn]) is not nn.Linear:    # a CPU fast-path Linear (precision/fast_linear.py)
             linears[fqn].__class__ = nn.Linear
     if chosen and precision == "mxfp8":
         convert_mxfp8(model, set(chosen), kernel_used)

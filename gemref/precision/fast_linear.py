@@ -189,6 +189,7 @@ class FastLinear(nn.Linear):
 
     plan: Plan = ("blas", "blas", "blas")
     plan_dtype: torch.dtype = torch.float32
+    computes_as_linear = True     # same math as nn.Linear: precision/apply.py may convert it back and on
 
     def forward(self, x: Tensor) -> Tensor:
         if (self.plan == ("blas",) * 3 and self.plan_dtype == torch.float32) or \

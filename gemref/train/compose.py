@@ -42,7 +42,6 @@ from ..mfu.timing import StepRecord, timed_step
 from ..model import GEMRef, ranking_loss
 from ..parallel.parallelize import ParallelState, parallel_state, parallelize
 from ..precision.apply import PrecisionReport, apply_precision
-from ..precision.fast_linear import use_fastest_cpu_gemms
 from ..step import backward, forward_loss, train_step
 
 @dataclass
@@ -132,8 +131,9 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     model = GEMRef(cfg, jagged=attention.jagged, kernel=kernel).to(device)
     report = apply_precision(model, precision, device=device, kernel=train.mixed_precision.kernel,
                              min_dim=train.mixed_precision.min_dim)
-    # CPU: each Linear GEMM on the fastest measured path, in the dtype its GEMMs run in
-    use_fastest_cpu_gemms(model, device, "bf16" if report.autocast_dtype == torch.bfloat16 else "fp32")
+    if device.type == "cpu":   # CPU-only speed work, out of a GPU trainer's path: each Linear GEMM on the
+        from ..precision.fast_linear import use_fastest_cpu_gemms   # fastest measured path, in its dtype
+        use_fastest_cpu_gemms(model, device, "bf16" if report.autocast_dtype == torch.bfloat16 else "fp32")
     compression = CompressionSpec(ac.compress) if ac.compress != "none" else None
     if ac.mode == "full":
         apply_plan(model, {name: "full" for name in ac_blocks(model)})
