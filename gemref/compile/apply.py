@@ -143,9 +143,8 @@ def compile_model(model: nn.Module, *, activation_memory_budget: float | None = 
 
     `regions`: the region kinds to compile (COMPILE_REGIONS names: REGION_KINDS and "loss";
     None: all of them); the others stay eager (e.g. a `plan_regions` plan: the kinds that won).
-    Apply after activation checkpointing (gemref/autoac/solver.py) and before FSDP: a checkpointed
-    interaction block is then compiled with its checkpoint inside the graph, while the
-    checkpoint of a sequence or cross block wraps its compiled regions and eager attention.
+    Apply after activation checkpointing (gemref/autoac/) and before FSDP: a checkpointed
+    block's wrapper stays eager around the block's compiled regions (and eager attention).
     """
     if model in _STATS:
         raise ValueError("model is already compiled")
@@ -160,10 +159,9 @@ def compile_model(model: nn.Module, *, activation_memory_budget: float | None = 
             if kind not in chosen:
                 continue
             block = getattr(layer, block_name)
-            region = CompiledRegion(f"layers.{i}.{kind}", getattr(block, method), stats, block)
-            if hasattr(region.fn, "gemref_ac"):   # checkpointed (gemref/autoac/solver.py): keep it visible
-                region.gemref_ac = region.fn.gemref_ac
-            setattr(block, method, region)
+            # a checkpoint wrapper (AutoAC's, torch's) holds the block under this name: compile the block
+            block = getattr(block, "_checkpoint_wrapped_module", block)
+            setattr(block, method, CompiledRegion(f"layers.{i}.{kind}", getattr(block, method), stats, block))
     if "loss" in chosen:
         stats.loss = CompiledRegion("loss", ranking_loss, stats, model)
     _STATS[model] = stats

@@ -162,7 +162,7 @@ def run_record(preset: Preset, train: TrainConfig, *, kernel: str, precision: Pr
         "environment": knobs(),
         "compile": compile,
         "ac_plan": ac_plan,
-        "hfu_counts_recompute": train.activation_checkpoint.mode != "pt2",
+        "hfu_counts_recompute": train.activation_checkpoint.mode != "memory_budget",
         "device": {"type": device.type, "name": device_name(device), "threads": torch.get_num_threads(),
                    "ranks": ranks},
         "dtype": precision_label(precision),

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from ..autoac.solver import plan_record, saved_compression
+from ..autoac import plan_record, saved_compression
 from ..compile import compile_stats
 from ..interop.lib import quiet_torchrec
 from ..config import Preset, TrainConfig

@@ -156,7 +156,7 @@ def _autoac(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     batch_of = lambda n: representative_batch(ctx.preset, n, ctx.device, seed=train.seed)  # noqa: E731
     found = larger_batch(model, batch_of, step_bytes(model, batch_of(per_rank)), per_rank,
                          compress=COMPRESSED_AC_FORMAT if "compressed_ac" in ctx.options else "none",
-                         options=("full",) if train.compilation.enabled else ("selective", "full"))
+                         options=("full",) if train.compilation.enabled else ("save_matmuls", "full"))
     if isinstance(found, str):
         return f"n/a here: {found}"
     return override(train, ac="auto", ac_budget=found.budget_fraction, ac_compress=found.compress,
