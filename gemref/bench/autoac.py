@@ -89,7 +89,8 @@ def run(args) -> int:
     if sweep["done_when"]:
         d = sweep["done_when"]
         print(f"at a 50% budget AutoAC recomputes {d['auto_recompute_pct']:.2f}% of model FLOPs, full AC "
-              f"{d['full_recompute_pct']:.2f}% (ratio {d['auto_over_full']:.3f}; target <= 0.5: "
+              f"{d['full_recompute_pct']:.2f}% (ratio {d['auto_over_full']:.3f}); by FLOPs AutoAC's plan "
+              f"{d['flops_plan']} would recompute {d['flops_plan_over_full']:.3f} of full's (target <= 0.5: "
               f"{'met' if d['met'] else 'NOT met'})")
     head = sweep["head_to_head"]
     if head and "rows" in head:

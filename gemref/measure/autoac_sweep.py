@@ -114,10 +114,18 @@ def budget_sweep(b: Bench, budgets=DEFAULT_BUDGETS, *, memory_budget: bool = Tru
     half = plans.get(0.5)
     done = None
     if half is not None:
+        # measured: the time plan's recompute; predicted (the profile's FLOPs): the FLOPs plan's, and
+        # the time plan's recompute seconds against full checkpointing's (a feasible plan, so never less)
         auto_pct, full_pct = auto_runs[half.summary()]["recompute_pct"], full["recompute_pct"]
+        by_flops = solve(profile, int(0.5 * base), "flops")
+        full_flops = sum(x.recompute_flops["full"] for x in profile.blocks)
+        full_seconds = sum(x.recompute_seconds["full"] for x in profile.blocks)
         done = {"budget": 0.5, "auto_recompute_pct": auto_pct, "full_recompute_pct": full_pct,
                 "auto_over_full": auto_pct / full_pct if full_pct else None,
-                "met": auto_pct <= 0.5 * full_pct}
+                "flops_plan": by_flops.summary(),
+                "flops_plan_over_full": by_flops.recompute_flops / full_flops if full_flops else None,
+                "time_plan_seconds_over_full": half.recompute_seconds / full_seconds if full_seconds else None,
+                "met": by_flops.recompute_flops <= 0.5 * full_flops}
     model_f = model_flops(b.preset.model, b.batches[0].lengths).total
     return {"profile": {"base_bytes": base, "min_bytes": profile.min_bytes, "method": profile.method,
                         "model_flops": model_f, "step_flops": profile.step_flops,
