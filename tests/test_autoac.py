@@ -91,10 +91,14 @@ def test_profile_solve_apply_on_a_foreign_model(my_profiled):
     assert applied_plan(model) == plan.choices and plan_record(model)["summary"] == plan.summary()
     assert all(isinstance(model.get_submodule(n), CheckpointedBlock) for n in plan.choices)
     assert list(model.state_dict()) == keys, "state dicts keep the block's own names"
+    plain = {k: v.clone() + 1 for k, v in MyRec().state_dict().items()}
+    model.load_state_dict(plain)             # a state dict written without the plan loads under it
+    assert all(torch.equal(v, plain[k]) for k, v in model.state_dict().items())
     measured = activation_bytes_of(model, batch)
     assert abs(measured - plan.predicted_bytes) <= 0.05 * plan.predicted_bytes
     remove_plan(model)
     assert [model.stack[0], model.stack[1]] == originals and not applied_plan(model)
+    assert all(torch.equal(v, plain[k]) for k, v in model.state_dict().items())
     assert list(model.state_dict()) == keys
 
 

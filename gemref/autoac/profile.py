@@ -114,7 +114,8 @@ def measure_method(model: nn.Module) -> str:
     return "cpu_saved_tensors" if compile_stats(model) is not None else "cpu_live_storages"
 
 
-def forward_with_bytes(model: nn.Module, step: Callable[[], Tensor], inputs: Sequence[Tensor] = ()) -> tuple[Tensor, int]:
+def forward_with_bytes(model: nn.Module, step: Callable[[], Tensor],
+                       inputs: Sequence[Tensor] = ()) -> tuple[Tensor, int]:
     """Run `step` (the forward, returning the loss); return the loss and the activation bytes it
     leaves for backward. `inputs`: tensors that existed before (the batch; never counted)."""
     method, device = measure_method(model), _device(model)

@@ -93,7 +93,7 @@ class RunRecord(MeterSummary):
     environment: dict[str, str | None]    # the knobs that change what runs (gemref/env.py KNOBS)
     compile: dict[str, Any] | None        # gemref/compile/apply.py CompileStats, None when not compiled
     ac_plan: dict[str, Any] | None        # the checkpointing plan applied, None when none
-    hfu_counts_recompute: bool            # False for PT2's budget: its partitioner recompute is not counted
+    hfu_counts_recompute: bool            # False for ac memory_budget: its partitioner's recompute is not counted
     device: DeviceInfo
     dtype: str                            # e.g. "fp32", "bf16-autocast", "mxfp8 (emulated)"
     precision: dict[str, Any]             # PrecisionReport.as_record()

@@ -137,7 +137,8 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     compression = CompressionSpec(ac.compress) if ac.compress != "none" else None
     if compression is not None and cfg.activation == "softmax":   # a compressed block compresses its attention too
         raise UsageError("ac_compress stores attention's saved q, k, v and O in E4M3, which softmax attention's "
-                         "backward amplifies (gemref/autoac/compress.py): use a pointwise activation or ac_compress none")
+                         "backward amplifies (gemref/autoac/compress.py): use a pointwise activation or "
+                         "ac_compress none")
     blocks = model.checkpoint_blocks()          # AutoAC's candidates: GEMRef names its own blocks
     if ac.mode == "full":
         apply_plan(model, {name: "full" for name in blocks})
