@@ -87,7 +87,8 @@ def batch_search(b: Bench, spec: CompressionSpec, max_batch: int) -> dict:
         found[spec.format] = find_batch_size(model, batch_of, budget, max_batch=max_batch, autocast_dtype=b.autocast)
     return {"budget_bytes": budget, "max_batch": max_batch,
             "rows": [{"compression": k, "no_ac_batch": v.no_ac_batch, "full_ac_batch": v.autoac_batch,
-                      "full_ac_batch_capped": v.capped, "autoac_plan": plan_label(v.plan)} for k, v in found.items()]}
+                      "no_ac_batch_capped": v.no_ac_batch >= v.max_batch, "full_ac_batch_capped": v.capped,
+                      "autoac_plan": plan_label(v.plan)} for k, v in found.items()]}
 
 
 def plan_label(plan) -> str:
