@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import Counter
 from functools import partial
-from typing import Mapping
 
 import torch
 from torch import nn

@@ -44,7 +44,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..compile import compile_stats
-from .apply import APPROXIMATE_OPTIONS, OPTIONS, applied_plan, apply_plan, find_blocks, remove_plan, wrappers
+from .apply import APPROXIMATE_OPTIONS, OPTIONS, applied_plan, apply_plan, find_blocks, remove_plan
 from .compress import CompressionSpec
 from .solver import ActivationProfile, BlockProfile, Plan, solve
 
