@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from gemref.autoac.compress import FORMATS
-from gemref.autoac.profile import activation_bytes
-from gemref.autoac.solver import ac_blocks, applied_plan, saved_compression
+from gemref.autoac import applied_plan, saved_compression
+from gemref.autoac.batch_search import gemref_activation_bytes as activation_bytes
 from gemref.cli import main
 from gemref.config import AC_COMPRESSIONS, get_preset, override
 from gemref.train import sample_batch, setup
@@ -28,7 +28,7 @@ def test_the_config_knows_every_format_the_compressor_has():
 @pytest.mark.parametrize("changes, message", [
     (dict(ac_compress="fp4"), "ac_compress='fp4'; valid: none, fp8_tensor, fp8_block, mxfp8"),
     (dict(ac="full", ac_compress="mxfp8"), "needs ac 'none'.*or 'auto'.*keeps only its inputs"),
-    (dict(ac="pt2", compile=True, ac_compress="fp8_tensor"), "needs ac 'none'.*inside compiled graphs"),
+    (dict(ac="memory_budget", compile=True, ac_compress="fp8_tensor"), "needs ac 'none'.*inside compiled graphs"),
 ])
 def test_bad_settings_are_usage_errors(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -60,7 +60,7 @@ def stored_bounds(fmt: str, values: int, tensors: int) -> tuple[float, float]:
 def test_compressed_saved_activations_take_the_bytes_hand_arithmetic_says(data_root, fmt):
     plain = setup(TINY, override(TINY.train, jagged=True), device="cpu")
     comp = setup(TINY, override(TINY.train, jagged=True, ac_compress=fmt), device="cpu")
-    assert applied_plan(comp.model) == {name: "compressed" for name in ac_blocks(comp.model)}
+    assert applied_plan(comp.model) == {name: "compressed" for name in comp.model.checkpoint_blocks()}
     batch = sample_batch(plain)
     stats = saved_compression(comp.model).stats
     plain_bytes = activation_bytes(plain.model, batch)      # storages alive after forward (StorageBirths)
@@ -78,14 +78,12 @@ def test_compressed_saved_activations_take_the_bytes_hand_arithmetic_says(data_r
 
 
 def test_the_run_record_names_the_format_and_counts_per_step(data_root):
-    """At a budget of 0.6 no plan without recompute fits except with compression (selective, the
-    other option that recomputes no FLOPs, frees ~27% of tiny's bytes, compression ~50%), so
-    AutoAC must compress some block."""
+    """A plan with compressed blocks (given as ac_plan, so it is this plan whatever the timings)."""
     record = run(TINY, override(TINY.train, steps=3, warmup_steps=1, eval_batches=1, jagged=True, kernel="auto",
-                                ac="auto", ac_budget=0.6, ac_compress="mxfp8"), device="cpu", progress=False,
-                 measure_memory=False)
+                                ac="auto", ac_plan="sequence:C- interaction:-- cross:-C", ac_compress="mxfp8"),
+                 device="cpu", progress=False, measure_memory=False)
     assert record["config"]["train"]["activation_checkpoint"]["compress"] == "mxfp8"
-    assert record["ac_plan"]["recompute_flops"] == 0 and record["ac_plan"]["counts"].get("compressed", 0) > 0
+    assert record["ac_plan"]["counts"] == {"compressed": 2}
     comp = record["ac_compression"]
     assert comp["format"] == "mxfp8" and comp["bytes_per_value"] == 1 + 1 / 32
     step = comp["per_step"]
@@ -122,3 +120,14 @@ def test_compression_hooks_inside_a_compiled_function_run_eagerly():
     exact = (torch.sin(2 * x) + 2 * x * torch.cos(2 * x)).view(512, 256)
     assert ((actual - exact).abs() <= ((1 + x.abs()) ** 2 / 4).view(512, 256)).all()
     assert (actual - exact).abs().max() > 0          # the saved values really were rounded
+
+
+def test_a_softmax_model_refuses_compressed_blocks():
+    """A compressed block compresses everything it saves, attention's q, k, v and O included,
+    which softmax's backward amplifies (gemref/autoac/compress.py): build_model says so."""
+    from dataclasses import replace
+    from gemref.train import build_model
+
+    softmax = replace(TINY, model=replace(TINY.model, activation="softmax"))
+    with pytest.raises(ValueError, match="softmax attention's backward amplifies"):
+        build_model(softmax, override(TINY.train, jagged=True, ac_compress="mxfp8"), torch.device("cpu"))

@@ -1,5 +1,6 @@
 """AutoAC: checkpointing never changes gradients, the solver is optimal and never over budget,
-and the profile's predictions match what a step then measures."""
+the profile's predictions match what a step then measures, and the API works on a model gemref
+did not define (tests/my_rec.py)."""
 import dataclasses
 import itertools
 import json
@@ -12,19 +13,24 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from gemref.autoac.batch_search import SEARCH_CAP, find_batch_size, larger_batch, largest_fitting
-from gemref.autoac.profile import SavedTensors, activation_bytes, existing_storages, profile_blocks
+from gemref.autoac import (OPTIONS, ActivationProfile, BlockProfile, CheckpointedBlock, applied_plan, apply_plan,
+                           auto_checkpoint, parse_plan, plan_of, plan_record, profile_blocks, remove_plan, solve)
+from gemref.autoac.apply import PREFIX
+from gemref.autoac.batch_search import (SEARCH_CAP, batch_tensors, find_batch_size, gemref_activation_bytes,
+                                        gemref_profile, larger_batch, largest_fitting)
+from gemref.autoac.profile import SavedTensors
+from gemref.autoac.solver import option_cost
 from gemref.data.batches import batch_with_lengths
-from gemref.autoac.solver import (OPTIONS, ActivationProfile, BlockProfile, ac_blocks, applied_plan, apply_plan,
-                                  plan_of, remove_plan, solve)
 from gemref.config import get_preset, override
-from gemref.mfu.flops import BLOCK_KINDS, executed_flops, recompute_flops
+from gemref.mfu.flops import executed_flops, recompute_flops
 from gemref.model import GEMRef
 from gemref.train import forward_loss
+from my_rec import MyRec, make_batch, my_loss
 
 TINY = get_preset("tiny")
 CFG = TINY.model
 LENGTHS = [5, 9, 2, 30, 64, 17, 3, 40, 1, 12]
+activation_bytes = gemref_activation_bytes
 
 
 def tiny_model(jagged=True, cfg=CFG, kernel="reference"):
@@ -32,25 +38,128 @@ def tiny_model(jagged=True, cfg=CFG, kernel="reference"):
     return GEMRef(cfg, jagged=jagged, kernel=kernel)
 
 
-def loss_and_grads(model, batch):
+def grads_of(model, loss_fn):
+    """Loss and {parameter name: gradient}, names without the checkpoint wrapper's part."""
     model.zero_grad(set_to_none=True)
-    loss = forward_loss(model, batch)
+    loss = loss_fn()
     loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), {n.replace(PREFIX, ""): p.grad.clone() for n, p in model.named_parameters()
+                           if p.grad is not None}
+
+
+def loss_and_grads(model, batch):
+    return grads_of(model, lambda: forward_loss(model, batch))
 
 
 @pytest.fixture(scope="module")
 def profiled():
     model = tiny_model()
     batch = batch_with_lengths(CFG, LENGTHS, seed=1)
-    return model, batch, profile_blocks(model, batch)
+    return model, batch, gemref_profile(model, batch, repeats=1)
 
 
-# ----------------------------------------------------------------------------- exact gradients
+# ----------------------------------------------------------------------------- a model gemref did not define
+
+MY_BLOCKS = ["stack.0", "stack.1"]
+
+
+def my_model():
+    torch.manual_seed(0)
+    return MyRec(), make_batch([5, 9, 0, 30, 17, 3], seed=1)
+
+
+@pytest.fixture(scope="module")
+def my_profiled():
+    model, batch = my_model()
+    return model, batch, profile_blocks(model, MY_BLOCKS, lambda: my_loss(model, batch),
+                                        options=("save_matmuls", "full", "compressed"), repeats=1)
+
+
+def test_profile_solve_apply_on_a_foreign_model(my_profiled):
+    model, batch, profile = my_profiled
+    assert [b.name for b in profile.blocks] == MY_BLOCKS and profile.options == ("save_matmuls", "full", "compressed")
+    for block in profile.blocks:
+        assert 0 < block.freed_bytes["save_matmuls"] < block.freed_bytes["full"] <= block.saved_bytes
+        assert block.recompute_flops["save_matmuls"] == block.recompute_flops["compressed"] == 0
+        assert 0 < block.recompute_flops["full"] <= block.forward_flops
+        assert all(s >= 0 for s in block.recompute_seconds.values())
+    originals = [model.stack[0], model.stack[1]]
+    keys = list(model.state_dict())
+    plan = solve(profile, profile.base_bytes // 2)
+    assert plan.predicted_bytes <= profile.base_bytes // 2 and plan.choices
+    apply_plan(model, plan)
+    assert applied_plan(model) == plan.choices and plan_record(model)["summary"] == plan.summary()
+    assert all(isinstance(model.get_submodule(n), CheckpointedBlock) for n in plan.choices)
+    assert list(model.state_dict()) == keys, "state dicts keep the block's own names"
+    plain = {k: v.clone() + 1 for k, v in MyRec().state_dict().items()}
+    model.load_state_dict(plain)             # a state dict written without the plan loads under it
+    assert all(torch.equal(v, plain[k]) for k, v in model.state_dict().items())
+    measured = activation_bytes_of(model, batch)
+    assert abs(measured - plan.predicted_bytes) <= 0.05 * plan.predicted_bytes
+    remove_plan(model)
+    assert [model.stack[0], model.stack[1]] == originals and not applied_plan(model)
+    assert all(torch.equal(v, plain[k]) for k, v in model.state_dict().items())
+    assert list(model.state_dict()) == keys
+
+
+def activation_bytes_of(model, batch):
+    from gemref.autoac import activation_bytes
+    return activation_bytes(model, lambda: my_loss(model, batch), [batch.items, batch.offsets, batch.users])
+
+
+@pytest.mark.parametrize("option", ["save_matmuls", "full"])
+def test_each_exact_option_keeps_the_loss_and_every_gradient_of_a_foreign_model(option):
+    model, batch = my_model()
+    loss0, grads0 = grads_of(model, lambda: my_loss(model, batch))
+    for chosen in ({"stack.0": option}, {n: option for n in MY_BLOCKS}):
+        apply_plan(model, chosen)
+        loss1, grads1 = grads_of(model, lambda: my_loss(model, batch))
+        remove_plan(model)
+        torch.testing.assert_close(loss1, loss0, rtol=1e-6, atol=1e-7)
+        assert grads1.keys() == grads0.keys()
+        for name in grads0:
+            torch.testing.assert_close(grads1[name], grads0[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_the_compressed_option_stays_close_on_a_foreign_model():
+    """Approximate by design (gemref/autoac/compress.py): E4M3 keeps ~29 dB of SQNR per tensor."""
+    model, batch = my_model()
+    _, exact = grads_of(model, lambda: my_loss(model, batch))
+    apply_plan(model, {n: "compressed" for n in MY_BLOCKS})
+    _, approx = grads_of(model, lambda: my_loss(model, batch))
+    remove_plan(model)
+    flat = lambda d: torch.cat([d[n].flatten() for n in sorted(d)])   # noqa: E731
+    noise = (flat(exact) - flat(approx)).pow(2).sum() / flat(exact).pow(2).sum()
+    assert 0 < noise < 10 ** -2
+
+
+def test_auto_checkpoint_on_a_foreign_model_and_its_plan_text():
+    model, batch = my_model()
+    plan, profile = auto_checkpoint(model, MY_BLOCKS, lambda: my_loss(model, batch), 0.3, repeats=1)
+    assert applied_plan(model) == plan.choices and plan.predicted_bytes <= 0.3 * profile.base_bytes
+    assert plan.summary().startswith("stack:") and parse_plan(plan.summary(), MY_BLOCKS) == plan.choices
+    remove_plan(model)
+
+
+def test_bad_block_names_are_value_errors_naming_the_block():
+    model, batch = my_model()
+    step = lambda: my_loss(model, batch)   # noqa: E731
+    with pytest.raises(ValueError, match=r"no block 'stack\.7'.*'stack' has no submodule '7'"):
+        profile_blocks(model, ["stack.0", "stack.7"], step)
+    with pytest.raises(ValueError, match=r"no block 'tower\.0'.*no module 'tower'"):
+        apply_plan(model, {"tower.0": "full"})
+    with pytest.raises(ValueError, match="no block 'layers'"):
+        apply_plan(model, {"layers": "full"})
+    with pytest.raises(ValueError, match="unknown checkpoint option 'selective'"):
+        apply_plan(model, {"stack.0": "selective"})
+    assert not applied_plan(model)
+
+
+# ----------------------------------------------------------------------------- exact gradients (GEMRef)
 
 skewed = st.lists(st.one_of(st.integers(1, 4), st.integers(1, CFG.max_len), st.just(CFG.max_len)),
                   min_size=1, max_size=6)
-names = list(ac_blocks(tiny_model()))
+names = tiny_model().checkpoint_blocks()
 
 
 @settings(max_examples=20, deadline=None)
@@ -59,7 +168,7 @@ names = list(ac_blocks(tiny_model()))
        st.sampled_from([(False, "reference"), (True, "reference"), (True, "cpu_jagged")]))
 def test_any_plan_gives_the_no_ac_gradients_exactly(lengths, options, activation, layout):
     """Bitwise equal: recomputation replays the same CPU kernels on the same inputs (and the
-    selective policy saves the original outputs), so nothing may differ, not even rounding."""
+    save_matmuls policy saves the original outputs), so nothing may differ, not even rounding."""
     jagged, kernel = layout
     cfg = dataclasses.replace(CFG, activation=activation)
     batch = batch_with_lengths(cfg, lengths, seed=len(lengths))
@@ -75,47 +184,90 @@ def test_any_plan_gives_the_no_ac_gradients_exactly(lengths, options, activation
 
 # ----------------------------------------------------------------------------- solver
 
+EXACT = ("save_matmuls", "full")
 
-def brute_force(profile, budget):
-    """Best (recompute FLOPs, freed bytes) over every assignment that fits, or None."""
+
+def cost_of(profile, plan, objective):
+    """A plan's cost as the solver defines it: the sum of its options' cost tuples."""
+    by_name = {b.name: b for b in profile.blocks}
+    costs = [option_cost(by_name[n], o, objective) for n, o in plan.choices.items()]
+    return tuple(sum(c[i] for c in costs) for i in range(3))
+
+
+def brute_force(profile, budget, objective):
+    """The least cost over every option assignment that fits, or None."""
     best = None
     for combo in itertools.product(("none",) + profile.options, repeat=len(profile.blocks)):
         plan = plan_of(profile, {b.name: o for b, o in zip(profile.blocks, combo)})
         if plan.predicted_bytes <= budget:
-            cost = (plan.recompute_flops, profile.base_bytes - plan.predicted_bytes)
+            cost = cost_of(profile, plan, objective)
             best = cost if best is None or cost < best else best
     return best
+
+
+def is_optimal(solver, profile, budget, objective) -> bool:
+    """What the hypothesis test asserts, as a predicate (so a planted wrong solver can fail it)."""
+    plan = solver(profile, budget, objective)
+    return plan.predicted_bytes <= budget and cost_of(profile, plan, objective) == brute_force(profile, budget, objective)
 
 
 @st.composite
 def profiles(draw):
     n = draw(st.integers(1, 6))
+    seconds = st.integers(0, 256).map(lambda k: k / 64)        # dyadic: float sums are exact
     blocks = []
     for i in range(n):
-        freed = {o: draw(st.integers(1, 1000)) for o in ("selective", "full")}
-        flops = {"selective": draw(st.sampled_from([0, 0, 5])), "full": draw(st.integers(0, 1000))}
-        blocks.append(BlockProfile(f"layers.{i // 3}.{BLOCK_KINDS[i % 3]}", 0, 0, 0.0, freed, flops))
+        freed = {o: draw(st.integers(1, 1000)) for o in EXACT}
+        flops = {"save_matmuls": draw(st.sampled_from([0, 0, 5])), "full": draw(st.integers(0, 1000))}
+        blocks.append(BlockProfile(f"layers.{i // 3}.{('sequence', 'interaction', 'cross')[i % 3]}", 0, 0, freed,
+                                   flops, {o: draw(seconds) for o in EXACT}))
     base = sum(max(b.freed_bytes.values()) for b in blocks) + draw(st.integers(1, 500))
-    return ActivationProfile(base, tuple(blocks), ("selective", "full"), "synthetic", 1)
+    return ActivationProfile(base, tuple(blocks), EXACT, "synthetic", 1)
 
 
-@settings(max_examples=60, deadline=None)
-@given(profiles(), st.floats(0.0, 1.0))
-def test_solver_is_optimal_and_never_over_budget(profile, fraction):
+@settings(max_examples=80, deadline=None)
+@given(profiles(), st.floats(0.0, 1.0), st.sampled_from(["time", "flops"]))
+def test_solver_is_optimal_and_never_over_budget(profile, fraction, objective):
     budget = max(1, int(fraction * profile.base_bytes))
-    best = brute_force(profile, budget)
-    if best is None:
+    if brute_force(profile, budget, objective) is None:
         with pytest.raises(ValueError, match=f"minimum achievable {profile.min_bytes:,} bytes"):
-            solve(profile, budget)
+            solve(profile, budget, objective)
         return
-    plan = solve(profile, budget)
-    assert plan.predicted_bytes <= budget
-    assert (plan.recompute_flops, profile.base_bytes - plan.predicted_bytes) == best
+    assert is_optimal(solve, profile, budget, objective)
+
+
+def worst_plan(profile, budget, objective):
+    """A planted wrong solver: the feasible plan of MOST cost."""
+    plans = [plan_of(profile, {b.name: o for b, o in zip(profile.blocks, combo)})
+             for combo in itertools.product(("none",) + profile.options, repeat=len(profile.blocks))]
+    return max((p for p in plans if p.predicted_bytes <= budget), key=lambda p: cost_of(profile, p, objective))
+
+
+def test_the_optimality_check_fails_a_solver_that_picks_the_most_recompute():
+    blocks = tuple(BlockProfile(f"b.{i}", 0, 0, {"save_matmuls": 40, "full": 100}, {"save_matmuls": 0, "full": 90},
+                                {"save_matmuls": 0.5, "full": 0.25}) for i in range(3))
+    profile = ActivationProfile(400, blocks, EXACT, "synthetic", 1)
+    for objective in ("time", "flops"):
+        assert is_optimal(solve, profile, 250, objective)
+        assert not is_optimal(worst_plan, profile, 250, objective)
+
+
+def test_the_objective_decides_between_time_and_flops():
+    """save_matmuls recomputes no FLOPs but here takes longer than a full recompute."""
+    block = BlockProfile("b.0", 0, 0, {"save_matmuls": 60, "full": 80}, {"save_matmuls": 0, "full": 50},
+                         {"save_matmuls": 2.0, "full": 1.0})
+    profile = ActivationProfile(100, (block,), EXACT, "synthetic", 1)
+    assert solve(profile, 50).choices == {"b.0": "full"} and solve(profile, 50).recompute_seconds == 1.0
+    assert solve(profile, 50, "flops").choices == {"b.0": "save_matmuls"}
+    assert solve(profile, 50, "flops").recompute_flops == 0
+    with pytest.raises(ValueError, match="objective='bytes'"):
+        solve(profile, 50, "bytes")
 
 
 def test_solver_skips_options_that_free_nothing():
-    block = BlockProfile("layers.0.sequence", 0, 0, 0.0, {"selective": 0, "full": 10}, {"selective": 0, "full": 7})
-    profile = ActivationProfile(100, (block,), ("selective", "full"), "synthetic", 1)
+    block = BlockProfile("layers.0.sequence", 0, 0, {"save_matmuls": 0, "full": 10}, {"save_matmuls": 0, "full": 7},
+                         {"save_matmuls": 0.0, "full": 1.0})
+    profile = ActivationProfile(100, (block,), EXACT, "synthetic", 1)
     assert solve(profile, 100).choices == {}
     assert solve(profile, 95).choices == {"layers.0.sequence": "full"}
 
@@ -150,8 +302,8 @@ def test_checkpointing_frees_less_than_a_block_saves(profiled):
     """A checkpoint keeps the block's inputs: what it frees is below what the block saves."""
     _, _, profile = profiled
     for block in profile.blocks:
-        assert 0 < block.freed_bytes["selective"] < block.freed_bytes["full"] <= block.saved_bytes
-        assert block.recompute_flops["selective"] == 0 < block.recompute_flops["full"] <= block.forward_flops
+        assert 0 < block.freed_bytes["save_matmuls"] < block.freed_bytes["full"] <= block.saved_bytes
+        assert block.recompute_flops["save_matmuls"] == 0 < block.recompute_flops["full"] <= block.forward_flops
 
 
 def test_the_unmeasured_no_ac_bytes_are_predicted_and_both_cpu_instruments_agree(profiled):
@@ -159,7 +311,8 @@ def test_the_unmeasured_no_ac_bytes_are_predicted_and_both_cpu_instruments_agree
     that step with both CPU instruments: live storages and saved_tensors_hooks."""
     model, batch, profile = profiled
     live = activation_bytes(model, batch)
-    saved = SavedTensors(existing_storages(model, batch))
+    existing = {t.untyped_storage()._cdata for t in [*model.parameters(), *batch_tensors(batch)]}
+    saved = SavedTensors(existing)
     with saved.active():
         loss = forward_loss(model, batch)
     hooks = sum(saved.bytes_by_block().values())
@@ -171,13 +324,13 @@ def test_the_unmeasured_no_ac_bytes_are_predicted_and_both_cpu_instruments_agree
 @pytest.mark.parametrize("jagged,kernel,activation", [(True, "reference", "silu"), (False, "reference", "silu"),
                                                        (True, "cpu_jagged", "silu"), (True, "cpu_jagged", "softmax")])
 def test_analytic_recompute_flops_match_flop_counter(jagged, kernel, activation):
-    """Full blocks rerun their forward; selective ones rerun no FLOPs (cpu_jagged included:
-    its forward is one custom op whose output the selective policy saves)."""
+    """Full blocks rerun their forward; save_matmuls ones rerun no FLOPs (cpu_jagged included:
+    its forward is one custom op whose output the policy saves)."""
     cfg = dataclasses.replace(CFG, activation=activation)
     model = tiny_model(jagged, cfg, kernel)
     batch = batch_with_lengths(cfg, LENGTHS[:6], seed=2)
     choices = {"layers.0.sequence": "full", "layers.0.interaction": "full", "layers.1.cross": "full",
-               "layers.1.sequence": "selective", "layers.0.cross": "selective"}
+               "layers.1.sequence": "save_matmuls", "layers.0.cross": "save_matmuls"}
     apply_plan(model, choices)
     with FlopCounterMode(display=False) as counter:
         forward_loss(model, batch).backward()
@@ -193,14 +346,14 @@ def test_profile_recompute_matches_the_analytic_count(profiled):
                                                                  jagged=True), block.name
 
 
-def test_profile_of_a_cpu_jagged_model_recomputes_no_flops_selectively():
-    """The measured recompute FLOPs of every block under the cpu_jagged kernel: zero when
-    selective (attention's output is saved, not recomputed), the analytic count when full."""
+def test_profile_of_a_cpu_jagged_model_recomputes_no_flops_under_save_matmuls():
+    """The measured recompute FLOPs of every block under the cpu_jagged kernel: zero under
+    save_matmuls (attention's output is saved, not recomputed), the analytic count when full."""
     model = tiny_model(kernel="cpu_jagged")
     batch = batch_with_lengths(CFG, LENGTHS, seed=1)
-    profile = profile_blocks(model, batch)
+    profile = gemref_profile(model, batch, repeats=1)
     for block in profile.blocks:
-        assert block.recompute_flops["selective"] == 0, block.name
+        assert block.recompute_flops["save_matmuls"] == 0, block.name
         assert block.recompute_flops["full"] == recompute_flops(CFG, batch.lengths, {block.name: "full"},
                                                                  jagged=True, kernel="cpu_jagged"), block.name
 
@@ -221,6 +374,7 @@ def test_find_batch_size_spends_the_freed_memory_on_a_larger_batch():
     assert found.no_ac_batch == 16 and found.no_ac_bytes == budget
     assert found.autoac_batch > 16 and found.autoac_bytes <= budget
     assert found.plan.predicted_bytes <= budget and found.plan.choices
+    assert found.capped == (found.autoac_batch == 200)
     assert not applied_plan(model)
 
 
@@ -253,26 +407,53 @@ def test_larger_batch_plain_and_compressed_or_why_not():
 
 def test_bad_plans_and_settings_are_value_errors(profiled):
     model = tiny_model()
-    with pytest.raises(ValueError, match="unknown block 'layers.9.sequence'; valid: layers.0.sequence"):
+    with pytest.raises(ValueError, match="no block 'layers.9.sequence'"):
         apply_plan(model, {"layers.9.sequence": "full"})
-    with pytest.raises(ValueError, match="unknown checkpoint option 'half'.*valid: none, selective, full"):
+    with pytest.raises(ValueError, match="unknown checkpoint option 'half'.*valid: none, save_matmuls, full"):
         apply_plan(model, {"layers.0.sequence": "half"})
     apply_plan(model, {"layers.0.sequence": "full"})
     with pytest.raises(ValueError, match="already checkpointed"):
-        apply_plan(model, {"layers.0.sequence": "selective"})
+        apply_plan(model, {"layers.0.sequence": "save_matmuls"})
     with pytest.raises(ValueError, match="profile the eager model before checkpointing"):
-        profile_blocks(model, batch_with_lengths(CFG, [3, 4]))
+        gemref_profile(model, batch_with_lengths(CFG, [3, 4]))
     remove_plan(model)
-    for options in (("none",), ("selective",)):
-        with pytest.raises(ValueError, match=r"give \('full',\) or \('selective', 'full'\)"):
-            profile_blocks(model, batch_with_lengths(CFG, [3, 4]), options=options)
-    with pytest.raises(ValueError, match="ac='lazy'; valid: none, full, auto, pt2"):
+    for options in (("none",), ("save_matmuls",), ("full", "selective")):
+        with pytest.raises(ValueError, match=r"give 'full'.*and any of save_matmuls, compressed"):
+            gemref_profile(model, batch_with_lengths(CFG, [3, 4]), options=options)
+    with pytest.raises(ValueError, match="ac='lazy'; valid: none, full, auto, memory_budget"):
         override(TINY.train, ac="lazy")
     for bad in (0.0, 1.5):
         with pytest.raises(ValueError, match=r"ac_budget must be in \(0, 1\]"):
             override(TINY.train, ac_budget=bad)
-    with pytest.raises(ValueError, match="ac='pt2'.*needs compile=True"):
-        override(TINY.train, ac="pt2")
+    with pytest.raises(ValueError, match="ac='memory_budget'.*needs compile=True"):
+        override(TINY.train, ac="memory_budget")
+
+
+def test_records_of_the_old_mode_name_still_load():
+    """ac 'pt2' was renamed 'memory_budget' (torchtitan's name); records that carry it load."""
+    from dataclasses import asdict
+    from gemref.config.record import train_from_record
+
+    new = override(TINY.train, compile=True, ac="memory_budget", ac_budget=0.5)
+    stored = asdict(new)
+    stored["activation_checkpoint"]["mode"] = "pt2"
+    assert train_from_record(stored, 2) == new
+    assert train_from_record({"compile": True, "ac": "pt2", "ac_budget": 0.5}, 1).activation_checkpoint.mode == \
+        "memory_budget"
+
+
+def test_gemrefs_blocks_and_plan_text():
+    model = tiny_model()
+    assert model.checkpoint_blocks() == [f"layers.{i}.{k}" for i in range(CFG.n_layers)
+                                         for k in ("sequence", "interaction", "cross")]
+    text = "sequence:F- interaction:-S cross:C-"
+    choices = parse_plan(text, model.checkpoint_blocks())
+    assert choices == {"layers.0.sequence": "full", "layers.1.interaction": "save_matmuls", "layers.0.cross": "compressed"}
+    options = ("save_matmuls", "full", "compressed")
+    profile = ActivationProfile(10, tuple(BlockProfile(n, 0, 0, dict.fromkeys(options, 1), dict.fromkeys(options, 0),
+                                                       dict.fromkeys(options, 0.0)) for n in model.checkpoint_blocks()),
+                                options, "synthetic", 1)
+    assert plan_of(profile, choices).summary() == text
 
 
 def test_cli_rejects_a_bad_budget_with_one_line():
@@ -309,7 +490,7 @@ def test_a_given_plan_is_applied_as_is_without_profiling(monkeypatch):
     monkeypatch.setattr(profile, "profile_blocks", lambda *a, **k: pytest.fail("profiled a given plan"))
     train = override(TINY.train, jagged=True, ac="auto", ac_plan="sequence:F- interaction:-S cross:--")
     model, _, _ = build_model(TINY, train, torch.device("cpu"))
-    assert applied_plan(model) == {"layers.0.sequence": "full", "layers.1.interaction": "selective"}
+    assert applied_plan(model) == {"layers.0.sequence": "full", "layers.1.interaction": "save_matmuls"}
     with pytest.raises(ValueError, match="sequence needs 2 letters"):
         build_model(TINY, override(train, ac_plan="sequence:F interaction:-S cross:--"), torch.device("cpu"))
 
@@ -333,12 +514,15 @@ def test_bench_autoac_command(data_root, tmp_path, capsys):
 
     out = tmp_path / "autoac.json"
     assert main(["bench", "autoac", "--preset", "tiny", "--batch-size", "16", "--budgets", "1.0,0.5,0.01",
-                 "--steps-per-strategy", "1", "--warmup", "0", "--no-pt2", "--json", str(out)]) == 0
+                 "--steps-per-strategy", "1", "--warmup", "0", "--no-memory-budget", "--json", str(out)]) == 0
     record = json.loads(out.read_text())
     rows = {(r["budget"], r["strategy"]): r for r in record["rows"]}
     assert set(rows) == {(b, s) for b in (1.0, 0.5, 0.01) for s in ("none", "full", "auto")}
     assert rows[0.5, "auto"]["fits"] and rows[0.5, "auto"]["act_pct"] <= 50
     assert rows[0.01, "auto"]["plan"].startswith("impossible: min")
     assert record["done_when"]["auto_recompute_pct"] <= record["done_when"]["full_recompute_pct"]
-    assert "at a 50% budget AutoAC recomputes" in capsys.readouterr().out
+    head = {r["strategy"]: r for r in record["head_to_head"]["rows"]}
+    assert set(head) == {"auto (time)", "auto (flops)", "full"} and head["full"]["vs_full"] == 1.0
+    printed = capsys.readouterr().out
+    assert "at a 50% budget AutoAC recomputes" in printed and "vs_full" in printed
     assert main(["bench", "autoac", "--preset", "tiny", "--budgets", "1.5"]) == 2

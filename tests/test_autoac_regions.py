@@ -1,5 +1,6 @@
-"""Per-region AutoAC (gemref/autoac/regions.py): the joint solver against one global fraction and
-against brute force on random profiles; the compressed option measured on a real model."""
+"""Per-region AutoAC (gemref/measure/autoac_regions.py): the joint solver against one global fraction
+and against brute force on random profiles (by FLOPs, as the chapter's fronts compare them); the
+compressed option measured on a real model."""
 import itertools
 import json
 
@@ -7,32 +8,32 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from gemref.autoac import ActivationProfile, BlockProfile, apply_plan, auto_checkpoint, plan_of, remove_plan, solve
+from gemref.autoac.batch_search import batch_tensors, gemref_activation_bytes as activation_bytes, gemref_profile
 from gemref.autoac.compress import CompressionSpec
-from gemref.autoac.profile import activation_bytes
-from gemref.autoac.regions import (pareto_front, profile_regions, region_budgets, region_bytes, uniform_front,
-                                   uniform_plan, without_option)
-from gemref.autoac.solver import ActivationProfile, BlockProfile, apply_plan, plan_of, remove_plan, solve
+from gemref.measure.autoac_regions import (pareto_front, region_budgets, region_bytes, uniform_front, uniform_plan,
+                                           without_option)
 from gemref.cli import main
 from gemref.config import get_preset
 from gemref.data.batches import batch_with_lengths
 from gemref.model import GEMRef
 
-OPTIONS = ("selective", "full", "compressed")
+OPTIONS = ("save_matmuls", "full", "compressed")
 CFG = get_preset("tiny").model
 
 
 @st.composite
 def profiles(draw):
     """Random blocks: each saves some bytes; each option frees part of them at some FLOPs
-    (compressed and selective cost no FLOPs in the model, but any cost is allowed here)."""
+    (compressed and save_matmuls cost no FLOPs in the model, but any cost is allowed here)."""
     n = draw(st.integers(1, 6))
     blocks = []
     for i in range(n):
         saved = draw(st.integers(1, 10**6))
         freed = {o: draw(st.integers(0, saved)) for o in OPTIONS}
         flops = {o: draw(st.integers(0, 10**9)) for o in OPTIONS}
-        blocks.append(BlockProfile(f"layers.{i // 3}.{('sequence', 'interaction', 'cross')[i % 3]}", saved, 0, 0.0,
-                                   freed, flops))
+        blocks.append(BlockProfile(f"layers.{i // 3}.{('sequence', 'interaction', 'cross')[i % 3]}", saved, 0,
+                                   freed, flops, dict.fromkeys(OPTIONS, 0.0)))
     base = sum(b.saved_bytes for b in blocks) + draw(st.integers(0, 10**5))
     return ActivationProfile(base, tuple(blocks), OPTIONS, "synthetic", 10**9)
 
@@ -51,7 +52,7 @@ def every_plan(profile):
 @given(profiles(), st.floats(0.0, 1.0))
 def test_joint_never_exceeds_the_budget_and_never_recomputes_more_than_one_fraction(profile, fraction):
     uniform = uniform_plan(profile, fraction)
-    joint = solve(profile, uniform.predicted_bytes)
+    joint = solve(profile, uniform.predicted_bytes, "flops")
     assert joint.predicted_bytes <= uniform.predicted_bytes
     assert joint.recompute_flops <= uniform.recompute_flops
     # the uniform plan keeps each region within the fraction wherever some option can
@@ -78,18 +79,19 @@ def test_pareto_front_is_the_brute_force_front(profile):
 def test_a_fourth_option_never_hurts(profile, fraction):
     plain = without_option(profile, "compressed")
     budget = max(int(plain.min_bytes + fraction * (plain.base_bytes - plain.min_bytes)), 1)
-    with_c, without = solve(profile, budget), solve(plain, budget)
+    with_c, without = solve(profile, budget, "flops"), solve(plain, budget, "flops")
     assert with_c.predicted_bytes <= budget and with_c.recompute_flops <= without.recompute_flops
     assert "compressed" not in without.choices.values()
 
 
 def test_region_budgets_add_up_to_the_plan():
-    profile = ActivationProfile(1000, (BlockProfile("layers.0.sequence", 400, 0, 0.0, {"full": 300, "compressed": 250},
-                                                    {"full": 7, "compressed": 0}),
-                                       BlockProfile("layers.0.interaction", 100, 0, 0.0,
-                                                    {"full": 120, "compressed": 40}, {"full": 3, "compressed": 0}),
-                                       BlockProfile("layers.0.cross", 0, 0, 0.0, {"full": 0, "compressed": 0},
-                                                    {"full": 1, "compressed": 0})),
+    zero = {"full": 0.0, "compressed": 0.0}
+    profile = ActivationProfile(1000, (BlockProfile("layers.0.sequence", 400, 0, {"full": 300, "compressed": 250},
+                                                    {"full": 7, "compressed": 0}, zero),
+                                       BlockProfile("layers.0.interaction", 100, 0,
+                                                    {"full": 120, "compressed": 40}, {"full": 3, "compressed": 0}, zero),
+                                       BlockProfile("layers.0.cross", 0, 0, {"full": 0, "compressed": 0},
+                                                    {"full": 1, "compressed": 0}, zero)),
                                 ("full", "compressed"), "synthetic", 100)
     plan = plan_of(profile, {"layers.0.sequence": "compressed", "layers.0.interaction": "full"})
     assert region_bytes(profile) == {"layers.0.sequence": 400, "layers.0.interaction": 120, "layers.0.cross": 0}
@@ -99,7 +101,7 @@ def test_region_budgets_add_up_to_the_plan():
     assert uniform_plan(profile, 0.5).choices == {"layers.0.sequence": "compressed", "layers.0.interaction": "full"}
     assert uniform_plan(profile, 0.0).choices == {"layers.0.sequence": "full", "layers.0.interaction": "full"}
     # one byte less: sequence full + interaction compressed keeps 660, so both full (580, 7 + 3 FLOPs)
-    assert solve(profile, 630).recompute_flops == 3 and solve(profile, 629).recompute_flops == 10
+    assert solve(profile, 630, "flops").recompute_flops == 3 and solve(profile, 629, "flops").recompute_flops == 10
 
 
 @pytest.fixture(scope="module")
@@ -107,19 +109,19 @@ def measured():
     torch.manual_seed(0)
     model = GEMRef(CFG, jagged=True, kernel="cpu_jagged")
     batch = batch_with_lengths(CFG, [5, 9, 2, 30, 64, 17, 3, 40, 1, 12] * 3, seed=1)
-    return model, batch, profile_regions(model, batch, CompressionSpec("mxfp8"))
+    return model, batch, gemref_profile(model, batch, options=OPTIONS, compression=CompressionSpec("mxfp8"), repeats=1)
 
 
 def test_compressed_option_is_measured_frees_bytes_and_recomputes_nothing(measured):
     _, _, profile = measured
-    assert profile.options == ("selective", "full", "compressed")
+    assert profile.options == ("save_matmuls", "full", "compressed")
     for b in profile.blocks:
         assert b.recompute_flops["compressed"] == 0          # FlopCounterMode: no extra backward FLOPs
         assert 0 < b.freed_bytes["compressed"] < b.freed_bytes["full"]
 
 
 @pytest.mark.parametrize("choices", [
-    {"layers.0.sequence": "compressed", "layers.1.cross": "full", "layers.0.interaction": "selective"},
+    {"layers.0.sequence": "compressed", "layers.1.cross": "full", "layers.0.interaction": "save_matmuls"},
     {"layers.0.sequence": "compressed", "layers.0.interaction": "compressed", "layers.1.sequence": "compressed"},
 ])
 def test_predicted_bytes_of_mixed_plans_match_the_measurement(measured, choices):
@@ -165,16 +167,19 @@ def test_bench_autoac_regions_user_errors_exit_2(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_auto_checkpoint_regions_applies_the_joint_plan_and_fits():
-    from gemref.autoac.regions import auto_checkpoint_regions
-    from gemref.autoac.solver import applied_plan, plan_record
+def test_auto_checkpoint_with_compression_applies_the_joint_plan_and_fits():
+    from gemref.autoac import applied_plan, plan_record
+    from gemref.train import forward_loss
 
     torch.manual_seed(0)
     model = GEMRef(CFG, jagged=True, kernel="cpu_jagged")
     batch = batch_with_lengths(CFG, [5, 9, 2, 30, 64, 17, 3, 40, 1, 12] * 3, seed=4)
-    plan, profile = auto_checkpoint_regions(model, batch, 0.55, CompressionSpec("fp8_tensor"))
+    step = lambda: forward_loss(model, batch)   # noqa: E731
+    plan, profile = auto_checkpoint(model, model.checkpoint_blocks(), step, 0.55, options=OPTIONS, objective="flops",
+                                    compression=CompressionSpec("fp8_tensor"), repeats=1, inputs=batch_tensors(batch))
     assert applied_plan(model) == plan.choices and plan_record(model)["summary"] == plan.summary()
-    assert "compressed" in plan.choices.values() and plan.recompute_flops == solve(profile, plan.budget_bytes).recompute_flops
+    assert "compressed" in plan.choices.values()
+    assert plan.recompute_flops == solve(profile, plan.budget_bytes, "flops").recompute_flops
     assert activation_bytes(model, batch) <= 1.01 * plan.budget_bytes
     with pytest.raises(ValueError, match="budget_fraction"):
-        auto_checkpoint_regions(model, batch, 0.0)
+        auto_checkpoint(model, model.checkpoint_blocks(), step, 0.0)

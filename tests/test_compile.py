@@ -3,10 +3,10 @@ compile composes with activation checkpointing and PyTorch 2's memory budget."""
 import pytest
 import torch
 
-from gemref.autoac.profile import forward_with_bytes
+from gemref.autoac import apply_plan
+from gemref.autoac.batch_search import gemref_forward_with_bytes as forward_with_bytes
 from gemref.train import forward_loss
 from gemref.data.batches import batch_with_lengths
-from gemref.autoac.solver import ac_blocks, apply_plan
 from gemref.compile import compile_model, compile_stats, gemref_regions
 from gemref.config import COMPILE_REGIONS, get_preset, override
 from gemref.model import GEMRef, ranking_loss
@@ -34,7 +34,8 @@ def loss_and_grads(model, batch):
     model.zero_grad(set_to_none=True)
     loss = forward_loss(model, batch)
     loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), {n.replace("_checkpoint_wrapped_module.", ""): p.grad.clone()
+                           for n, p in model.named_parameters() if p.grad is not None}
 
 
 def assert_same_step(eager, compiled, batch):
@@ -61,17 +62,17 @@ def test_compiled_matches_eager_and_never_recompiles(jagged):
 
 
 def test_compile_after_checkpointing():
-    """AC then compile: full checkpoints wrap compiled regions (and sit inside the
-    interaction block's graph); gradients still match eager."""
+    """AC then compile: full checkpoints (wrapper modules) wrap the blocks' compiled regions;
+    gradients still match eager."""
     eager, compiled = model_pair()
-    apply_plan(compiled, {name: "full" for name in ac_blocks(compiled)})
+    apply_plan(compiled, {name: "full" for name in compiled.checkpoint_blocks()})
     stats = compile_gemref(compiled)
     for i, lengths in enumerate(BATCHES[:3]):
         assert_same_step(eager, compiled, batch_with_lengths(CFG, lengths, seed=i))
     assert stats.recompiles == 0
 
 
-def test_pt2_memory_budget_saves_fewer_bytes():
+def test_the_memory_budget_saves_fewer_bytes():
     batch = batch_with_lengths(CFG, [5, 9, 2, 30, 64, 17, 3, 40, 1, 12], seed=1)
     eager, free = model_pair()
     compile_gemref(free)

@@ -60,7 +60,7 @@ def test_a_section_checks_its_field_types_by_switch_name():
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(ac="pt2"), "ac='pt2' (PyTorch 2's activation memory budget) acts inside compiled regions"),
+    (dict(ac="memory_budget"), "ac='memory_budget' (PyTorch 2's activation memory budget) acts inside compiled regions"),
     (dict(checkpoint_dir="ck", checkpoint_every=400), "checkpoint_every=400 exceeds steps=300"),
     (dict(embeddings="torchrec", sparse_sharding="row"), "both shard the tables"),
     (dict(embeddings="torchrec", checkpoint_dir="ck", checkpoint_every=1), "does not save checkpoints yet"),

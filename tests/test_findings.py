@@ -55,8 +55,8 @@ def test_compile_findings_judge_the_plans_variant_and_name_what_it_keeps():
     assert "compiles nothing and leaves a, b eager" in none[3]
 
 
-def _sweep(selective, full, auto_step, full_step):
-    blocks = [{"name": "layers.0.sequence", "freed_bytes": {"selective": selective, "full": full}}]
+def _sweep(matmuls, full, auto_step, full_step, name="save_matmuls"):
+    blocks = [{"name": "layers.0.sequence", "freed_bytes": {name: matmuls, "full": full}}]
     rows = [{"budget": 0.5, "strategy": "full", "recompute_pct": 30.0, "step_s": full_step},
             {"budget": 0.5, "strategy": "auto", "recompute_pct": 10.0, "step_s": auto_step}]
     return {"profile": {"blocks": blocks, "base_bytes": 100}, "rows": rows}
@@ -69,7 +69,11 @@ def test_autoac_findings_follow_the_bytes_the_time_and_the_batch():
     dear = autoac_findings(_sweep(20, 90, 1.5, 1.0), {"rows": [{"batch_size": 64, "mfu": 0.1}, {"batch_size": 256, "mfu": 0.09}],
                                                      "samples_per_s_ratio": 0.97})
     assert "FLOP-costing ops" in dear[0] and "slower" in dear[1] and "are not recompute time" in dear[1]
-    assert "64 -> 256" in dear[2] and "no measurable difference" in dear[2]
+    assert "64 -> 256" in dear[2] and "no measurable difference" in dear[2] and "AutoAC grows" in dear[2]
+    assert "frees 60%" in autoac_findings(_sweep(60, 90, 1.0, 1.5, name="selective"), None)[0], "an old record"
+    full = autoac_findings(_sweep(20, 90, 1.5, 1.0), {"rows": [{"batch_size": 64, "mfu": 0.1}, {"batch_size": 256, "mfu": 0.09}],
+                                                      "samples_per_s_ratio": 0.97, "capped": True, "full_checkpointing": True})
+    assert "full checkpointing (AutoAC's plan there) grows" in full[2] and "the search's cap, not a measured limit" in full[2]
 
 
 def test_ladder_findings_judge_each_rung_by_its_interval_and_name_the_skipped():

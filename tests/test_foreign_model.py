@@ -134,14 +134,18 @@ def test_a_compiled_region_keeps_the_flops_and_compiles_once():
 
 
 @needs_torchrec
-def test_autoac_cannot_take_the_foreign_model():
-    """AutoAC's blocks are GEMRef's (`layers.{i}.sequence|interaction|cross`): nothing to plan here."""
-    from gemref.autoac.solver import ac_blocks, apply_plan
+def test_autoac_takes_the_blocks_the_caller_names_and_refuses_others():
+    """AutoAC checkpoints the module paths it is given (gemref/autoac/): GEMRef's names are
+    nowhere here, and a name the model lacks is a ValueError naming it."""
+    from gemref.autoac import applied_plan, apply_plan, remove_plan
     model = example()
-    with pytest.raises(AttributeError, match="layers"):
-        ac_blocks(model)
-    with pytest.raises(AttributeError, match="layers"):
-        apply_plan(model, {"tower": "full"})
+    with pytest.raises(ValueError, match="no block 'layers.0.sequence'"):
+        apply_plan(model, {"layers.0.sequence": "full"})
+    name = next(n for n, m in model.named_modules() if n and "." not in n and any(True for _ in m.parameters()))
+    apply_plan(model, {name: "full"})
+    assert applied_plan(model) == {name: "full"}
+    remove_plan(model)
+    assert not applied_plan(model)
 
 
 def test_measure_meters_a_plain_torch_module_without_torchrec():

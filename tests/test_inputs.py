@@ -139,7 +139,7 @@ def test_has_type_keeps_bools_out_of_numbers():
     (TINY.model, {"sparse_vocab": [50, 200]}, "ModelConfig.sparse_vocab expects a list of integers"),
     # options that would be ignored are refused, not dropped
     (TINY.train, {"kernel": "auto"}, "kernel='auto' runs on the jagged layout: add jagged"),
-    (TINY.train, {"ac_budget": 0.5}, "ac_budget=0.5 is read only by ac 'auto' and 'pt2', not ac='none'"),
+    (TINY.train, {"ac_budget": 0.5}, "ac_budget=0.5 is read only by ac 'auto' and 'memory_budget', not ac='none'"),
     (TINY.train, {"ac": "full", "ac_plan": "sequence:FF interaction:-- cross:--"}, "ac_plan is AutoAC's solved plan: it needs ac 'auto'"),
     (TINY.train, {"ac": "auto", "ac_plan": "sequence:FF"}, "ac_plan='sequence:FF' must look like"),
     (TINY.train, {"ac": "auto", "ac_plan": "sequence:CF interaction:-- cross:--"}, "ac_plan compresses blocks (C): set ac_compress"),

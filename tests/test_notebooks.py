@@ -66,6 +66,7 @@ EXPECT = {
                                    and (m["regions_planned"] == 0) == (m["planned_over_eager"] is None)),
     "05_autoac": lambda m: (m["auto_fits_every_budget"] and m["auto_prediction_error"] < 0.05
                             and m["auto_over_full_recompute_at_half"] <= 0.5 and m["full_recompute_pct"] > 0
+                            and m["time_plan_seconds_over_full_at_half"] <= 1.0 + 1e-9
                             and m["autoac_batch"] > m["no_ac_batch"] >= 1 and m["joint_no_worse_than_uniform"]
                             and m["compressed_act_ratio"] < 0.75 and m["compressed_no_ac_batch"] > m["no_ac_batch"]
                             and m["compressed_parity_within_band"]),
@@ -79,7 +80,7 @@ EXPECT = {
     "13_bring_your_own_model": lambda m: (m["padded_over_jagged"] > 1 and 0 < m["mfu"] < 1
                                           and abs(m["mfu"] - m["local_mfu"] * m["scaling_ratio"]) <= 1e-9
                                           and m["op_classes_sum_to_step"] and m["kernels_agree_on_flops"]
-                                          and m["attention_pct"] > 0 and m["autoac_refused"]
+                                          and m["attention_pct"] > 0 and m["autoac_applies"]
                                           and m["compiled_recompiles"] in (None, 0)),
     "11_scale_projection": lambda m: (0 < m["baseline_mfu"] < m["full_ladder_mfu"] < 1 and m["bandwidth_monotonic"]
                                       and m["imbalance_round_robin"] > m["imbalance_balanced"] >= 1

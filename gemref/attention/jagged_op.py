@@ -13,7 +13,7 @@ listed in OPAQUE_BODIES, so that a tool tracing tensors by dispatch can run the 
 its mode (the CPU memory tracker, gemref/mfu/memory.py, does: the tensors the bodies
 allocate count towards the peak). Dispatch-level tools then see one op per direction: torch.compile traces
 around it, FlopCounterMode prices it by the formula the kernel registers on `.fwd` / `.bwd`,
-selective activation checkpointing saves its output. The instance is the kernel's `gdpa`
+AutoAC's save_matmuls checkpointing saves its output. The instance is the kernel's `gdpa`
 entry point (gemref/attention/api.py KernelFn).
 """
 from __future__ import annotations

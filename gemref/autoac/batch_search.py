@@ -1,30 +1,37 @@
 """Spend the memory AutoAC frees on a larger batch: the batch-size searches.
 
+This module is GEMRef's side of AutoAC: its blocks (`GEMRef.checkpoint_blocks()`) and its step
+(gemref/step.py `forward_loss` on a JaggedBatch) handed to the generic profiler
+(`gemref_profile`, `gemref_forward_with_bytes`).
+
 A memory budget bounds `step_bytes`: on CPU the activation bytes of a step (a declared
 budget, measured as gemref/autoac/profile.py measures them), on CUDA the peak device memory
 of forward + backward. Step bytes grow with the batch, so the largest batch that fits is
 found by one search (`largest_fitting`: doubling, then bisection) over `batch_of(n)`, the
 first n samples of one fixed order. Two questions use it:
   * `find_batch_size`: the largest batch without AutoAC and with it (every block fully
-    checkpointed: the least memory any plan needs), and AutoAC's plan at the latter;
+    checkpointed: the least memory any plan needs), and AutoAC's plan at the latter (which
+    may be full checkpointing itself: `Plan.is_full_checkpointing`);
   * `larger_batch` (the waterfall's AutoAC rung): the largest batch, up to SEARCH_CAP x the
     per-rank batch, that fits the budget of the per-rank batch, with AutoAC's plan there;
     with a compression format, every block's saved activations compressed and nothing
     recomputed decide the batch, and the plan gets "compressed" as one more option per block
-    (gemref/autoac/regions.py).
+    (`gemref_profile(..., compression=)`).
+A batch equal to the search's upper end is where the search stopped, not a measured limit
+(`BatchSearch.capped`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable, Mapping
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
+from .apply import applied_plan, apply_plan, remove_plan
 from .compress import CompressionSpec
-from .profile import activation_bytes, profile_blocks
-from .regions import auto_checkpoint_regions
-from .solver import Plan, ac_blocks, applied_plan, apply_plan, remove_plan, solve
+from .profile import forward_with_bytes, profile_blocks
+from .solver import ActivationProfile, Plan, plan_of, solve
 from ..data.jagged import JaggedBatch
 from ..mfu.flops import recompute_flops
 from ..mfu.memory import track_peak_memory
@@ -33,11 +40,33 @@ from ..step import forward_loss
 SEARCH_CAP = 4      # larger_batch searches batches up to this multiple of the per-rank batch
 
 
+def batch_tensors(batch: JaggedBatch) -> list[Tensor]:
+    return [getattr(batch, f.name) for f in fields(batch) if isinstance(getattr(batch, f.name), Tensor)]
+
+
+def gemref_forward_with_bytes(model: nn.Module, batch: JaggedBatch, autocast_dtype=None) -> tuple[Tensor, int]:
+    """GEMRef's training forward on `batch`; the loss and the activation bytes it leaves."""
+    return forward_with_bytes(model, lambda: forward_loss(model, batch, autocast_dtype), batch_tensors(batch))
+
+
+def gemref_activation_bytes(model: nn.Module, batch: JaggedBatch, autocast_dtype=None) -> int:
+    loss, nbytes = gemref_forward_with_bytes(model, batch, autocast_dtype)
+    del loss
+    return nbytes
+
+
+def gemref_profile(model: nn.Module, batch: JaggedBatch, *, options=("save_matmuls", "full"), autocast_dtype=None,
+                   compression: CompressionSpec | None = None, repeats: int = 3) -> ActivationProfile:
+    """`profile_blocks` on GEMRef's blocks and its training step on `batch`."""
+    return profile_blocks(model, model.checkpoint_blocks(), lambda: forward_loss(model, batch, autocast_dtype),
+                          options=options, repeats=repeats, compression=compression, inputs=batch_tensors(batch))
+
+
 def step_bytes(model: nn.Module, batch: JaggedBatch, autocast_dtype=None) -> int:
     """What a memory budget bounds: CPU, the activation bytes; CUDA, the peak device memory of
     forward + backward (parameters and gradients included). Leaves no gradients."""
     if batch.values.device.type != "cuda":
-        return activation_bytes(model, batch, autocast_dtype)
+        return gemref_activation_bytes(model, batch, autocast_dtype)
     try:
         with track_peak_memory(batch.values.device) as peak:
             forward_loss(model, batch, autocast_dtype).backward()
@@ -86,10 +115,15 @@ class BatchSearch:
     plan: Plan
     max_batch: int               # the search's upper end (a batch equal to it may fit more)
 
+    @property
+    def capped(self) -> bool:
+        """The AutoAC batch is the search's upper end: a cap, not a measured limit."""
+        return self.autoac_batch >= self.max_batch
+
 
 def find_batch_size(model: nn.Module, batch_of: Callable[[int], JaggedBatch], memory_budget: int, *,
-                    max_batch: int, autocast_dtype=None,
-                    options: tuple[str, ...] = ("selective", "full")) -> BatchSearch:
+                    max_batch: int, autocast_dtype=None, objective: str = "time",
+                    options: tuple[str, ...] = ("save_matmuls", "full")) -> BatchSearch:
     """The largest batch that fits `memory_budget` bytes without and with AutoAC.
 
     `batch_of(n)` must return the first n samples of one fixed order, so memory grows with n.
@@ -103,7 +137,7 @@ def find_batch_size(model: nn.Module, batch_of: Callable[[int], JaggedBatch], me
         raise ValueError(f"need memory_budget > 0 and max_batch >= 1, got {memory_budget}, {max_batch}")
     if applied_plan(model):
         raise ValueError("find_batch_size needs the model without a checkpoint plan")
-    all_full = {name: "full" for name in ac_blocks(model)}
+    all_full = {name: "full" for name in model.checkpoint_blocks()}
     measured: dict[tuple[str, int], int] = {}
 
     def fits(strategy: str, n: int) -> bool:
@@ -121,24 +155,26 @@ def find_batch_size(model: nn.Module, batch_of: Callable[[int], JaggedBatch], me
     activation_budget = memory_budget
     if measure == "peak_step_bytes":
         apply_plan(model, all_full)
-        activation_budget -= measured["full", with_ac] - activation_bytes(model, batch, autocast_dtype)
+        activation_budget -= measured["full", with_ac] - gemref_activation_bytes(model, batch, autocast_dtype)
         remove_plan(model)
     plan, used = None, measured["full", with_ac]
     try:
-        profile = profile_blocks(model, batch, options=options, autocast_dtype=autocast_dtype)
+        profile = gemref_profile(model, batch, options=options, autocast_dtype=autocast_dtype)
     except torch.cuda.OutOfMemoryError:     # one block left un-checkpointed does not fit either
         torch.cuda.empty_cache()
         profile = None
     for _ in range(3 if profile is not None else 0):
-        candidate = solve(profile, max(activation_budget, profile.min_bytes))
+        candidate = solve(profile, max(activation_budget, profile.min_bytes), objective)
         candidate_bytes = step_bytes_under(model, candidate.choices, batch, autocast_dtype=autocast_dtype)
         if candidate_bytes <= memory_budget:
             plan, used = candidate, candidate_bytes
             break
         activation_budget -= candidate_bytes - memory_budget       # CUDA: tighten by the overshoot
-    if plan is None:
-        plan = Plan(all_full, memory_budget, used, recompute_flops(model.cfg, batch.lengths, all_full,
-                    jagged=model.jagged, kernel=model.kernel), model.cfg.n_layers)
+    if plan is None:      # no profile, or no solved plan fits: full checkpointing is what fits
+        flops = recompute_flops(model.cfg, batch.lengths, all_full, jagged=model.jagged, kernel=model.kernel)
+        blocks = tuple(all_full)
+        plan = Plan(all_full, blocks, memory_budget, used, flops, float("nan"), "time") if profile is None \
+            else plan_of(profile, all_full, memory_budget)
     return BatchSearch(memory_budget, measure, no_ac, measured.get(("none", no_ac), 0), with_ac, used, plan,
                        max_batch)
 
@@ -156,21 +192,22 @@ class LargerBatch:
 
 
 def larger_batch(model: nn.Module, batch_of: Callable[[int], JaggedBatch], budget_bytes: int, per_rank: int, *,
-                 compress: str = "none", options: tuple[str, ...] = ("selective", "full")) -> LargerBatch | str:
+                 compress: str = "none", options: tuple[str, ...] = ("save_matmuls", "full"),
+                 objective: str = "time") -> LargerBatch | str:
     """The largest batch above `per_rank`, up to SEARCH_CAP x `per_rank`, whose step fits
     `budget_bytes` with AutoAC, and AutoAC's plan at it; or why no larger batch fits.
 
     `model`: eager, nothing checkpointed (left so). `compress="none"`: `find_batch_size` (fully
     checkpointed steps decide the batch). A format: every block's saved activations in it and
     nothing recomputed decide the batch, then AutoAC with "compressed" as one more option
-    per block is solved at that batch (`regions.auto_checkpoint_regions`)."""
+    per block is solved at that batch."""
     high = SEARCH_CAP * per_rank
     if compress == "none":
-        found = find_batch_size(model, batch_of, budget_bytes, max_batch=high, options=options)
+        found = find_batch_size(model, batch_of, budget_bytes, max_batch=high, options=options, objective=objective)
         batch, plan = found.autoac_batch, found.plan
     else:
         spec = CompressionSpec(compress)
-        every_block = {name: "compressed" for name in ac_blocks(model)}
+        every_block = {name: "compressed" for name in model.checkpoint_blocks()}
         batch = largest_fitting(lambda n: step_bytes_under(model, every_block, batch_of(n), compression=spec)
                                 <= budget_bytes, per_rank, high)
     if batch <= per_rank:
@@ -178,6 +215,12 @@ def larger_batch(model: nn.Module, batch_of: Callable[[int], JaggedBatch], budge
             " frees no room for a larger batch in this memory budget"
     fraction = min(1.0, budget_bytes / step_bytes(model, batch_of(batch)))
     if compress != "none":
-        plan, _ = auto_checkpoint_regions(model, batch_of(batch), fraction, spec, options=options)
-        remove_plan(model)
+        profile = gemref_profile(model, batch_of(batch), options=tuple(options) + ("compressed",), compression=spec)
+        solved = solve(profile, int(fraction * profile.base_bytes), objective)
+        # every block compressed fits by measurement (it decided the batch) even where the
+        # profile's additive prediction overshoots it by a fraction of a percent: a candidate too
+        every = plan_of(profile, every_block, solved.budget_bytes, objective)
+        key = (lambda p: (p.recompute_seconds, p.recompute_flops)) if objective == "time" else \
+            (lambda p: (p.recompute_flops, p.recompute_seconds))
+        plan = min((solved, every), key=key)
     return LargerBatch(batch, fraction, compress, plan)

@@ -10,15 +10,14 @@ an op saves a tensor for backward, `unpack` when backward needs it. Formats (`FO
               rule (never saturates): 1 + 1/block bytes per value
 Against float32 that is ~4x fewer bytes, against bf16 ~2x.
 
-Where: `wrap_compressed(fn, compression, module)` makes every call of fn (with grad) run
-under the hooks. gemref/autoac/solver.py's "compressed" option wraps a block's dense
-sub-regions, the units torch.compile compiles (`project` and `mix` of a sequence or cross
-block, the whole interaction block), and not the attention between them: the attention
-kernel's saved q, k, v (and, for softmax, its output O) stay exact. Softmax attention's
-backward recomputes P = softmax(q k^T) and subtracts rowsum(dO * O): an E4M3 error in q or
-k moves every score by ~2^-4 |q||k|, and in O it lands in a difference of nearly equal terms
-(measured with them compressed: the last cross block's q projection gradient at ~0 dB
-SQNR). `compressing(model)` puts the hooks around a whole model's forward instead.
+Where: AutoAC's "compressed" option (gemref/autoac/apply.py CheckpointedBlock) runs the whole
+block under the hooks, attention's saved q, k, v (and, for softmax, its output O) included.
+That is fine for pointwise attention; softmax attention's backward recomputes
+P = softmax(q k^T) and subtracts rowsum(dO * O): an E4M3 error in q or k moves every score by
+~2^-4 |q||k|, and in O it lands in a difference of nearly equal terms (measured: the last
+cross block's q projection gradient at ~0 dB SQNR). `compressing(model)` puts the hooks around
+a whole model's forward and refuses a softmax GEMRef; `wrap_compressed(fn, compression,
+module)` makes every call of any fn (with grad) run under them.
 
 Which saved tensors are compressed: floating point, at least `min_bytes` bytes, a last dim
 of at least `min_last_dim`, not a parameter of the wrapped module nor a view of one (the
@@ -246,15 +245,16 @@ def compressing(model: nn.Module, spec: CompressionSpec | None = None) -> Iterat
 
     Everything the forward saves qualifies, attention's q, k, v included: fine for pointwise
     (silu) attention, refused for softmax (module docstring). Installed as an instance
-    `forward`, so a checkpoint plan applied inside (gemref/autoac/solver.py) still works: a checkpointed block's own hooks are innermost and win, so its
-    saved tensors are dropped and recomputed, not compressed. Yields the hooks (counters).
+    `forward`, so a checkpoint plan applied inside (gemref/autoac/apply.py) still works: a
+    checkpointed block's own hooks are innermost and win, so its saved tensors are dropped and
+    recomputed, not compressed. Yields the hooks (counters).
     """
     if "forward" in model.__dict__:
         raise ValueError("model.forward is already wrapped (compressing twice?)")
     if getattr(getattr(model, "cfg", None), "activation", None) == "softmax":
         raise ValueError("compressing a whole softmax-attention model puts attention's saved q, k, v and O in "
                          "E4M3, which softmax's backward amplifies; compress its blocks' dense regions instead "
-                         "(apply_plan with 'compressed')")
+                         "(apply_plan with 'compressed', pointwise attention only)")
     compression = SavedCompression(spec)
     model.forward = wrap_compressed(model.forward, compression, model)
     try:

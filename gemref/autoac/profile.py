@@ -1,37 +1,40 @@
-"""Measure what checkpointing each block buys: the profiling pass behind AutoAC (the batch-size
-search that turns freed memory into a larger batch is gemref/autoac/batch_search.py).
+"""AutoAC's profiler: what each option of each named block frees and costs, measured on one step
+of the caller's own model (the idea: gemref/autoac/__init__.py).
 
-Every pass runs the training step's own forward and loss (gemref/step.py's `forward_loss`).
-Activation bytes = the memory a training step's forward leaves alive for its backward:
-  * CUDA: torch.cuda.memory_allocated after the forward minus before (everything).
+The caller names the blocks (module paths, e.g. "layers.0.sequence") and gives `step`, a
+closure that runs the forward and returns the loss; the profiler calls backward. Nothing
+about the model or its batch type is assumed.
+
+Activation bytes = the memory a step's forward leaves alive for its backward:
+  * CUDA: torch.cuda.memory_allocated after the forward minus before;
   * CPU, eager: a TorchDispatchMode notes (weakly) every storage an op creates during the
-    forward; the bytes of those still alive when it returns. Parameters and the batch,
-    which existed before, are not counted.
-  * CPU, compiled regions: inductor allocates without the dispatcher, so there the bytes are
-    those of the tensors saved for backward (saved_tensors_hooks, storages deduplicated).
-    That misses what a checkpoint keeps (its inputs), so it is used only where nothing is
-    checkpointed (the PT2 budget); on an eager step the two methods agree (tests).
+    forward (not an alias of one of the op's inputs, not a parameter); the bytes of those
+    still alive when it returns;
+  * CPU, compiled (gemref's compile_model): inductor allocates without the dispatcher, so
+    there the bytes are those of the tensors saved for backward (saved_tensors_hooks,
+    storages deduplicated). That misses what a checkpoint keeps (its inputs), so it is used
+    only where nothing is checkpointed (PyTorch 2's memory_budget); on an eager step the two
+    methods agree (tests).
 
-The profiling pass (`profile_blocks`), on one batch, never runs the un-checkpointed step
-(so it fits wherever the fully checkpointed step fits, as the batch search needs):
-  1. every block fully checkpointed: the reference bytes and backward FLOPs;
-  2. per block, the same step with that one block left out of the checkpointing ("none")
-     and with it at each other option: bytes freed by an option = bytes at "none" - bytes
-     at it; recompute FLOPs = backward FLOPs at it - backward FLOPs at "none". In the "none"
-     step the block's saved tensors (saved_tensors_hooks, storages deduplicated), forward
-     FLOPs (FlopCounterMode) and, in a plain forward, its forward time are noted too.
-A checkpoint keeps its inputs, which the block saves anyway, so it frees less than the block
-saves; measuring with and without it gets that right. Blocks share only their inputs and
-outputs, alive under any plan, so bytes add up: a plan's bytes = base - sum(freed), with
-base (nothing checkpointed) = reference + sum over blocks of what "full" frees (tests
-check both against measured steps).
+The pass never runs the un-checkpointed step, so it fits wherever the fully checkpointed step
+does (the batch search needs that): (1) every block "full": reference bytes and backward
+FLOPs (FlopCounterMode); (2) per block, that one block at "none", then at each option, every
+other block "full": bytes freed by an option = bytes at "none" - bytes at it, recompute FLOPs
+= backward FLOPs at it - backward FLOPs at "none"; at "none" the block's saved bytes and
+forward FLOPs are noted too. Recompute seconds = the time the block's runs take in a step at
+the option (its forward and, checkpointed, its rerun in backward) minus its forward at "none",
+the median over `repeats` rounds that run "none" and every option in turn (after one warm-up
+round), floored at 0 ("compressed": the compression in forward;
+the expansion in backward is not counted). Blocks share only their inputs and outputs, alive
+under any plan, so bytes add: a plan's bytes = base - sum(freed), base = reference + sum of
+what "full" frees (tests check both against measured steps).
 """
 from __future__ import annotations
 
+import statistics
 import time
 from contextlib import contextmanager
-from dataclasses import fields
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -40,25 +43,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from .solver import ActivationProfile, BlockProfile, Plan, ac_blocks, applied_plan, apply_plan, remove_plan, solve
 from ..compile import compile_stats
-from ..data.jagged import JaggedBatch
-from ..mfu.flops import model_flops
-from ..step import forward_loss
+from .apply import APPROXIMATE_OPTIONS, OPTIONS, applied_plan, apply_plan, find_blocks, remove_plan
+from .compress import CompressionSpec
+from .solver import ActivationProfile, BlockProfile, Plan, solve
 
 
-def _storage_key(t: Tensor) -> tuple[StorageWeakRef, int]:
-    storage = t.untyped_storage()
-    return StorageWeakRef(storage), storage.nbytes()
-
-
-def existing_storages(model: nn.Module, batch: JaggedBatch) -> set[int]:
-    tensors = list(model.parameters()) + list(model.buffers()) + [getattr(batch, f.name) for f in fields(batch)]
-    return {StorageWeakRef(t.untyped_storage()).cdata for t in tensors}
+def _cdata(t: Tensor) -> int:
+    return StorageWeakRef(t.untyped_storage()).cdata
 
 
 class StorageBirths(TorchDispatchMode):
-    """Remembers, weakly, every storage an op returns that did not exist before."""
+    """Remembers, weakly, every storage an op returns that is neither one of its inputs' nor in
+    `existing` (parameters): the activations a forward creates."""
 
     def __init__(self, existing: set[int]):
         super().__init__()
@@ -67,12 +64,14 @@ class StorageBirths(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        inputs = {_cdata(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
         for t in tree_leaves(out):
             if isinstance(t, Tensor) and t.device.type == "cpu":
-                ref, nbytes = _storage_key(t)
+                storage = t.untyped_storage()
+                ref = StorageWeakRef(storage)
                 known = self.born.get(ref.cdata)
-                if ref.cdata not in self.existing and (known is None or known[0].expired()):
-                    self.born[ref.cdata] = (ref, nbytes)
+                if ref.cdata not in self.existing | inputs and (known is None or known[0].expired()):
+                    self.born[ref.cdata] = (ref, storage.nbytes())
         return out
 
     def alive_bytes(self) -> int:
@@ -88,9 +87,9 @@ class SavedTensors:
         self.current = "outside"
 
     def _pack(self, t: Tensor) -> Tensor:
-        ref, nbytes = _storage_key(t)
+        ref = StorageWeakRef(t.untyped_storage())
         if ref.cdata not in self.existing and ref.cdata not in self.saved:
-            self.saved[ref.cdata] = (ref, nbytes, self.current)
+            self.saved[ref.cdata] = (ref, t.untyped_storage().nbytes(), self.current)
         return t
 
     @contextmanager
@@ -105,40 +104,44 @@ class SavedTensors:
         return out
 
 
-def measure_method(model: nn.Module, device: torch.device) -> str:
-    if device.type == "cuda":
+def _device(model: nn.Module) -> torch.device:
+    return next(iter(model.parameters()), torch.empty(0)).device
+
+
+def measure_method(model: nn.Module) -> str:
+    if _device(model).type == "cuda":
         return "cuda_memory_allocated"
     return "cpu_saved_tensors" if compile_stats(model) is not None else "cpu_live_storages"
 
 
-def forward_with_bytes(model: nn.Module, batch: JaggedBatch, autocast_dtype=None) -> tuple[Tensor, int]:
-    """Run the forward; return the loss and the activation bytes it leaves for backward."""
-    device = batch.values.device
-    method = measure_method(model, device)
+def forward_with_bytes(model: nn.Module, step: Callable[[], Tensor],
+                       inputs: Sequence[Tensor] = ()) -> tuple[Tensor, int]:
+    """Run `step` (the forward, returning the loss); return the loss and the activation bytes it
+    leaves for backward. `inputs`: tensors that existed before (the batch; never counted)."""
+    method, device = measure_method(model), _device(model)
     if method == "cuda_memory_allocated":
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
-        loss = forward_loss(model, batch, autocast_dtype)
+        loss = step()
         torch.cuda.synchronize(device)
         return loss, torch.cuda.memory_allocated(device) - before
-    existing = existing_storages(model, batch)
+    existing = {_cdata(t) for t in [*model.parameters(), *model.buffers(), *inputs]}
     if method == "cpu_saved_tensors":
         if applied_plan(model):
             raise ValueError("cannot measure a checkpointed, compiled model on CPU: inductor's "
                              "buffers are invisible there; measure the eager model instead")
         saved = SavedTensors(existing)
         with saved.active():
-            loss = forward_loss(model, batch, autocast_dtype)
+            loss = step()
         return loss, sum(saved.bytes_by_block().values())
-    births = StorageBirths(existing)
-    with births:
-        loss = forward_loss(model, batch, autocast_dtype)
+    with StorageBirths(existing) as births:
+        loss = step()
     return loss, births.alive_bytes()
 
 
-def activation_bytes(model: nn.Module, batch: JaggedBatch, autocast_dtype=None) -> int:
-    """Activation bytes of one training step's forward with the model as it is (plan applied)."""
-    loss, nbytes = forward_with_bytes(model, batch, autocast_dtype)
+def activation_bytes(model: nn.Module, step: Callable[[], Tensor], inputs: Sequence[Tensor] = ()) -> int:
+    """Activation bytes of one forward (`step`) with the model as it is (plan applied)."""
+    loss, nbytes = forward_with_bytes(model, step, inputs)
     del loss
     return nbytes
 
@@ -151,102 +154,107 @@ def backward_flops(loss: Tensor, model: nn.Module) -> int:
     return int(counter.get_total_flops())
 
 
-@contextmanager
-def _watched(block: nn.Module, enter: Callable[[], None], leave: Callable[[], None]):
-    """Call enter() and leave() around every forward of one (not checkpointed) block."""
-    forward = block.forward
-
-    def run(*args, **kwargs):
-        enter()
-        try:
-            return forward(*args, **kwargs)
-        finally:
-            leave()
-    block.forward = run
-    try:
-        yield
-    finally:
-        del block.forward
-
-
-def profile_blocks(model: nn.Module, batch: JaggedBatch, *, options: tuple[str, ...] = ("selective", "full"),
-                   autocast_dtype: torch.dtype | None = None) -> ActivationProfile:
-    """Measure every block with every option on `batch` (see module docstring).
-
-    The model must be eager and not checkpointed (profile first, then apply, then compile).
-    Costs 1 + 3 * n_layers * len(options) forward+backward passes and 3 * n_layers forwards;
-    the most memory any of them needs is the fully checkpointed step plus one block's
-    activations. Leaves no gradients.
-    """
-    if set(options) - {"selective", "full"} or "full" not in options:
-        raise ValueError(f"options {options!r}: give ('full',) or ('selective', 'full') (full checkpointing "
-                         f"is the reference every block is measured against)")
+def profile_blocks(model: nn.Module, blocks: Sequence[str], step: Callable[[], Tensor], *,
+                   options: Sequence[str] = ("save_matmuls", "full"), repeats: int = 3,
+                   compression: CompressionSpec | None = None,
+                   inputs: Sequence[Tensor] = ()) -> ActivationProfile:
+    """Measure every named block (module paths) with every option on the step `step` runs
+    (module docstring). `options`: "full" and any of "save_matmuls", "compressed" (in
+    `compression`'s format). The model must be eager and unwrapped (profile, then apply, then
+    compile). Costs about len(blocks) * (len(options) + 1) * (repeats + 2) steps; the most
+    memory one needs is the fully checkpointed step plus one block's activations. Leaves no
+    gradients."""
+    valid = OPTIONS[1:] + APPROXIMATE_OPTIONS
+    if "full" not in options or set(options) - set(valid) or len(set(options)) != len(options):
+        raise ValueError(f"options {tuple(options)!r}: give 'full' (the reference every block is "
+                         f"measured against) and any of {', '.join(o for o in valid if o != 'full')}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     if applied_plan(model) or compile_stats(model) is not None:
         raise ValueError("profile the eager model before checkpointing or compiling it")
-    device = batch.values.device
+    names = list(find_blocks(model, blocks))
+    if len(set(names)) != len(names) or not names:
+        raise ValueError(f"blocks must be distinct module paths, at least one; got {names}")
+    device = _device(model)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    names = list(ac_blocks(model))
     all_full = {name: "full" for name in names}
 
-    def step(choices: dict[str, str], watch: str | None = None):
-        """Bytes and backward FLOPs of one step under `choices`; the watched block's saved
-        bytes and forward FLOPs, if any."""
-        apply_plan(model, choices)
-        try:
-            if watch is None:
-                loss, nbytes = forward_with_bytes(model, batch, autocast_dtype)
-                return nbytes, backward_flops(loss, model), 0, 0
-            saved, counter, at = SavedTensors(existing_storages(model, batch)), FlopCounterMode(display=False), []
+    def run(choices: dict[str, str], watch: str | None = None):
+        """Bytes, forward FLOPs and backward FLOPs of one step; the watched ("none") block's
+        saved bytes and forward FLOPs."""
+        apply_plan(model, choices, compression=compression)
+        existing = {_cdata(t) for t in [*model.parameters(), *model.buffers(), *inputs]}
+        saved, counter, at, hooks = SavedTensors(existing), FlopCounterMode(display=False), [0, 0], []
+        if watch is not None:
+            block = model.get_submodule(watch)
 
-            def enter():
+            def enter(*_):
                 saved.current = watch
-                at.append(counter.get_total_flops())
+                at[0] = counter.get_total_flops()
 
-            def leave():
+            def leave(*_):
                 saved.current = "outside"
-                at.append(counter.get_total_flops())
-            with _watched(ac_blocks(model)[watch], enter, leave), counter, saved.active():
-                loss, nbytes = forward_with_bytes(model, batch, autocast_dtype)
-            saved_bytes = saved.bytes_by_block().get(watch, 0)
-            return nbytes, backward_flops(loss, model), saved_bytes, at[1] - at[0]
+                at[1] = counter.get_total_flops()
+            hooks = [block.register_forward_pre_hook(enter), block.register_forward_hook(leave)]
+        try:
+            with counter, saved.active():
+                loss, nbytes = forward_with_bytes(model, step, inputs)
+            forward, saved_bytes = int(counter.get_total_flops()), saved.bytes_by_block().get(watch, 0)
+            return nbytes, forward, backward_flops(loss, model), saved_bytes, at[1] - at[0]
         finally:
+            for h in hooks:
+                h.remove()
             remove_plan(model)
 
-    def forward_seconds(name: str) -> float:
+    def seconds(name: str, option: str) -> float:
+        """The time the block's runs take in one step at `option` (every other block "full")."""
+        apply_plan(model, {**all_full, name: option}, compression=compression)
         clock: list[float] = []
 
-        def tick():
+        def tick(*_):
             sync()
             clock.append(time.perf_counter())
-        apply_plan(model, {**all_full, name: "none"})
+        block = model.get_submodule(name)
+        hooks = [block.register_forward_pre_hook(tick), block.register_forward_hook(tick)] if option == "none" else []
+        if option != "none":
+            block.clock = tick
         try:
-            with _watched(ac_blocks(model)[name], tick, tick):
-                forward_loss(model, batch, autocast_dtype)
+            step().backward()
+            model.zero_grad(set_to_none=True)
+            return sum(clock[i + 1] - clock[i] for i in range(0, len(clock) - 1, 2))
         finally:
+            for h in hooks:
+                h.remove()
             remove_plan(model)
-        return clock[1] - clock[0]
 
-    reference_bytes, reference_backward, _, _ = step(all_full)
-    blocks = []
+    def recompute_seconds(name: str) -> dict[str, float]:
+        """Per option, the median over `repeats` rounds (after one warm-up round) of its time
+        minus "none"'s in the same round; the options run round-robin within a round."""
+        rounds = [{o: seconds(name, o) for o in ("none", *options)} for _ in range(repeats + 1)][1:]
+        return {o: max(0.0, statistics.median(r[o] - r["none"] for r in rounds)) for o in options}
+
+    reference_bytes, reference_forward, reference_backward, _, _ = run(all_full)
+    profiled = []
     for name in names:
-        none_bytes, none_backward, saved_bytes, flops = step({**all_full, name: "none"}, watch=name)
-        at = {o: step({**all_full, name: o})[:2] for o in options if o != "full"}
+        none_bytes, _, none_backward, saved_bytes, flops = run({**all_full, name: "none"}, watch=name)
+        at = {o: run({**all_full, name: o})[::2] for o in options if o != "full"}
         at["full"] = (reference_bytes, reference_backward)
-        blocks.append(BlockProfile(name, saved_bytes, int(flops), forward_seconds(name),
-                                   {o: none_bytes - at[o][0] for o in options},
-                                   {o: at[o][1] - none_backward for o in options}))
-    base_bytes = reference_bytes + sum(b.freed_bytes["full"] for b in blocks)
-    return ActivationProfile(base_bytes, tuple(blocks), tuple(options), measure_method(model, device),
-                             model_flops(model.cfg, batch.lengths).total)
+        profiled.append(BlockProfile(name, saved_bytes, int(flops), {o: none_bytes - at[o][0] for o in options},
+                                     {o: at[o][1] - none_backward for o in options}, recompute_seconds(name)))
+    base_bytes = reference_bytes + sum(b.freed_bytes["full"] for b in profiled)
+    step_flops = reference_forward + reference_backward - sum(b.recompute_flops["full"] for b in profiled)
+    return ActivationProfile(base_bytes, tuple(profiled), tuple(options), measure_method(model), step_flops)
 
 
-def auto_checkpoint(model: nn.Module, batch: JaggedBatch, budget_fraction: float, *,
-                    options: tuple[str, ...] = ("selective", "full"),
-                    autocast_dtype: torch.dtype | None = None) -> tuple[Plan, ActivationProfile]:
+def auto_checkpoint(model: nn.Module, blocks: Sequence[str], step: Callable[[], Tensor], budget_fraction: float, *,
+                    objective: str = "time", options: Sequence[str] = ("save_matmuls", "full"), repeats: int = 3,
+                    compression: CompressionSpec | None = None,
+                    inputs: Sequence[Tensor] = ()) -> tuple[Plan, ActivationProfile]:
     """Profile, solve for `budget_fraction` of the no-checkpoint activation bytes, apply."""
     if not 0.0 < budget_fraction <= 1.0:
         raise ValueError(f"budget_fraction must be in (0, 1], got {budget_fraction}")
-    profile = profile_blocks(model, batch, options=options, autocast_dtype=autocast_dtype)
-    plan = solve(profile, int(budget_fraction * profile.base_bytes))
-    apply_plan(model, plan)
+    profile = profile_blocks(model, blocks, step, options=options, repeats=repeats, compression=compression,
+                             inputs=inputs)
+    plan = solve(profile, int(budget_fraction * profile.base_bytes), objective)
+    apply_plan(model, plan, compression=compression)
     return plan, profile

@@ -1,7 +1,7 @@
 """Per-region AutoAC with compressed saved activations: fronts, memory, batch, step time, loss parity.
 
-1. fronts: the --preset model is profiled on one batch (gemref/autoac/regions.py: every block's
-   selective / full / compressed options, bytes measured as in gemref/autoac/profile.py). At
+1. fronts: the --preset model is profiled on one batch (gemref/measure/autoac_regions.py: every block's
+   save_matmuls / full / compressed options, bytes measured as in gemref/autoac/profile.py). At
    every budget (a fraction of the no-AC activation bytes) three strategies:
      uniform   one fraction for every region (PyTorch 2's activation_memory_budget style)
      joint     per-region budgets solved together (AutoAC, gemref/autoac/solver.py)
@@ -77,7 +77,7 @@ def run(args) -> int:
     spec = CompressionSpec(args.format)
     b = make_bench(dataset_preset(args.preset, args.dataset), batch_size=args.batch_size, steps=args.steps_per_variant,
                    warmup=args.warmup, device="cpu")
-    log("profiling every region (selective, full, compressed) ...")
+    log("profiling every region (save_matmuls, full, compressed) ...")
     front = fronts(b, spec, budgets)
     print(format_table(front["rows"], title=f"fronts: {b.preset.name}, batch {b.train.batch_size}, {args.format}, "
                                             f"no-AC activations {front['base_bytes'] / 2**20:.2f} MiB; joint no worse "

@@ -146,9 +146,9 @@ def compile_model(model: nn.Module, regions: Sequence[str], *, activation_memory
     new jagged batch does not recompile; parameter names and state_dict keys unchanged). `loss`:
     a loss function to compile as one more region, "loss" (`loss_function(model)` returns it).
     GEMRef's path names its regions explicitly (`gemref_regions(model, kinds)`,
-    gemref/train/compose.py). Apply after activation checkpointing and before FSDP: a checkpointed
-    block is then compiled with its checkpoint inside the graph, while a checkpoint around a block
-    whose methods are the regions wraps them and whatever stays eager between them.
+    gemref/train/compose.py). Apply after activation checkpointing and before FSDP: a region named
+    by a block that AutoAC wrapped (gemref/autoac/apply.py `CheckpointedBlock`) is the block inside
+    the wrapper, so the checkpoint stays eager around the compiled block.
     """
     if model in _STATS:
         raise ValueError("model is already compiled")
@@ -160,10 +160,7 @@ def compile_model(model: nn.Module, regions: Sequence[str], *, activation_memory
     stats = CompileStats(activation_memory_budget=activation_memory_budget)
     for r in resolved:
         fn = getattr(r.owner, r.attr)
-        region = CompiledRegion(r.name, fn, stats, r.owner)
-        if hasattr(fn, "gemref_ac"):   # checkpointed (gemref/autoac/solver.py): keep it visible
-            region.gemref_ac = fn.gemref_ac
-        setattr(r.owner, r.attr, region)
+        setattr(r.owner, r.attr, CompiledRegion(r.name, fn, stats, r.owner))
     if loss is not None:
         stats.loss = CompiledRegion("loss", loss, stats, model)
     _STATS[model] = stats

@@ -14,6 +14,7 @@ A name (or pattern) that matches nothing is a ValueError naming it, as is a regi
 another (a module whose forward is a region, and a module or method inside it): compiling both
 would trace one compiled function inside another.
 
+A block AutoAC has wrapped keeps its name: the region is the block inside the wrapper.
 GEMRef's own path names its regions explicitly: `gemref_regions(model, kinds)` maps the
 `compile_regions` kinds (gemref/config/compile.py) to these names for every layer.
 """
@@ -30,6 +31,7 @@ REGION_KINDS = {"sequence.project": ("sequence", "project"), "sequence.mix": ("s
                 "interaction": ("interaction", "forward"), "cross.project": ("cross", "project"),
                 "cross.mix": ("cross", "mix")}
 _PATTERN = set("*?[")
+WRAPPED = "_checkpoint_wrapped_module"    # where a checkpoint wrapper holds its block (torch's name)
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,10 @@ def resolve_regions(model: nn.Module, names: Sequence[str]) -> list[Region]:
         raise ValueError(f"regions must be a sequence of names, got the string {names!r} (wrap it in a list)")
     if not names:
         raise ValueError("no region named: give module names (or 'module.method', or patterns)")
-    modules = {fqn: m for fqn, m in model.named_modules() if fqn}
+    # a block inside a checkpoint wrapper (AutoAC's CheckpointedBlock, torch's checkpoint_wrapper) is
+    # named as the wrapper is; the region is the block itself, the checkpoint staying eager around it
+    modules = {fqn: getattr(m, WRAPPED, m) for fqn, m in model.named_modules()
+               if fqn and WRAPPED not in fqn.split(".")}
     found: dict[str, Region] = {}
     unknown = []
     for name in names:

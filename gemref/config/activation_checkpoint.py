@@ -1,5 +1,8 @@
 """The activation-checkpointing section (rung 4): none, full, AutoAC or PyTorch 2's budget, and
-saved activations stored compressed."""
+saved activations stored compressed.
+
+Mode "memory_budget" is torchtitan's name for torch._functorch.config.activation_memory_budget
+(it was "pt2" before; records that say "pt2" still load, gemref/config/record.py RENAMED)."""
 from __future__ import annotations
 
 import re
@@ -8,18 +11,19 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from .section import Section, switch
 
-AC_MODES = ("none", "full", "auto", "pt2")
+AC_MODES = ("none", "full", "auto", "memory_budget")
 # Saved activations stored compressed (gemref/autoac/compress.py FORMATS; a test keeps them equal):
 # with ac "none" every block's dense regions, with ac "auto" one more option AutoAC weighs per block.
 AC_COMPRESSIONS = ("none", "fp8_tensor", "fp8_block", "mxfp8")
-AC_PLAN_PATTERN = r"sequence:[-SFC]+ interaction:[-SFC]+ cross:[-SFC]+"   # autoac.solver.Plan.summary()
+# autoac.solver.Plan.summary() of GEMRef's blocks (GEMRef.checkpoint_blocks(), grouped by kind)
+AC_PLAN_PATTERN = r"sequence:[-SFC]+ interaction:[-SFC]+ cross:[-SFC]+"
 
 
 @dataclass(frozen=True)
 class ActivationCheckpointConfig(Section):
-    mode: str = switch("none", "ac", "rung 4: activation checkpointing (auto = AutoAC; pt2 = torch's "
-                       "activation_memory_budget, needs --compile)", AC_MODES)
-    budget: float = switch(1.0, "ac_budget", "auto/pt2: activation memory budget, a fraction in (0, 1] of the "
+    mode: str = switch("none", "ac", "rung 4: activation checkpointing (auto = AutoAC; memory_budget = "
+                       "torch's activation_memory_budget, needs --compile)", AC_MODES)
+    budget: float = switch(1.0, "ac_budget", "auto/memory_budget: activation memory budget, a fraction in (0, 1] of the "
                            "no-checkpoint bytes")
     compress: str = switch("none", "ac_compress", "rung 4: store saved activations as FP8/MX (with --ac none: every "
                            "block; with --ac auto: one more option per block)", AC_COMPRESSIONS)
@@ -34,13 +38,14 @@ class ActivationCheckpointConfig(Section):
             raise UsageError(f"ac_compress={self.compress!r} needs ac 'none' (every block compressed) or 'auto' "
                              f"(compression one more option per block), not ac={self.mode!r}: "
                              + ("a fully checkpointed block keeps only its inputs, which the recompute needs exact"
-                                if self.mode == "full" else "PyTorch 2's budget decides inside compiled graphs"))
-        if self.budget != 1.0 and self.mode not in ("auto", "pt2"):
-            raise UsageError(f"ac_budget={self.budget} is read only by ac 'auto' and 'pt2', not ac={self.mode!r}")
+                                if self.mode == "full" else "PyTorch 2's memory_budget decides inside compiled graphs"))
+        if self.budget != 1.0 and self.mode not in ("auto", "memory_budget"):
+            raise UsageError(f"ac_budget={self.budget} is read only by ac 'auto' and 'memory_budget', "
+                             f"not ac={self.mode!r}")
         if self.plan and self.mode != "auto":
             raise UsageError(f"ac_plan is AutoAC's solved plan: it needs ac 'auto', not ac={self.mode!r}")
         if self.plan and not re.fullmatch(AC_PLAN_PATTERN, self.plan):
             raise UsageError(f"ac_plan={self.plan!r} must look like 'sequence:SF interaction:-- cross:F-' "
-                             "(per block kind, one letter per layer: - none, S selective, F full, C compressed)")
+                             "(per block kind, one letter per layer: - none, S save_matmuls, F full, C compressed)")
         if "C" in self.plan and self.compress == "none":
             raise UsageError("ac_plan compresses blocks (C): set ac_compress to the format (e.g. mxfp8)")

@@ -8,6 +8,9 @@ their names routed as `override` routes them, a switch they lack taking its defa
 not exist yet). A record is a file someone handed in: every value is checked as the
 dataclasses check it, and in a version-2 record an unknown or missing key, or a version newer
 than this code, is a UsageError, never a silent default.
+
+Values a later gemref renamed (`RENAMED`) load under their new name, in either version: ac
+"pt2" is "memory_budget" (torchtitan's name for PyTorch 2's activation_memory_budget).
 """
 from __future__ import annotations
 
@@ -19,6 +22,15 @@ from .train import TrainConfig, sections, with_switches
 
 RECORD_VERSION = 2          # the "record_version" of every record gemref writes
 READABLE_VERSIONS = (1, 2)  # 1: flat switches, no "record_version" key
+# (section, field, switch name) -> {old value: new value}
+RENAMED = {("activation_checkpoint", "mode", "ac"): {"pt2": "memory_budget"}}
+
+
+def _renamed(section: str | None, name: str, value: Any) -> Any:
+    for (sec, field_name, flag), values in RENAMED.items():
+        if (name == flag if section is None else (section, name) == (sec, field_name)) and isinstance(value, str):
+            return values.get(value, value)
+    return value
 
 
 def train_as_record(train: TrainConfig) -> dict[str, Any]:
@@ -41,7 +53,7 @@ def train_from_record(stored: Any, version: int) -> TrainConfig:
     if not isinstance(stored, dict):
         raise UsageError(f"record config.train must be an object, got {type(stored).__name__}")
     if version == 1:
-        return with_switches(TrainConfig(), **stored)
+        return with_switches(TrainConfig(), **{k: _renamed(None, k, v) for k, v in stored.items()})
     _no_unknown_keys("record config.train", stored, TrainConfig)
     values = {}
     for name, value in stored.items():
@@ -50,7 +62,7 @@ def train_from_record(stored: Any, version: int) -> TrainConfig:
                 raise UsageError(f"record config.train.{name} must be an object, got {type(value).__name__}")
             _no_unknown_keys(f"record config.train.{name}", value, sections()[name])
             _no_missing_keys(f"record config.train.{name}", value, sections()[name])
-            value = sections()[name](**value)
+            value = sections()[name](**{k: _renamed(name, k, v) for k, v in value.items()})
         values[name] = value
     _no_missing_keys("record config.train", stored, TrainConfig)
     return TrainConfig(**values)

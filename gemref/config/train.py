@@ -70,8 +70,8 @@ class TrainConfig:
 
     def _check_across_sections(self) -> None:
         ac, tables, ckpt = self.activation_checkpoint, self.embedding_tables, self.checkpoint
-        if ac.mode == "pt2" and not self.compilation.enabled:
-            raise UsageError("ac='pt2' (PyTorch 2's activation memory budget) acts inside compiled "
+        if ac.mode == "memory_budget" and not self.compilation.enabled:
+            raise UsageError("ac='memory_budget' (PyTorch 2's activation memory budget) acts inside compiled "
                              "regions: it needs compile=True")
         if ckpt.every > self.steps:
             raise UsageError(f"checkpoint_every={ckpt.every} exceeds steps={self.steps}: "

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..autoac.batch_search import find_batch_size, step_bytes
 from ..autoac.compress import CompressionSpec, compressing
-from ..autoac.profile import forward_with_bytes
+from ..autoac.batch_search import gemref_forward_with_bytes
 from ..data.jagged import JaggedBatch
 from ..mfu.flops import step_flops
 from ..mfu.meter import mfu
@@ -44,7 +44,7 @@ def batch_gain(b: Bench, memory_budget: int | None = None, max_batch: int | None
     log(f"searching batch sizes under {memory_budget / 2**20:.1f} MiB ...")
     found = find_batch_size(eager, batch_of, memory_budget, autocast_dtype=b.autocast,
                             max_batch=min(len(b.dataset), max_batch or 16 * b.train.batch_size),
-                            options=("full",) if b.train.compilation.enabled else ("selective", "full"))
+                            options=("full",) if b.train.compilation.enabled else ("save_matmuls", "full"))
     log(f"timing batch {found.no_ac_batch} without AC against batch {found.autoac_batch} with AutoAC ...")
     cfg, count = b.preset.model, len(b.batches)
     batches = {"none": timed_batches(b, found.no_ac_batch, count), "auto": timed_batches(b, found.autoac_batch, count)}
@@ -61,10 +61,12 @@ def batch_gain(b: Bench, memory_budget: int | None = None, max_batch: int | None
                      "recompute_pct": 100 * flops.recompute / flops.model, "step_s": statistics.median(seconds),
                      "samples_per_s": statistics.median(n / s for s in seconds), "mfu": run_mfu(b, timed),
                      "hfu": mfu(sum(r.executed_flops for r in timed), sum(seconds), b.peak),
-                     "plan": plan.summary() if plan else ""})
+                     "plan": plan_label(plan)})
+    rows[1]["strategy"] = "full" if found.plan.is_full_checkpointing() else "auto"   # credit the plan that ran
     none, auto = rows
     return {"memory_budget_bytes": memory_budget, "measure": found.measure, "rows": rows,
-            "search_cap": found.max_batch, "capped": found.autoac_batch == found.max_batch,
+            "search_cap": found.max_batch, "capped": found.capped,
+            "full_checkpointing": found.plan.is_full_checkpointing(),
             "batch_ratio": auto["batch_size"] / max(none["batch_size"], 1),
             "samples_per_s_ratio": statistics.median((auto["batch_size"] / a) / (none["batch_size"] / n)
                                                      for a, n in zip(auto_s, none_s)),
@@ -78,11 +80,19 @@ def batch_search(b: Bench, spec: CompressionSpec, max_batch: int) -> dict:
     attention of every preset), each without AC and fully checkpointed, and AutoAC's plan."""
     batch_of = first_samples(b)
     plain = strategy_model(b, "none", compiled=False)
-    _, budget = forward_with_bytes(plain, batch_of(b.train.batch_size), b.autocast)
+    _, budget = gemref_forward_with_bytes(plain, batch_of(b.train.batch_size), b.autocast)
     found = {"none": find_batch_size(plain, batch_of, budget, max_batch=max_batch, autocast_dtype=b.autocast)}
     model = strategy_model(b, "none", compiled=False)
     with compressing(model, spec):
         found[spec.format] = find_batch_size(model, batch_of, budget, max_batch=max_batch, autocast_dtype=b.autocast)
     return {"budget_bytes": budget, "max_batch": max_batch,
             "rows": [{"compression": k, "no_ac_batch": v.no_ac_batch, "full_ac_batch": v.autoac_batch,
-                      "autoac_plan": v.plan.summary()} for k, v in found.items()]}
+                      "no_ac_batch_capped": v.no_ac_batch >= v.max_batch, "full_ac_batch_capped": v.capped,
+                      "autoac_plan": plan_label(v.plan)} for k, v in found.items()]}
+
+
+def plan_label(plan) -> str:
+    """The plan's summary; one that checkpoints every block fully says it is full checkpointing."""
+    if plan is None:
+        return ""
+    return f"{plan.summary()} (= full checkpointing)" if plan.is_full_checkpointing() else plan.summary()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..autoac.solver import Plan, applied_plan
+from ..autoac import Plan, applied_plan
 from ..config import Preset, TrainConfig, get_preset, override
 from ..data.loader import EventDataset, make_loader
 from ..mfu.flops import step_flops
@@ -76,8 +76,8 @@ def strategy_config(b: Bench, strategy: str, plan: Plan | None = None, *, budget
     """The TrainConfig of a strategy (training's switches, so train.build_model applies it: AC
     before compile, as in training). `plan`: AutoAC's solved plan for "auto"."""
     compiled = b.train.compilation.enabled if compiled is None else compiled
-    if strategy == "pt2":
-        return override(b.train, compile=True, ac="pt2", ac_budget=budget, ac_compress="none")
+    if strategy == "memory_budget":
+        return override(b.train, compile=True, ac="memory_budget", ac_budget=budget, ac_compress="none")
     if strategy == "auto":
         return override(b.train, compile=compiled, ac="auto", ac_plan=plan.summary(), ac_compress=compress)
     return override(b.train, compile=compiled, ac=strategy, ac_budget=1.0, ac_plan="", ac_compress=compress)

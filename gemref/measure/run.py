@@ -15,7 +15,7 @@ import contextlib
 import json
 from pathlib import Path
 
-from ..autoac.solver import plan_record, saved_compression
+from ..autoac import plan_record, saved_compression
 from ..compile import compile_stats
 from ..config import Preset, TrainConfig
 from ..data.jagged import JaggedBatch

@@ -151,14 +151,14 @@ def block_kind(name: str) -> str:
 
 def recompute_flops(cfg: ModelConfig, lengths, choices: Mapping[str, str], *, jagged: bool,
                     kernel: str = "reference") -> int:
-    """Analytic FLOPs a checkpointing plan ({block name: option}, gemref/autoac/solver.py)
+    """Analytic FLOPs a checkpointing plan ({block name: option}, gemref/autoac/)
     recomputes in one training step (executed, not model, FLOPs).
 
     "full" reruns the block's forward (its components' executed forward FLOPs, per layer) up
     to the last op whose saved tensors backward reads: a non-reentrant checkpoint stops
     recomputing there (early stop), so the FFN down projection of a sequence block and the
     linear-compression einsum that ends an interaction block are not rerun; a cross block
-    ends in a gather that saves its index, so all of it is. "selective" saves every
+    ends in a gather that saves its index, so all of it is. "save_matmuls" saves every
     FLOP-costing op and recomputes none, "compressed" recomputes nothing either.
     HFU counts these FLOPs as executed; MFU never does.
     """

@@ -32,11 +32,9 @@ gemref's switches on such a model (tests/test_foreign_model.py, chapter 13):
     first called under FlopCounterMode is never compiled after it (torch 2.13: dynamo gives up on
     the frame), so `measure` counts a step's FLOPs after it ran; a compiled region that calls gdpa
     is counted the same as eager (tests/test_foreign_model.py).
-  * AutoAC does not apply: gemref/autoac finds its blocks as `model.layers[i].sequence |
-    interaction | cross` (`ac_blocks`, an AttributeError otherwise), profiles them on a
-    JaggedBatch through `step.forward_loss` and prices them with `model.cfg`'s analytic FLOPs;
-    a foreign model has none of these. torch.utils.checkpoint on the user's own regions is the
-    manual alternative.
+  * AutoAC: gemref/autoac takes the module paths the caller names and a closure that returns
+    the loss (`profile_blocks(model, ["head"], step)`, `solve`, `apply_plan`), so it applies to
+    a foreign model's own modules.
 """
 from __future__ import annotations
 

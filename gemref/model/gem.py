@@ -60,6 +60,11 @@ class GEMRef(nn.Module):
                           layer.cross.out.weight, layer.cross.summary.weight):
                     w.mul_(scale)
 
+    def checkpoint_blocks(self) -> list[str]:
+        """The module paths of the blocks AutoAC (gemref/autoac/) may checkpoint, in forward
+        order: "layers.{i}.sequence", "layers.{i}.interaction", "layers.{i}.cross" per layer."""
+        return [f"layers.{i}.{kind}" for i in range(len(self.layers)) for kind in ("sequence", "interaction", "cross")]
+
     def layout(self, batch: JaggedBatch) -> SequenceLayout:
         return SequenceLayout.build(batch.offsets, self.cfg.max_len, padded=not self.jagged,
                                     kernel=self.kernel)

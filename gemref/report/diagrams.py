@@ -153,11 +153,11 @@ def regions_diagram(title: str = "one GEM layer: what torch.compile compiles (bl
 
 def knapsack_diagram(blocks: Sequence[Mapping], plan: Mapping[str, str], base_bytes: int, budget_bytes: int,
                      title: str = "AutoAC's knapsack: bytes each block frees, and the plan") -> go.Figure:
-    """Per block, the bytes "selective" and "full" would free (bars) and the option the plan
+    """Per block, the bytes "save_matmuls" and "full" would free (bars) and the option the plan
     took (marked); the line is how many bytes the budget requires to be freed."""
     names = [b["name"] for b in blocks]
     fig = go.Figure()
-    for k, option in enumerate(("selective", "full")):
+    for k, option in enumerate(("save_matmuls", "full")):
         fig.add_trace(go.Bar(name=f"{option} frees", x=names, y=[b["freed_bytes"].get(option, 0) / 2**20 for b in blocks],
                              marker=dict(color=PALETTE[k], opacity=[1.0 if plan.get(n) == option else 0.35 for n in names])))
     need = max(0, base_bytes - budget_bytes) / 2**20

@@ -82,7 +82,7 @@ class RunRecord(MeterSummary):
     environment: dict[str, str | None]    # the knobs that change what runs (gemref/env.py KNOBS)
     compile: dict[str, Any] | None        # gemref/compile/apply.py CompileStats, None when not compiled
     ac_plan: dict[str, Any] | None        # the checkpointing plan applied, None when none
-    hfu_counts_recompute: bool            # False for PT2's budget: its partitioner recompute is not counted
+    hfu_counts_recompute: bool            # False for ac memory_budget: its partitioner's recompute is not counted
     device: DeviceInfo
     dtype: str                            # e.g. "fp32", "bf16-autocast", "mxfp8 (emulated)"
     precision: dict[str, Any]             # PrecisionReport.as_record()
@@ -151,7 +151,7 @@ def run_record(preset: Preset, train: TrainConfig, *, kernel: str, precision: Pr
         "environment": knobs(),
         "compile": compile,
         "ac_plan": ac_plan,
-        "hfu_counts_recompute": train.activation_checkpoint.mode != "pt2",
+        "hfu_counts_recompute": train.activation_checkpoint.mode != "memory_budget",
         "device": {"type": device.type, "name": device_name(device), "threads": torch.get_num_threads(),
                    "ranks": ranks},
         "dtype": precision_label(precision),

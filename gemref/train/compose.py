@@ -22,10 +22,9 @@ from torch import Tensor, nn
 
 from ..attention import resolve_model_kernel
 from ..attention.triton.variant import current_variant
+from ..autoac import applied_plan, apply_plan, auto_checkpoint, parse_plan
+from ..autoac.batch_search import batch_tensors
 from ..autoac.compress import CompressionSpec
-from ..autoac.profile import auto_checkpoint
-from ..autoac.regions import auto_checkpoint_regions
-from ..autoac.solver import ac_blocks, applied_plan, apply_plan, parse_plan
 from ..balance import SampleCost, loss_divisor
 from ..compile import compile_model, gemref_regions
 from ..config import DatasetFolder, Preset, TrainConfig, get_preset
@@ -37,6 +36,7 @@ from ..data.manifest import verified_shards
 from ..data.sampler import BalancedDistributedBatchSampler
 from ..data.shards import dataset_dir, ensure_dataset, shard_paths
 from ..env import resolve_device
+from ..errors import UsageError
 from ..mfu.flops import sample_cost_coefficients, step_flops
 from ..mfu.timing import StepRecord, timed_step
 from ..model import GEMRef, ranking_loss
@@ -135,24 +135,27 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
         from ..precision.fast_linear import use_fastest_cpu_gemms   # fastest measured path, in its dtype
         use_fastest_cpu_gemms(model, device, "bf16" if report.autocast_dtype == torch.bfloat16 else "fp32")
     compression = CompressionSpec(ac.compress) if ac.compress != "none" else None
+    if compression is not None and cfg.activation == "softmax":   # a compressed block compresses its attention too
+        raise UsageError("ac_compress stores attention's saved q, k, v and O in E4M3, which softmax attention's "
+                         "backward amplifies (gemref/autoac/compress.py): use a pointwise activation or "
+                         "ac_compress none")
+    blocks = model.checkpoint_blocks()          # AutoAC's candidates: GEMRef names its own blocks
     if ac.mode == "full":
-        apply_plan(model, {name: "full" for name in ac_blocks(model)})
+        apply_plan(model, {name: "full" for name in blocks})
     elif ac.mode == "auto" and ac.plan:          # planned already (e.g. by the waterfall, once per rung)
-        apply_plan(model, parse_plan(ac.plan, cfg.n_layers), compression=compression)
+        apply_plan(model, parse_plan(ac.plan, blocks), compression=compression)
     elif ac.mode == "auto":                      # profiled eagerly at the batch this rank runs
         batch = representative_batch(preset, per_rank, device, seed=train.seed)
-        options = ("full",) if train.compilation.enabled else ("selective", "full")
-        if compression is None:
-            auto_checkpoint(model, batch, ac.budget, options=options, autocast_dtype=report.autocast_dtype)
-        else:                  # one budget per block, "compressed" one more option for each
-            auto_checkpoint_regions(model, batch, ac.budget, compression, options=options,
-                                    autocast_dtype=report.autocast_dtype)
+        options = ("full",) if train.compilation.enabled else ("save_matmuls", "full")
+        auto_checkpoint(model, blocks, lambda: forward_loss(model, batch, report.autocast_dtype), ac.budget,
+                        options=options + (("compressed",) if compression else ()), compression=compression,
+                        inputs=batch_tensors(batch))
     elif compression is not None:   # no checkpointing: every block keeps its saved activations compressed
-        apply_plan(model, {name: "compressed" for name in ac_blocks(model)}, compression=compression)
+        apply_plan(model, {name: "compressed" for name in blocks}, compression=compression)
     if train.compilation.enabled:
         kinds = train.compilation.region_kinds    # GEMRef's kinds, named for compile_model
         compile_model(model, gemref_regions(model, kinds), loss=ranking_loss if "loss" in kinds else None,
-                      activation_memory_budget=ac.budget if ac.mode == "pt2" else None)
+                      activation_memory_budget=ac.budget if ac.mode == "memory_budget" else None)
     if tables.engine == "torchrec":   # TorchRec's tables (sharded by DMP over the ranks), gemref's dense layers
         from ..interop.sharders import use_torchrec_tables   # TorchRec is optional: imported only on use
         use_torchrec_tables(model, lr=train.lr, sharding=tables.torchrec_sharding, batch_size=per_rank,

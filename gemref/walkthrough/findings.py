@@ -104,11 +104,12 @@ def autoac_findings(sweep: dict, gain: dict | None) -> list[str]:
     and whether the larger batch bought throughput."""
     blocks = sweep["profile"]["blocks"]
     base = sweep["profile"]["base_bytes"]
-    selective = sum(b["freed_bytes"].get("selective", 0) for b in blocks)
+    # "selective": the name of save_matmuls in records written before it was renamed
+    matmuls = sum(b["freed_bytes"].get("save_matmuls", b["freed_bytes"].get("selective", 0)) for b in blocks)
     full = sum(b["freed_bytes"].get("full", 0) for b in blocks)
-    out = [f"Selective checkpointing (recompute nothing that costs FLOPs) frees {selective / base:.0%} of the "
-           f"no-checkpoint activation bytes; full checkpointing {full / base:.0%}: "
-           + ("most of the bytes are the outputs of cheap element-wise work." if selective > 0.5 * full else
+    out = [f"Checkpointing that saves every matmul's output (save_matmuls: recompute nothing that costs FLOPs) "
+           f"frees {matmuls / base:.0%} of the no-checkpoint activation bytes; full checkpointing {full / base:.0%}: "
+           + ("most of the bytes are the outputs of cheap element-wise work." if matmuls > 0.5 * full else
               "most of the bytes are outputs of FLOP-costing ops (matmuls, attention), which only a full "
               "recompute can drop.")]
     half = {r["strategy"]: r for r in sweep["rows"] if r["budget"] == 0.5 and "step_s" in r}
@@ -116,7 +117,7 @@ def autoac_findings(sweep: dict, gain: dict | None) -> list[str]:
         auto, full_row = half["auto"], half["full"]
         flops_word = "less" if auto["recompute_pct"] < full_row["recompute_pct"] else "no less"
         time_verdict = ratio_verdict(full_row["step_s"] / auto["step_s"])
-        out.append(f"At a 50% budget AutoAC recomputes {auto['recompute_pct']:.1f}% of the step's model FLOPs, "
+        out.append(f"At a 50% budget AutoAC (by time) recomputes {auto['recompute_pct']:.1f}% of the step's model FLOPs, "
                    f"full checkpointing {full_row['recompute_pct']:.1f}% ({flops_word}); its step runs "
                    f"{_x(full_row['step_s'] / auto['step_s'])} full checkpointing's speed: {time_verdict}. "
                    + ("Recompute FLOPs are not recompute time: the ops AutoAC reruns are cheap in FLOPs but not "
@@ -125,8 +126,10 @@ def autoac_findings(sweep: dict, gain: dict | None) -> list[str]:
     if gain:
         none_row, auto_row = gain["rows"]
         verdict = ratio_verdict(gain["samples_per_s_ratio"])
-        out.append(f"In the no-checkpoint step's memory the batch grows {none_row['batch_size']} -> "
-                   f"{auto_row['batch_size']}; samples/s {_x(gain['samples_per_s_ratio'])}: {verdict}"
+        who = "full checkpointing (AutoAC's plan there)" if gain.get("full_checkpointing") else "AutoAC"
+        cap = " (the search's cap, not a measured limit)" if gain.get("capped") else ""
+        out.append(f"In the no-checkpoint step's memory {who} grows the batch {none_row['batch_size']} -> "
+                   f"{auto_row['batch_size']}{cap}; samples/s {_x(gain['samples_per_s_ratio'])}: {verdict}"
                    + (f" (MFU {none_row['mfu']:.2%} -> {auto_row['mfu']:.2%})" if none_row["mfu"] is not None else "")
                    + ".")
     return out

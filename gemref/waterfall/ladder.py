@@ -39,8 +39,9 @@ RUNGS: tuple[RungSpec, ...] = (
              # ASSUMED: torch.compile fuses element-wise ops and launches: typically +15-25% on GPUs.
              dict(efficiency=0.42)),
     RungSpec(4, "autoac", "4 + AutoAC, larger batch", "--ac auto",
-             "AutoAC: checkpoint what a memory budget requires, spend the memory on a larger batch",
-             "gemref/autoac/solver.py",
+             "AutoAC: checkpoint what a memory budget requires, at the least measured recompute time, spend "
+             "the memory on a larger batch",
+             "gemref/autoac/",
              # ASSUMED: AutoAC recomputes ~1/3 of the forward of the checkpointed blocks and doubles the batch.
              dict(recompute=0.12, batch_scale=2.0)),
     RungSpec(5, "load_balance", "5 + load balance", "--balance kk",

@@ -15,7 +15,9 @@ plans in a fraction of kk's time at many ranks); `compressed_ac` runs rung 4 wit
 activations: its batch search asks for the largest batch whose step fits the budget with
 every block's saved activations in MXFP8 and nothing recomputed (instead of every block fully
 checkpointed, which recomputes the most), and its AutoAC then has "compressed" as one more
-option per block (ac_compress, gemref/autoac/regions.py). Full checkpointing still frees more
+option per block (ac_compress), solved by FLOPs (the batch it searched assumed nothing
+recomputed; solving by measured time could add recompute that search never counted, and
+makes the plan vary with the machine's load). Full checkpointing still frees more
 bytes per block than compression, so the plain rung may reach a larger batch; the waterfall
 shows which buys more throughput. `window` windows every rung's sequence attention
 (ModelConfig.window = max_len // WINDOW_FRACTION; `preset_with`). `torchrec` runs rung 6's
@@ -154,9 +156,11 @@ def _autoac(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     eager = override(train, compile=False, compile_regions="all", ac="none", ac_compress="none")
     model = build_model(ctx.preset, eager, ctx.device)[0]  # eager twin
     batch_of = lambda n: representative_batch(ctx.preset, n, ctx.device, seed=train.seed)  # noqa: E731
+    compressed = "compressed_ac" in ctx.options
     found = larger_batch(model, batch_of, step_bytes(model, batch_of(per_rank)), per_rank,
-                         compress=COMPRESSED_AC_FORMAT if "compressed_ac" in ctx.options else "none",
-                         options=("full",) if train.compilation.enabled else ("selective", "full"))
+                         compress=COMPRESSED_AC_FORMAT if compressed else "none",
+                         options=("full",) if train.compilation.enabled else ("save_matmuls", "full"),
+                         objective="flops" if compressed else "time")
     if isinstance(found, str):
         return f"n/a here: {found}"
     return override(train, ac="auto", ac_budget=found.budget_fraction, ac_compress=found.compress,

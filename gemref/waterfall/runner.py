@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..autoac.solver import plan_record
+from ..autoac import plan_record
 from ..config import Preset, TrainConfig
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches

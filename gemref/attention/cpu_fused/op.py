@@ -29,7 +29,7 @@ unavailable with the reason and kernel="auto" takes cpu_jagged.
 
 Like cpu_jagged, forward and backward are torch.library custom ops (attention/jagged_op.py:
 gemref::cpu_fused_fwd, gemref::cpu_fused_bwd) with fake implementations and FLOP formulas:
-torch.compile traces around one op, FlopCounterMode counts it, selective AC saves its output.
+torch.compile traces around one op, FlopCounterMode counts it, AutoAC's save_matmuls saves its output.
 The memory tracker sees the torch tensors the op allocates; the C++ workspace (per thread, 2
 or 5 x padded head dim x keys of one sequence) is not counted.
 """
