@@ -541,7 +541,10 @@ def test_the_best_rung_profile_script_accounts_for_the_best_rungs_step(record, t
     rows, out = record
     assert profile_main([str(out / "waterfall.json"), "--json", str(tmp_path / "p.json")]) == 0
     prof = json.loads((tmp_path / "p.json").read_text())
-    best = max((r for r in rows["rungs"] if r.get("mfu") is not None), key=lambda r: r["mfu"])
+    measured = [r for r in rows["rungs"] if r.get("mfu") is not None]
+    # a machine so busy that every window was contended has no MFU to rank by: the last rung that ran
+    best = max(measured, key=lambda r: r["mfu"]) if measured else \
+        [r for r in rows["rungs"] if r["status"] == "ran"][-1]
     assert prof["title"] == best["rung"] and prof["rung"] == best["key"] and "what 'other' is" in capsys.readouterr().out
     other = next(c for c in prof["classes"] if c["class"] == "other")
     assert sum(o["ms_per_step"] for o in prof["other_ops"]) == pytest.approx(other["ms_per_step"], rel=1e-6)
