@@ -79,3 +79,37 @@ def test_the_check_finds_a_moved_file(tmp_path):
     (tmp_path / "gemref" / "k.cpp").write_text("// shares planted.py's ideas; see common.h\n")
     assert dangling_references(tmp_path, ("gemref",)) == [
         ("gemref/k.cpp", "common.h"), ("gemref/planted.py", "gemref/ladder.py"), ("gemref/planted.py", "figures.py")]
+
+
+MARKDOWN_PATH = re.compile(r"(?<![\w/.-])((?:gemref|tests|docs|scripts|notebooks|benchmarks|data)/[\w./-]*[\w/])")
+
+
+def dangling_markdown_paths(repo: Path = ROOT) -> list[tuple[str, str]]:
+    """(page, path) for every repository path that README.md or a page of docs/ names and that does
+    not exist (paths are written from the repository root; `data/x.py` may be gemref's data package)."""
+    found = []
+    for page in [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]:
+        for match in MARKDOWN_PATH.finditer(page.read_text()):
+            path = match.group(1).rstrip(".")
+            if "<" in path or "*" in path or path.endswith("_") or path.startswith("data/generated"):
+                continue
+            if not (repo / path).exists() and not (path.startswith("data/") and (repo / "gemref" / path).exists()):
+                found.append((page.name, path))
+    return found
+
+
+def test_every_path_readme_and_docs_name_exists():
+    assert dangling_markdown_paths() == []
+
+
+def test_the_markdown_check_finds_a_missing_module(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "gemref").mkdir()
+    (tmp_path / "gemref" / "here.py").write_text("")
+    (tmp_path / "README.md").write_text("copy `gemref/here.py` and [x](gemref/gone.py).")
+    assert dangling_markdown_paths(tmp_path) == [("README.md", "gemref/gone.py")]
+
+
+def test_readme_is_short():
+    """A newcomer reads it in five minutes: at most 250 lines (details live in docs/ and benchmarks/)."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250
