@@ -562,3 +562,37 @@ def test_the_autoac_rung_builds_on_a_compile_rung_that_compiled_only_some_region
     out = by_key["autoac"].configure(start, Context(TINY, torch.device("cpu"), 2))
     assert isinstance(out, str) or (out.compilation.enabled and out.compilation.regions == "interaction"
                                     and out.activation_checkpoint.mode == "auto")
+
+
+def test_rung_changes_are_the_switches_each_rung_sets():
+    """The ladder as code (chapter 10): each row's recorded TrainConfig against the row before."""
+    from gemref.config import RECORD_VERSION, train_as_record
+    from gemref.waterfall.rows import rung_changes
+
+    base = get_preset("tiny").train
+    jagged = override(base, jagged=True)
+    fused = override(jagged, kernel="auto", batch_size=16)
+    rows = [{"rung": "0 baseline", "status": "ran", "vs_previous": 1.0, "config": {"train": train_as_record(base)}},
+            {"rung": "1 + jagged", "status": "ran", "vs_previous": 1.5, "config": {"train": train_as_record(jagged)}},
+            {"rung": "2 + skipped", "status": "n/a here: no GPU", "vs_previous": None},
+            {"rung": "3 + fused", "status": "ran", "vs_previous": 2.0, "config": {"train": train_as_record(fused)}}]
+    out = rung_changes(rows, RECORD_VERSION)
+    assert [r["changes"] for r in out] == [
+        "(the baseline)", "jagged: False -> True", "(n/a here: no GPU: no config recorded)",
+        f"batch_size: {base.batch_size} -> 16; kernel: {base.attention.kernel!r} -> 'auto'"]
+    assert out[1]["vs_previous"] == "1.50x" and out[2]["vs_previous"].startswith("N/A")
+
+
+def test_rungs_that_did_not_run_here_show_the_stored_row_labelled():
+    from gemref.walkthrough.headline import with_stored_rows
+
+    rows = [{"key": "baseline", "status": "ran", "mfu": 0.1}, {"key": "compile", "status": "skipped here: SKIP"},
+            {"key": "fsdp_2d", "status": "n/a here: one rank"}]
+    ref = {"record": {"rungs": [{"key": "baseline", "status": "ran", "mfu": 0.2},
+                                {"key": "compile", "status": "ran", "mfu": 0.3}]},
+           "measured_on": {"date_utc": "2026-12-06 00:41", "device": "AMD EPYC"}}
+    out = with_stored_rows(rows, ref)
+    assert [(r["mfu"] if "mfu" in r else None, r["source"]) for r in out] == [
+        (0.1, "measured here"), (0.3, "stored: 2026-12-06 00:41, AMD EPYC"), (None, "n/a here: one rank")]
+    assert [r["source"] for r in with_stored_rows(rows, None)] == ["measured here", "skipped here: SKIP",
+                                                                   "n/a here: one rank"]

@@ -44,6 +44,20 @@ def reference_waterfall(folder: Path | None = None) -> dict | None:
             "command": command_of(record)}
 
 
+def with_stored_rows(rows: list[dict], ref: dict | None) -> list[dict]:
+    """Every rung of the ladder: this run's row where it ran, else the reference's row of the same
+    rung (labelled stored, with its date and machine); each row gains "source"."""
+    stored = {r["key"]: r for r in ref["record"]["rungs"]} if ref else {}
+    label = f"stored: {ref['measured_on'].get('date_utc', '?')}, {ref['measured_on'].get('device', '?')}" if ref else ""
+    out = []
+    for r in rows:
+        if r["status"] == "ran" or r["key"] not in stored:
+            out.append({**r, "source": "measured here" if r["status"] == "ran" else r["status"]})
+        else:
+            out.append({**stored[r["key"]], "source": label})
+    return out
+
+
 def percent_rows(rows: list[dict]) -> list[dict]:
     """`waterfall.table_rows` with the MFUs as percentages (the table a reader reads)."""
     out = []

@@ -7,6 +7,7 @@ and notebook 10 print.
 """
 from __future__ import annotations
 
+from ..config import switch_values, train_from_record
 from ..report import fmt
 from .schedule import CONTENDED_BELOW, Round, Window
 from .stats import breakdown, chain, kept_windows, median_window, paired_ratio
@@ -152,4 +153,23 @@ def notes(record: dict) -> list[str]:
     out.append(f"measured {on['date_utc']} UTC on {on['device']} ({on['cpu_count']} CPUs, "
                f"{on['threads_per_rank']} thread(s) per rank), torch {on['torch']}, gemref {on['gemref']} "
                f"({(on['git_sha'] or 'no git')[:10]})")
+    return out
+
+
+def rung_changes(rows: list[dict], version: int) -> list[dict]:
+    """The ladder as code: per rung, the switches whose values differ from the rung before
+    ("name: old -> new", from each row's recorded TrainConfig), beside its measured gain. A rung
+    with no recorded config (not run here) says why. `version`: the waterfall record's."""
+    out, before = [], None
+    for r in rows:
+        stored = (r.get("config") or {}).get("train")
+        if stored is None:
+            out.append({"rung": r["rung"], "changes": f"({r.get('status', 'not run')}: no config recorded)",
+                        "vs_previous": _ratio(r, "vs_previous")})
+            continue
+        now = switch_values(train_from_record(stored, version))
+        changed = [f"{k}: {before[k]!r} -> {v!r}" for k, v in now.items() if before is not None and before[k] != v]
+        out.append({"rung": r["rung"], "changes": "; ".join(changed) if before is not None else "(the baseline)",
+                    "vs_previous": _ratio(r, "vs_previous")})
+        before = now
     return out
