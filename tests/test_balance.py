@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import assume, given, settings, strategies as st
 
-from gemref.balance import (POLICIES, SampleCost, calibrate, idle_fraction, imbalance, karmarkar_karp, loss_divisor,
+from gemref.balance import (POLICIES, SampleCost, calibrate, compare, explained_by, idle_fraction, imbalance, karmarkar_karp, loss_divisor,
                             lpt, partition, rank_loads, refine, round_robin, sample_costs, sorted_chunk)
 from gemref.balance.cost import _nnls
 from gemref.data.sampler import BalancedDistributedBatchSampler
@@ -398,3 +398,29 @@ def test_bench_balance_runs_and_records(tmp_path, capsys):
     assert sum(r["samples"] for r in record["measured_per_rank"] if r["policy"] == "kk") == 16
     assert "imbalance_worst" in capsys.readouterr().out
     assert main(["bench", "balance", "--ranks", "4", "--batch", "2"]) == 2
+
+
+def test_crossover_length_and_explained_by():
+    c = SampleCost(per_sample=5.0, per_token=900.0, per_token_sq=1.2)
+    assert c.crossover_length() == pytest.approx(750.0)
+    assert c.cost([750])[0] - 5.0 == pytest.approx(2 * 900.0 * 750)      # the two terms are equal there
+    assert SampleCost(per_token=1.0).crossover_length() is None
+    rng = np.random.default_rng(1)
+    lengths_list = [rng.integers(1, 512, size=int(rng.integers(2, 32))) for _ in range(10)]
+    times = [0.01 + 1e-9 * c.cost(L).sum() for L in lengths_list]
+    assert explained_by(c, lengths_list, times) == pytest.approx(1.0)    # the same cost, in another unit
+    flat = SampleCost(per_sample=1.0)                                      # counts only: misses the lengths
+    assert explained_by(flat, lengths_list, times) < 0.9
+    with pytest.raises(ValueError, match="explained_by needs"):
+        explained_by(c, lengths_list[:2], times[:2])
+
+
+def test_compare_kept_is_the_epoch_share_of_working_time():
+    rng = np.random.default_rng(2)
+    steps = rng.integers(1, 512, size=(6, 64))
+    cost = SampleCost(per_token=1.0, per_token_sq=0.01)
+    for row in compare(steps, cost, 8, ("round_robin", "lpt")):
+        plan = [partition(cost.cost(s), 8, row["policy"]) for s in steps]
+        loads = np.array([[cost.cost(s[p]).sum() for p in parts] for s, parts in zip(steps, plan)])
+        assert row["kept"] == pytest.approx(loads.mean(axis=1).sum() / loads.max(axis=1).sum())
+        assert row["kept"] <= row["of_optimum"] + 1e-12

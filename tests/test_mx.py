@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from gemref.precision.mx_reference import (ELEMENT_FORMATS, SCALE_MODES, block_stats, from_mx, mx_fake_quant,
-                       scale_exponents, to_mx)
+                                           rounding_sqnr_db, scaled_fake_quant, scaling_sqnr,
+                                           scale_exponents, to_mx)
 
 pytest.importorskip("torchao")
 from torchao.prototype.mx_formats.config import ScaleCalculationMode  # noqa: E402
@@ -185,11 +186,12 @@ def test_block_stats():
                    torch.cat([torch.tensor([500.0]), torch.ones(31)]),  # floor: 500 saturates
                    torch.cat([torch.tensor([1.0]), torch.full((31,), 2.0**-20)])])  # flushed
     stats = block_stats(x, 32, E4M3, "floor")
-    assert stats.sqnr_db[0] == math.inf and stats.saturated.tolist() == [0, 1, 0]
+    assert stats.sqnr_db[0] == math.inf and stats.at_max.tolist() == [0, 1, 0]
+    assert stats.clipped.tolist() == [0, 1, 0]
     assert stats.flushed.tolist() == [0, 0, 31]
     assert stats.exponent.tolist() == [7 - 8, 8 - 8, 0 - 8]
     assert stats.amax.tolist() == [2.0**7, 500.0, 1.0]
-    assert block_stats(x, 32, E4M3, "rceil").saturated[1] == 0
+    assert block_stats(x, 32, E4M3, "rceil").clipped[1] == 0
 
 
 def test_fake_quant_keeps_dtype_and_shape():
@@ -218,3 +220,29 @@ def test_bad_inputs():
     scale, elements = to_mx(torch.randn(2, 64))
     with pytest.raises(ValueError, match=r"elements shape \(2, 64\) does not match scale shape \(2, 2\)"):
         from_mx(scale, elements, block_size=16)
+
+
+def test_rounding_sqnr_matches_round_to_nearest_on_log_uniform_values():
+    # log-uniform significands over many octaves, all inside E4M3's normal range after no scaling
+    g = torch.Generator().manual_seed(0)
+    x = torch.exp2(torch.rand(200_000, generator=g, dtype=torch.float64) * 8 - 4).float()
+    q = x.to(E4M3).float()
+    measured = 20 * math.log10(x.double().norm() / (x.double() - q.double()).norm())
+    assert rounding_sqnr_db(3) == pytest.approx(32.2, abs=0.05)
+    assert measured == pytest.approx(rounding_sqnr_db(3), abs=0.3)
+    assert rounding_sqnr_db(4) - rounding_sqnr_db(3) == pytest.approx(20 * math.log10(2))
+
+
+def test_mx_keeps_the_blocks_a_per_tensor_scale_flushes():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 256, generator=g) * torch.logspace(-4, 0, 16)[:, None]
+    x[3, 40] = 60.0
+    by = {r["scaling"]: r for r in scaling_sqnr(x)}
+    assert by["mx"]["block_sqnr_worst_db"] > 25 > by["row"]["block_sqnr_worst_db"] > by["tensor"]["block_sqnr_worst_db"]
+    assert by["mx"]["flushed"] < by["row"]["flushed"] < by["tensor"]["flushed"]
+    # a well-scaled tensor: every granularity near the rounding SQNR
+    y = torch.randn(8, 64, generator=g)
+    for r in scaling_sqnr(y):
+        assert abs(r["block_sqnr_median_db"] - rounding_sqnr_db(3)) < 2.5, r
+    with pytest.raises(ValueError, match="granularity"):
+        scaled_fake_quant(y, "column")

@@ -1,10 +1,11 @@
 """The seed band (gemref/report/seed_band.py) against hand arithmetic, and its errors."""
 import math
+import statistics
 
 import pytest
 
 from gemref.errors import UsageError
-from gemref.report.seed_band import difference_tolerance, seed_band, seed_band_rows
+from gemref.report.seed_band import K_SE, difference_tolerance, paired_difference, seed_band, seed_band_rows
 
 REF = [1.0, 2.0, 3.0]           # mean 2, sample sd 1
 
@@ -50,3 +51,22 @@ def test_bad_input_is_a_clear_usage_error():
         difference_tolerance(REF, variant_seeds=0)
     with pytest.raises(UsageError, match=r"reference 'bf16' is not among \['fp32'\]"):
         seed_band_rows({"fp32": REF}, "bf16")
+
+
+def test_paired_difference_cancels_the_seed_spread():
+    # seeds spread by 0.1, the variant shifts every seed by +0.01 with a little noise of its own
+    reference = [0.70, 0.80, 0.90, 0.75]
+    variant = [r + 0.01 + e for r, e in zip(reference, [0.001, -0.001, 0.0005, -0.0005])]
+    pd = paired_difference(reference, variant)
+    assert pd.mean == pytest.approx(0.01) and pd.largest == pytest.approx(0.011)
+    assert pd.low > 0 and pd.high < 0.02                       # the effect is resolved seed by seed
+    band = seed_band(reference, variant)
+    assert band.within and band.tolerance > 10 * pd.half_width  # the unpaired band cannot see it
+    assert pd.half_width == pytest.approx(K_SE * statistics.stdev([v - r for r, v in zip(reference, variant)]) / 2)
+
+
+def test_paired_difference_errors():
+    with pytest.raises(UsageError, match="one variant value per reference seed"):
+        paired_difference([1.0, 2.0, 3.0], [1.0, 2.0])
+    with pytest.raises(UsageError, match="at least 2"):
+        paired_difference([1.0], [1.0])

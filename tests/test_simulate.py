@@ -19,7 +19,8 @@ from gemref.simulate.cost_model import HardwareProfile, LinkTier, collective_tim
 from gemref.simulate.projection import LADDER, Options, draw_batches, load_stats, project
 from gemref.simulate.step_model import comm_rows, exposed_only, one_step, predict_step, with_sm_shares
 from gemref.simulate.summary import (compare_transports, contention_findings, findings, load_waterfall, measured_mfu,
-                                     mfu_at, parse_mfu_assumption, required_local_mfu, rung_deltas)
+                                     mfu_at, parse_mfu_assumption, required_local_mfu, rung_deltas,
+                                     rung_that_matters)
 from gemref.simulate.validate import fit_tier
 
 FREE = LinkTier("free", 0.0, math.inf, "no cost")
@@ -167,7 +168,11 @@ def test_ladder_at_scale_large_preset():
     deltas = rung_deltas(rows, 64)
     assert sum(d["delta"] for d in deltas) == pytest.approx(top[-1]["mfu"] - top[0]["mfu"])
     assert required_local_mfu(top[-1], 0.99) is None               # comm alone rules that out
-    assert len(findings(rows)) == 5
+    assert len(findings(rows)) == 6
+    matters = rung_that_matters(rows, 64)                          # only configurations that fit are ranked
+    assert top[0]["rung"] in matters["not_fitting"]
+    for pick in (matters["largest"], matters["grows_most"]):
+        assert pick is None or pick["fits"] is not False
 
 
 # ----------------------------------------------------------------------------- SM contention

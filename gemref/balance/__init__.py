@@ -16,7 +16,8 @@ grad_reduce)` on every rank. tests/test_balance.py does exactly that on a model 
 define (tests/my_rec.py).
 """
 from .compare import compare, epoch_plan, exchange_bytes
-from .cost import Calibration, CostLike, SampleCost, calibrate, check_costs, check_lengths, sample_costs
+from .cost import (Calibration, CostLike, SampleCost, calibrate, check_costs, check_lengths,
+                   explained_by, sample_costs)
 from .partition import (ALIASES, KK_MAX_WORK, LOCAL, POLICIES, Partition, check_policy, closest_subset, displacement,
                         idle_fraction, imbalance, karmarkar_karp, kk_refined, local_rank_batches, local_schedule,
                         loss_divisor, lpt, partition, rank_loads, refine, round_robin, sorted_chunk)

@@ -6,6 +6,8 @@ A step's time is its most loaded rank's cost (every rank waits for it at the gra
 all-reduce), so the figures are per step, then over the epoch (one row per policy):
   imbalance      max / mean rank cost of a step, median over steps (1.0 = perfect); _worst: max
   idle           share of rank-time spent waiting for the straggler, median over steps
+  kept           sum over steps of the mean rank cost / sum of the max: the share of the ranks'
+                 time spent working over the epoch, i.e. of single-device MFU data parallelism keeps
   lower_bound    max(dearest sample, mean rank cost) / mean rank cost, median over steps: no
                  split of that batch can do better
   of_optimum     sum over steps of that bound's max / this policy's: a conservative share of
@@ -97,6 +99,7 @@ def compare(lengths_steps, cost: CostLike, ranks: int, policies: Sequence[str] =
             "policy": policy, "ranks": ranks, "per_rank_batch": G // ranks,
             "imbalance": float(np.median(ratio)), "imbalance_worst": float(ratio.max()),
             "idle": float(np.median(idle)),
+            "kept": float(mean.sum() / top.sum()) if top.sum() > 0 else 1.0,
             "lower_bound": statistics.median((step_bound / np.where(mean > 0, mean, 1)).tolist()),
             "of_optimum": bound / totals[policy] if totals[policy] > 0 else 1.0,
             "of_kk": totals["kk"] / totals[policy] if "kk" in totals and totals[policy] > 0 else None,

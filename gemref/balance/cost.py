@@ -71,6 +71,11 @@ class SampleCost:
         L = check_lengths(lengths).astype(np.float64)
         return self.per_sample + self.per_token * L + self.per_token_sq * L * L
 
+    def crossover_length(self) -> float | None:
+        """The length L at which the L^2 term equals the L term (per_token / per_token_sq): above it
+        a sample's attention costs more than its per-event work; None without an L^2 term."""
+        return self.per_token / self.per_token_sq if self.per_token_sq > 0 else None
+
 
 @dataclass(frozen=True)
 class Calibration:
@@ -147,3 +152,15 @@ def calibrate(lengths_list: Sequence, measured_times: Sequence[float], per_step:
     total = float(np.sum((times - times.mean()) ** 2))
     r2 = 1.0 - float(np.sum((fit - times) ** 2)) / total if total > 0 else 1.0
     return Calibration(SampleCost(*x[:3]), float(x[3]) if per_step else 0.0, float(rel), r2)
+
+
+def explained_by(cost: CostLike, lengths_list: Sequence, measured_times: Sequence[float]) -> float:
+    """R^2 of measured step times against time = a + k x (the batch's summed `cost`), a and k >= 0
+    fitted: how much of the measured times a cost in another unit (FLOPs, say) explains."""
+    times = check_costs(measured_times, "measured_times")
+    if len(lengths_list) != len(times) or len(times) < 3:
+        raise ValueError(f"explained_by needs >= 3 batches and one time each, got {len(lengths_list)} and {len(times)}")
+    A = np.array([[float(sample_costs(cost, L).sum()), 1.0] for L in lengths_list])
+    fit = A @ _nnls(A, times)
+    total = float(np.sum((times - times.mean()) ** 2))
+    return 1.0 - float(np.sum((fit - times) ** 2)) / total if total > 0 else 1.0

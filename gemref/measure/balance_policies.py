@@ -119,31 +119,40 @@ def measure_policies(preset: str, max_len: int, steps: list[np.ndarray], cost: S
     return per_rank, summary
 
 
-def calibrate_gem(preset: str, max_len: int, pool: np.ndarray, n_batches: int = 16, reps: int = 2,
-                  seed: int = 0) -> Calibration:
-    """Time the GEM training step (`step.train_step`) on batches of varied size and length mix
-    from `pool`; fit a SampleCost in seconds.
+def time_gem_steps(preset: str, max_len: int, pool: np.ndarray, n_batches: int = 16, reps: int = 2,
+                   seed: int = 0, max_batch: int = 32) -> tuple[list[np.ndarray], list[float]]:
+    """Time the GEM training step (`step.train_step`) on `n_batches` batches of 2..`max_batch`
+    samples drawn from the lengths `pool` (varied size and length mix). Returns (each batch's
+    lengths, its median step seconds over `reps` runs after one warm-up).
 
     Times are this thread's CPU time with one torch thread (as on every rank), so other
-    processes sharing the cores do not distort the fit.
+    processes sharing the cores do not distort them.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     model, optimizer = gem_model(preset, max_len)
     rng = np.random.default_rng(seed)
     lengths_list, times = [], []
-    for k in range(n_batches):
-        lengths = rng.choice(pool, size=int(rng.integers(2, 33)))
-        batch = batch_with_lengths(model.cfg, lengths, seed=k)
-        samples = []
-        for _ in range(reps + 1):   # first run is warm-up
-            t0 = time.thread_time()
-            train_step(model, optimizer, batch)
-            samples.append(time.thread_time() - t0)
-        lengths_list.append(lengths)
-        times.append(statistics.median(samples[1:]))
-    torch.set_num_threads(threads)
-    return calibrate(lengths_list, times)
+    try:
+        for k in range(n_batches):
+            lengths = rng.choice(pool, size=int(rng.integers(2, max_batch + 1)))
+            batch = batch_with_lengths(model.cfg, lengths, seed=k)
+            samples = []
+            for _ in range(reps + 1):   # first run is warm-up
+                t0 = time.thread_time()
+                train_step(model, optimizer, batch)
+                samples.append(time.thread_time() - t0)
+            lengths_list.append(lengths)
+            times.append(statistics.median(samples[1:]))
+    finally:
+        torch.set_num_threads(threads)
+    return lengths_list, times
+
+
+def calibrate_gem(preset: str, max_len: int, pool: np.ndarray, n_batches: int = 16, reps: int = 2,
+                  seed: int = 0) -> Calibration:
+    """`time_gem_steps`, then a SampleCost in seconds fitted to those times (`balance.calibrate`)."""
+    return calibrate(*time_gem_steps(preset, max_len, pool, n_batches, reps, seed))
 
 
 def calibration_record(fit: Calibration) -> dict:

@@ -70,6 +70,39 @@ def seed_band(reference: Sequence[float], variant: Sequence[float], k: float = K
                     reference_sd=statistics.stdev(ref), tolerance=difference_tolerance(ref, k, len(var)), k=k)
 
 
+@dataclass(frozen=True)
+class PairedDifference:
+    """variant - reference seed by seed (same seed: same initial weights and batches)."""
+    mean: float                 # mean of the per-seed differences
+    sd: float                   # their sample standard deviation
+    largest: float              # the largest |difference| of one seed
+    half_width: float           # k standard errors of the mean difference
+    k: float
+
+    @property
+    def low(self) -> float:
+        return self.mean - self.half_width
+
+    @property
+    def high(self) -> float:
+        return self.mean + self.half_width
+
+
+def paired_difference(reference: Sequence[float], variant: Sequence[float], k: float = K_SE) -> PairedDifference:
+    """The variant's effect measured seed by seed: the mean of variant[i] - reference[i] and its
+    k-standard-error interval. Seed-to-seed spread cancels in each pair, so this interval is far
+    narrower than the unpaired band (`seed_band`) and says how large the variant's own effect is."""
+    ref, var = _checked(reference, "reference", 2), _checked(variant, "variant", 2)
+    if len(ref) != len(var):
+        raise UsageError(f"a paired difference needs one variant value per reference seed: {len(var)} vs {len(ref)}")
+    if not k > 0:
+        raise UsageError(f"k (standard errors) must be > 0, got {k}")
+    d = [v - r for r, v in zip(ref, var)]
+    sd = statistics.stdev(d)
+    return PairedDifference(mean=statistics.mean(d), sd=sd, largest=max(abs(x) for x in d),
+                            half_width=k * sd / math.sqrt(len(d)), k=k)
+
+
 def seed_band_rows(values: Mapping[str, Sequence[float]], reference: str, k: float = K_SE) -> list[dict]:
     """One table row per label of `values` (label -> one value per seed): its seeds, mean,
     standard deviation, min and max, and (None on the reference's own row) its difference of means

@@ -42,7 +42,8 @@ the same two factors the waterfall measures (gemref/waterfall/stats.py).
 * table replicas: gemref all-reduces the held table rows every step; `table_sync_every` K
   is a what-if that synchronises the replicas every K steps instead (1/K per step).
 * fits: parameters + gradients + AdamW state per rank (parallel/memory.py) below the GPU's
-  memory; activations are not counted.
+  memory; activations are not counted. state_gb and memory_gb are decimal GB (1e9 bytes; 1 GiB =
+  1.074 GB).
 
 Not modelled: activation memory, congestion, NCCL's protocols and NVLink SHARP, stragglers other
 than load imbalance, data loading, pipelined embedding lookups. What dominates the result: the
@@ -261,6 +262,7 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
                          "peak_flops": peak.flops, "transport": options.transport,
                          "collective_sms": options.collective_sms, "sm_share": options.sm_share,
                          "table_sync_every": options.table_sync_every,
-                         "state_gb": state / 1e9, "fits": None if memory is None else state < memory,
+                         "state_gb": state / 1e9, "memory_gb": None if memory is None else memory / 1e9,
+                         "fits": None if memory is None else state < memory,
                          "collectives": coll})
     return rows

@@ -50,28 +50,46 @@ def mfu_pivot(rows: list[dict]) -> list[dict]:
 
 
 def rung_deltas(rows: list[dict], gpus: int) -> list[dict]:
-    """MFU each rung adds over the previous one at `gpus`, and at the smallest GPU count projected."""
+    """MFU each rung adds over the previous one at `gpus`, and at the smallest GPU count projected;
+    `fits` (the rung's state fits the GPU's memory at `gpus`; None where the profile has no memory)."""
     here, low = at(rows, gpus), at(rows, min(r["gpus"] for r in rows))
-    return [{"rung": h["rung"], "key": h["key"], "mfu": h["mfu"],
+    return [{"rung": h["rung"], "key": h["key"], "mfu": h["mfu"], "fits": h.get("fits"),
+             "fits_at_min": l.get("fits"),
              "delta": h["mfu"] - here[i - 1]["mfu"] if i else 0.0,
              "delta_at_min": l["mfu"] - low[i - 1]["mfu"] if i else 0.0}
             for i, (h, l) in enumerate(zip(here, low))]
 
 
+def fitting(rows: list[dict]) -> list[dict]:
+    """The rows whose configuration fits the GPU's memory (`fits` not False): the only ones ranked."""
+    return [r for r in rows if r.get("fits") is not False]
+
+
 def rung_that_matters(rows: list[dict], gpus: int) -> dict:
-    """The rung with the largest MFU gain at `gpus`, and the one whose gain grows most with scale."""
-    deltas = rung_deltas(rows, gpus)[1:]
-    top = max(deltas, key=lambda d: d["delta"])
-    scale = max(deltas, key=lambda d: d["delta"] - d["delta_at_min"])
-    return {"largest": top, "grows_most": scale}
+    """Among configurations that fit, the rung with the largest MFU gain at `gpus`, and the one whose
+    gain grows most with scale. A gain counts only where the rung and the rung before it both fit
+    (at `gpus`, and for growth also at the smallest GPU count): a projected MFU of a configuration
+    that does not fit the GPU is not a run anyone can make. Each is None where no such pair exists
+    (grows_most also where no such gain grows); `not_fitting` names the rungs left out at `gpus`."""
+    deltas = rung_deltas(rows, gpus)
+    pairs = [d for prev, d in zip(deltas, deltas[1:]) if prev["fits"] is not False and d["fits"] is not False]
+    grown = [d for prev, d in zip(deltas, deltas[1:]) if d in pairs and prev["fits_at_min"] is not False
+             and d["fits_at_min"] is not False]
+    return {"largest": max(pairs, key=lambda d: d["delta"]) if pairs else None,
+            "grows_most": max(grown, key=lambda d: d["delta"] - d["delta_at_min"])
+            if grown and max(d["delta"] - d["delta_at_min"] for d in grown) > 0 else None,
+            "not_fitting": [d["rung"] for d in deltas if d["fits"] is False]}
 
 
 def gem_band(rows: list[dict], gpus: int, band=GEM_MFU_BAND) -> dict:
-    """Where GEM's public MFU band lands at `gpus`: the rungs inside it and the first reaching it."""
+    """Where GEM's public MFU band lands at `gpus`: the rungs that fit and land inside it, and the
+    first fitting rung to reach it (a configuration that does not fit is never counted)."""
     here = at(rows, gpus)
-    return {"gpus": gpus, "band": tuple(band), "inside": [r["rung"] for r in here if band[0] <= r["mfu"] <= band[1]],
-            "first_reaching": next((r["rung"] for r in here if r["mfu"] >= band[0]), None),
-            "baseline_mfu": here[0]["mfu"], "full_ladder_mfu": here[-1]["mfu"]}
+    ok = fitting(here)
+    return {"gpus": gpus, "band": tuple(band), "inside": [r["rung"] for r in ok if band[0] <= r["mfu"] <= band[1]],
+            "first_reaching": next((r["rung"] for r in ok if r["mfu"] >= band[0]), None),
+            "baseline_mfu": here[0]["mfu"], "full_ladder_mfu": here[-1]["mfu"],
+            "not_fitting": [r["rung"] for r in here if r.get("fits") is False]}
 
 
 def mfu_at(row: dict, local_mfu: float) -> float:
@@ -162,16 +180,27 @@ def findings(rows: list[dict], band=GEM_MFU_BAND) -> list[str]:
     need = ("no local MFU <= 100% gets it there" if lo is None else
             f"it needs a local MFU of {lo:.0%}-{hi:.0%}" if hi is not None else f"it needs >= {lo:.0%}")
     by_kind = sorted(top["exposed_by_kind"].items(), key=lambda kv: -kv[1])
+    unfit = at(rows, gpus)[0]
+    largest, grows = m["largest"], m["grows_most"]
     lines = [
         f"At {gpus} GPUs: baseline {g['baseline_mfu']:.1%} MFU, full ladder {g['full_ladder_mfu']:.1%}. "
         f"GEM's {band[0]:.0%}-{band[1]:.0%} band: " + (
-            f"rungs inside it: {', '.join(g['inside'])}" if g["inside"] else "no rung lands inside it")
-        + (f"; first rung at or above {band[0]:.0%}: {g['first_reaching']}" if g["first_reaching"] else "") + ".",
+            f"rungs that fit and land inside it: {', '.join(g['inside'])}" if g["inside"]
+            else "no rung that fits lands inside it")
+        + (f"; first fitting rung at or above {band[0]:.0%}: {g['first_reaching']}" if g["first_reaching"] else "")
+        + ".",
+        (f"Rungs {', '.join(g['not_fitting'])} do not fit at {gpus} GPUs (the baseline's state: "
+         f"{unfit['state_gb']:.0f} GB = {unfit['state_gb'] * 1e9 / 2 ** 30:.0f} GiB per GPU"
+         + (f" against {unfit['memory_gb']:.0f} GB" if unfit.get("memory_gb") else "") + "): their MFU is "
+         "projected, never ranked." if g["not_fitting"] else f"Every rung fits at {gpus} GPUs."),
         f"For the full ladder to land in the band {need} (here: {top['local_mfu']:.0%}, {top['local_mfu_source']}; "
         f"scaling ratio {top['scaling_ratio']:.2f}).",
-        f"Largest MFU gain at {gpus} GPUs: {m['largest']['rung']} ({m['largest']['delta']:+.1%}); the gain that "
-        f"grows most with scale: {m['grows_most']['rung']} ({m['grows_most']['delta_at_min']:+.1%} at "
-        f"{min(r['gpus'] for r in rows)} GPUs, {m['grows_most']['delta']:+.1%} at {gpus}).",
+        (f"Largest MFU gain at {gpus} GPUs among rungs that fit (with the rung before them): {largest['rung']} "
+         f"({largest['delta']:+.1%})" if largest else
+         f"No rung that fits at {gpus} GPUs follows another that fits: no gain to rank") + "; " + (
+            f"the gain that grows most with scale: {grows['rung']} ({grows['delta_at_min']:+.1%} at "
+            f"{min(r['gpus'] for r in rows)} GPUs, {grows['delta']:+.1%} at {gpus})." if grows else
+            "no gain of a fitting rung (after a fitting rung, at both GPU counts) grows with scale."),
         f"Full ladder at {gpus} GPUs: compute {top['compute_s']:.3g} s, imbalance bubble {top['bubble_s']:.3g} s, "
         f"exposed comm {top['exposed_s']:.3g} s (largest: {by_kind[0][0]} {by_kind[0][1]:.3g} s), SM slowdown of the "
         f"overlapped compute {top['sm_slowdown_s']:.3g} s; of its {top['comm_s']:.3g} s of collectives "

@@ -221,3 +221,68 @@ def engines_findings(result: dict, readable_lines: int | None = None) -> list[st
             " This TorchRec's DMPCollection did not refuse a CPU device.")
     out.append(why)
     return out
+
+
+def scaling_findings(rows: list[dict], theory_db: float) -> list[str]:
+    """Chapter 09: per-tensor, per-row and per-block (MX) scaling of one tensor
+    (`precision.mx_reference.scaling_sqnr` rows), against the rounding SQNR `theory_db`."""
+    by = {r["scaling"]: r for r in rows}
+    mx, tensor = by["mx"], by["tensor"]
+    better = mx["block_sqnr_worst_db"] > tensor["block_sqnr_worst_db"] and mx["flushed"] <= tensor["flushed"]
+    return [
+        f"Rounding to E4M3's 3 mantissa bits alone gives {theory_db:.1f} dB; the median block here keeps "
+        f"{mx['block_sqnr_median_db']:.1f} dB under MX scaling and {tensor['block_sqnr_median_db']:.1f} dB under one "
+        "scale per tensor.",
+        f"Worst block: {tensor['block_sqnr_worst_db']:.1f} dB with one scale per tensor "
+        f"({tensor['flushed']} values flushed to zero), {by['row']['block_sqnr_worst_db']:.1f} dB per row "
+        f"({by['row']['flushed']} flushed) and {mx['block_sqnr_worst_db']:.1f} dB with MX's 32-value blocks "
+        f"({mx['flushed']} flushed): " + ("MX keeps the small blocks that a shared scale loses." if better else
+                                          "MX does not beat one scale per tensor on this tensor."),
+        f"The whole tensor's SQNR, weighted by its largest values, barely tells them apart: "
+        f"{tensor['tensor_sqnr_db']:.1f} dB per tensor, {by['row']['tensor_sqnr_db']:.1f} dB per row, "
+        f"{mx['tensor_sqnr_db']:.1f} dB MX.",
+    ]
+
+
+def paired_findings(name: str, reference: str, band, paired) -> str:
+    """Chapter 09: a variant's eval loss against the reference's, seed by seed (`report.seed_band.
+    paired_difference`) and against the unpaired seed band (`seed_band`)."""
+    inside = -band.tolerance <= paired.low and paired.high <= band.tolerance
+    return (f"{name} - {reference}, seed by seed (same initial weights and batches): mean {paired.mean:+.4f} "
+            f"({paired.mean / band.reference_mean:+.2%}), largest {paired.largest:.4f}, {paired.k:g}-standard-error "
+            f"interval {paired.low:+.4f}..{paired.high:+.4f}; " + (
+                f"inside {reference}'s seed-to-seed band of +-{band.tolerance:.4f}: the precision moves the loss less "
+                "than changing the seed does." if inside else
+                f"NOT inside {reference}'s seed-to-seed band of +-{band.tolerance:.4f}."))
+
+
+def cost_terms_findings(cost, max_len: int, median_len: float) -> list[str]:
+    """Chapter 06: where a sample's quadratic (attention) term overtakes its linear one, against
+    the preset's max_len (`balance.SampleCost.crossover_length`)."""
+    cross = cost.crossover_length()
+    if cross is None:
+        return ["The cost has no quadratic term: a sample's cost grows linearly with its length."]
+    at_max = cost.per_token_sq * max_len ** 2 / cost.cost([max_len])[0]
+    at_med = cost.per_token_sq * median_len ** 2 / cost.cost([int(median_len)])[0]
+    where = ("beyond this preset's max_len of %d, so no sample here is dominated by attention: the tail costs more "
+             "mostly because it is longer" % max_len) if cross > max_len else (
+             "inside this preset's max_len of %d: the longest samples are dominated by attention" % max_len)
+    return [f"The L^2 term overtakes the L term at L = {cost.per_token:.3g} / {cost.per_token_sq:.3g} = {cross:.0f} "
+            f"events, {where}; at max_len it is {at_max:.0%} of a sample's cost, at the median length "
+            f"({median_len:.0f}) {at_med:.0%}."]
+
+
+def calibration_findings(fit, flops_r2: float) -> list[str]:
+    """Chapter 06: the quadratic cost fitted to measured step times (`balance.calibrate`), and how
+    much of those times the FLOP-priced cost explains (`balance.explained_by`)."""
+    c = fit.cost
+    terms = (f"{fit.per_step * 1e3:.2f} ms per step + {c.per_sample * 1e6:.1f} us per sample + "
+             f"{c.per_token * 1e6:.3f} us per event + {c.per_token_sq * 1e9:.4f} ns per event^2")
+    if c.per_token > 0 and c.per_token_sq > 0:
+        split = f"; its L^2 term overtakes its L term at L = {c.crossover_length():.0f}"
+    else:
+        split = ("; one of the L and L^2 terms fitted to 0 (over these batches the two columns are nearly "
+                 "collinear, so how the length-dependent time splits between them is not determined)")
+    return [f"Fitted to the measured steps: {terms}, R^2 {fit.r2:.3f} (RMS error {fit.rel_rms_error:.1%}){split}.",
+            f"The FLOP-priced cost above (one scale and a fixed time per step fitted) explains the same times with "
+            f"R^2 {flops_r2:.3f}, against the free fit's {fit.r2:.3f}."]
