@@ -77,7 +77,7 @@ class RowWiseAdagrad:
             raise ValueError(f"RowWiseAdagrad needs lr > 0, eps > 0 and sync_interval >= 1, got {lr}, {eps}, "
                              f"{sync_interval}")
         self.lr, self.eps, self.sync_interval = lr, eps, sync_interval
-        self.tables, self.steps, self.syncs = found, 0, 0
+        self.tables, self.steps, self.syncs, self.synced_bytes = found, 0, 0, 0   # synced_bytes: all-reduced so far
         self.state: dict[int, Tensor] = {}        # id(table) -> (local rows,) accumulator
         self._stash: dict[int, list[tuple[Tensor, Tensor]]] = {}
         self._queued = False
@@ -154,6 +154,7 @@ class RowWiseAdagrad:
         if not parts:
             return
         flat = torch.cat([p.reshape(-1) for p in parts])
+        self.synced_bytes += flat.numel() * flat.element_size()
         dist.all_reduce(flat, group=sharded[0].replicate_group)
         flat /= sharded[0].replicas
         torch._foreach_copy_(parts, [f.view_as(p) for f, p in zip(flat.split([p.numel() for p in parts]), parts)])
