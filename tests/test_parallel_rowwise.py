@@ -319,3 +319,46 @@ def test_myrec_rowwise_tables_match_one_process_at_sync_interval_1():
             for name, value in params.items():
                 err = float((value - reference[name]).abs().max())
                 assert err < 1e-5, (mesh_spec, name, err)
+
+
+# ----------------------------------------------------------------------------- the switches, GEMRef's path
+
+
+def test_table_switches_are_checked():
+    from gemref.config import get_preset, override
+    from gemref.errors import UsageError
+
+    base = get_preset("tiny").train
+    with pytest.raises(UsageError, match="table_sync_interval=10 is read only with table_optimizer='rowwise_adagrad'"):
+        override(base, table_sync_interval=10)
+    with pytest.raises(UsageError, match="table_sync_interval must be >= 1"):
+        override(base, table_optimizer="rowwise_adagrad", table_sync_interval=0)
+    with pytest.raises(UsageError, match="TorchRec's tables train with its own"):
+        override(base, table_optimizer="rowwise_adagrad", embeddings="torchrec")
+    with pytest.raises(UsageError, match="does not save checkpoints yet"):
+        override(base, table_optimizer="rowwise_adagrad", checkpoint_dir="x", checkpoint_every=1)
+    with pytest.raises(UsageError, match="table_optimizer"):
+        override(base, table_optimizer="adagrad")
+
+
+def test_gemref_one_process_steps_only_touched_rows_and_keeps_tables_out_of_adamw():
+    from gemref.config import get_preset, override
+    from gemref.data.batches import representative_batch
+    from gemref.step import train_step
+    from gemref.train.compose import build_model, make_optimizer
+
+    preset = get_preset("tiny")
+    train = override(preset.train, table_optimizer="rowwise_adagrad")
+    model, _, _ = build_model(preset, train, torch.device("cpu"))
+    optimizer = make_optimizer(model, train)
+    adamw = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    assert not any(id(p) in adamw for p in model.tables.parameters())
+    batch = representative_batch(preset, 8, torch.device("cpu"), seed=0)
+    before = {n: t.weight.detach().clone() for n, t in model.tables.items()}
+    train_step(model, optimizer, batch)
+    item = model.tables["item"].weight.detach()
+    touched = torch.zeros(item.shape[0], dtype=torch.bool)
+    touched[torch.cat([batch.values[:, 0], batch.ad_ids])] = True
+    assert torch.equal(item[~touched], before["item"][~touched])
+    assert bool((item[touched] != before["item"][touched]).any(1).all())
+    assert all(t.weight.grad is None for t in model.tables.values())

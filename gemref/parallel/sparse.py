@@ -12,12 +12,14 @@ weights with sum) on the rank that asked, after the rows come back. Options the 
 lookup does not reproduce (padding_idx, max_norm, scale_grad_by_freq, sparse, mode="max")
 are refused by name. Sizes: rows and dims in elements, `local_bytes` in bytes.
 
-The all-to-alls run inside a shard group (S ranks, one mesh row), so the R groups are
-replicas of each other. After every backward the caller runs `sync_replica_grads(tables,
-mesh)`, which sums the tables' gradients across the "replicate" dim (one flat all-reduce).
-With R > 1 a table whose gradient was never summed refuses its next training forward
-(ValueError): its replicas would otherwise drift apart with nothing said. The optimizer
-then holds state only for the local rows: optimizer state is sharded the same way as the tables.
+The all-to-alls run inside a shard group (S ranks, one mesh row; lookup.py `exchange`, which
+`fuse_lookups` makes one per forward for all tables), so the R groups are replicas of each other.
+Tables trained by AdamW: after every backward the caller runs `sync_replica_grads(tables, mesh)`,
+which sums the tables' gradients across the "replicate" dim (one flat all-reduce). With R > 1 a
+table whose gradient was never summed refuses its next training forward (ValueError): its
+replicas would otherwise drift apart with nothing said. Tables with a `RowWiseAdagrad`
+(rowwise.py) form no gradient: it steps them inside backward and averages the replicas every
+`sync_interval` steps. Either way the optimizer state is sharded the same way as the tables.
 
 Plans (`plan_tables`):
   * row: every table split into S contiguous row blocks of ceil(V/S) rows (the chunking of
