@@ -1,4 +1,4 @@
-"""Sharded tables' optimizer and replica sync: bytes and exposed comm per step, eval loss/NE over seeds, per sync interval.
+"""Sharded tables' optimizer and replica sync interval: comm bytes and exposed time per step, eval loss/NE over seeds.
 
 On R*S one-thread gloo ranks (--mesh, default 2x2), the --preset trained --seeds times per variant:
 AdamW tables with summed replica gradients (today's path), and row-wise Adagrad with the replicas

@@ -61,7 +61,8 @@ class ParallelConfig(Section):
             raise UsageError(f"table_sync_interval must be >= 1, got {self.table_sync_interval}")
         if self.table_sync_interval != 1 and self.table_optimizer != "rowwise_adagrad":
             raise UsageError(f"table_sync_interval={self.table_sync_interval} is read only with "
-                             f"table_optimizer='rowwise_adagrad' (adamw tables sum their replicas' gradients every step)")
+                             f"table_optimizer='rowwise_adagrad' (adamw tables sum their replicas' gradients "
+                             f"every step)")
 
     @property
     def shape(self) -> MeshShape:

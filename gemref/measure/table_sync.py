@@ -114,8 +114,8 @@ def compare_table_sync(preset: str = "tiny", mesh: str = "2x2", intervals=(1, 10
     rows = []
     for label, rs in by_label.items():
         def per_step(kind, dim):
-            return statistics.mean(sum(k["bytes_per_step"] for k in r["by_kind"] if (k["kind"], k["dim"]) == (kind, dim))
-                                   for r in rs)
+            return statistics.mean(sum(k["bytes_per_step"] for k in r["by_kind"]
+                                       if (k["kind"], k["dim"]) == (kind, dim)) for r in rs)
         a2a_count = statistics.mean(sum(k["count_per_step"] for k in r["by_kind"] if k["kind"] == "all_to_all")
                                     for r in rs)
         band = bands[label]

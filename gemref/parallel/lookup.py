@@ -47,7 +47,8 @@ class _RowsAllToAll(torch.autograd.Function):
         dist.all_to_all_single(grad_served, grad.contiguous(), in_splits, out_splits, group=ctx.group)
         for table, local_ids, positions in ctx.route:
             if table.row_optimizer is not None:
-                table.row_optimizer.stash(table, local_ids, grad_served[positions].view(local_ids.numel(), table.embedding_dim))
+                rows = grad_served[positions].view(local_ids.numel(), table.embedding_dim)
+                table.row_optimizer.stash(table, local_ids, rows)
             else:
                 table.unsynced = table.replicas > 1
         return (grad_served, None, None, None, None) + (None,) * (len(ctx.needs_input_grad) - 5)
@@ -72,7 +73,8 @@ def exchange(requests: Sequence[tuple[object, Tensor]]) -> list[Tensor]:
     if any(t.group is not first.group or t.shards != first.shards for t in tables):
         raise ValueError("exchange: the tables must be sharded over the same shard group")
     if len({t.dtype for t in tables}) > 1:
-        raise ValueError(f"exchange: tables of one exchange need one dtype, got {sorted(map(str, {t.dtype for t in tables}))}")
+        dtypes = sorted(map(str, {t.dtype for t in tables}))
+        raise ValueError(f"exchange: tables of one exchange need one dtype, got {dtypes}")
     shards, k, group = first.shards, len(requests), first.group
     flat = [ids.reshape(-1) for _, ids in requests]
     device = flat[0].device
@@ -101,7 +103,7 @@ def exchange(requests: Sequence[tuple[object, Tensor]]) -> list[Tensor]:
                 raise ValueError(f"table {table.plan.name!r}: ids were routed to a rank that holds none of its rows")
             route.append((table, served_ids.new_empty(0), served_ids.new_empty(0)))
             continue
-        local = served_ids[idx] - table.row_start   # looked up even when empty: the weight gets its gradient
+        local = served_ids[idx] - table.row_start   # looked up even when empty: the weight gets a gradient
         rows = F.embedding(local, weight.detach() if table.row_optimizer is not None else weight)
         positions = _positions(served_start[idx], table.embedding_dim)
         served = served.index_put((positions,), rows.reshape(-1))

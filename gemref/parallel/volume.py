@@ -91,7 +91,8 @@ def step_volume(cfg: ModelConfig, mesh: MeshShape, *, rank: int = 0, batch: int,
         plans = plan_tables(table_shapes(cfg), S, sparse_sharding)
         held = sum(p.local_bytes(mesh.coordinates(rank)[1], S) for p in plans.values())
         if table_optimizer == "rowwise_adagrad":
-            add("all_reduce", "replicate", int(held > 0) / table_sync_interval, held * (d + 1) / d / table_sync_interval)
+            add("all_reduce", "replicate", int(held > 0) / table_sync_interval,
+                held * (d + 1) / d / table_sync_interval)
         else:
             add("all_reduce", "replicate", int(held > 0), held)
     group = {"shard": S, "replicate": R}
