@@ -11,8 +11,8 @@ per variant and seed:
                       weights and row state averaged over "replicate" every N steps (DMPCollection)
 
 The last `window` steps of each run (a multiple of every N) run under the collective recorder
-and the profiler: payload bytes per step per (kind, dim) on rank 0 (comm.py's recorder), the
-tables' replicate bytes per step (rowwise: what RowWiseAdagrad all-reduced; adamw: the table
+and the profiler (in sessions of PROFILE_CHUNK steps): payload bytes per step per (kind, dim)
+on rank 0 (comm.py's recorder), the tables' replicate bytes per step (rowwise: what RowWiseAdagrad all-reduced; adamw: the table
 gradient rows this rank holds, every step), and rank 0's exposed communication per step (comm
 not overlapped by compute, `comm.comm_overlap`; on time-shared CPU cores it includes waiting).
 Then every rank evaluates `eval_batches` eval batches (replica 0's tables, rank 0's numbers;
@@ -42,6 +42,7 @@ from ..train.loop import evaluate
 from ..config import parse_mesh
 
 REFERENCE = "rowwise every 1"
+PROFILE_CHUNK = 5       # steps per profiler session (100 steps at once held ~5 GB per rank on tiny)
 
 
 def variants(intervals) -> list[tuple[str, str, int]]:
@@ -67,13 +68,15 @@ def _rank(rank, world, preset_name, mesh, runs, seeds, steps, window, eval_batch
             rows_opt = _row_optimizer(s.model)
             synced0 = rows_opt.synced_bytes if rows_opt else 0
             recorder = comm.CollectiveRecorder(group_dims(s.parallel.mesh))
+            exposed = total = 0.0
             dist.barrier()
-            with quiet_profile("cpu") as prof:
-                with recorder:
-                    for _ in range(window):
-                        s.step(next(batches))
-            comm.attach_times(recorder.collectives, prof)
-            overlap = comm.comm_overlap(prof)
+            with recorder:
+                for done in range(0, window, PROFILE_CHUNK):   # profiled in chunks: the profiler's memory stays bounded
+                    with quiet_profile("cpu") as prof:
+                        for _ in range(min(PROFILE_CHUNK, window - done)):
+                            s.step(next(batches))
+                    overlap = comm.comm_overlap(prof)
+                    exposed, total = exposed + overlap["exposed_comm_s"], total + overlap["comm_s"]
             if rows_opt is not None:
                 table_sync = (rows_opt.synced_bytes - synced0) / window
             else:
@@ -82,8 +85,8 @@ def _rank(rank, world, preset_name, mesh, runs, seeds, steps, window, eval_batch
                     if s.parallel.shape.replicate > 1 else 0
             result = evaluate(s, eval_batches, steps)
             out.append({"label": label, "seed": seed, "by_kind": recorder.summary(window),
-                        "table_sync_bytes": table_sync, "exposed_s": overlap["exposed_comm_s"] / window,
-                        "comm_s": overlap["comm_s"] / window, **{k: result[k] for k in
+                        "table_sync_bytes": table_sync, "exposed_s": exposed / window,
+                        "comm_s": total / window, **{k: result[k] for k in
                                                                  ("eval_loss", "ne_click", "ne_conversion")}})
     return to_rank0(out)
 
