@@ -77,6 +77,10 @@ def exchange(requests: Sequence[tuple[object, Tensor]]) -> list[Tensor]:
         raise ValueError(f"exchange: tables of one exchange need one dtype, got {dtypes}")
     shards, k, group = first.shards, len(requests), first.group
     flat = [ids.reshape(-1) for _, ids in requests]
+    for table, f in zip(tables, flat):
+        if f.numel() and (int(f.min()) < 0 or int(f.max()) >= table.num_embeddings):
+            raise ValueError(f"table {table.plan.name!r}: ids must lie in [0, {table.num_embeddings}), got "
+                             f"{int(f.min())}..{int(f.max())}")
     device = flat[0].device
     sizes = torch.tensor([f.numel() for f in flat], device=device)
     dims = torch.tensor([t.embedding_dim for t in tables], device=device)

@@ -167,6 +167,7 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
 def _gem_lookups(model: GEMRef):
     """GEMRef's table calls per forward, in order (GEMRef.embed): all of them in one fused exchange."""
     def features(batch: JaggedBatch) -> dict[str, list[Tensor]]:
+        batch.check_model_inputs(model.cfg)     # bad ids are named before they are routed
         ids = batch.values
         out = {"tables.item": [ids[:, 0], batch.ad_ids], "tables.action": [ids[:, 1]],
                "tables.time_gap": [ids[:, 2]], "tables.position": [model.layout(batch).row_position]}
