@@ -196,9 +196,8 @@ def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimize
         RowWiseAdagrad(model.tables, lr=train.lr, sync_interval=train.parallelism.table_sync_interval)
         params, tables = [(n, p) for n, p in params if not n.startswith("tables.")], []
     fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for _, p in params)
-    groups = [{"params": dense, "weight_decay": train.weight_decay}] + ([{"params": tables, "weight_decay": 0.0}]
-                                                                        if tables else [])
-    return torch.optim.AdamW(groups, lr=train.lr, fused=fused or None)
+    return torch.optim.AdamW([{"params": dense, "weight_decay": train.weight_decay},
+                              {"params": tables, "weight_decay": 0.0}], lr=train.lr, fused=fused or None)
 
 
 def batch_sampler(lengths, preset: Preset, train: TrainConfig, rank: int, world: int) -> BalancedDistributedBatchSampler:
