@@ -122,8 +122,18 @@ def test_an_old_flat_record_still_loads():
     assert (t.balancing.policy, t.parallelism.mesh, t.parallelism.sparse_sharding) == ("kk", "1x2", "row")
 
 
+def test_a_version_2_record_lacks_only_the_table_optimizer_switches_added_in_3():
+    stored = json.loads(json.dumps(train_as_record(TINY)))
+    for key in ("table_optimizer", "table_sync_interval"):
+        del stored["parallelism"][key]
+    t = train_from_record(stored, 2)
+    assert (t.parallelism.table_optimizer, t.parallelism.table_sync_interval) == ("adamw", 1)
+    with pytest.raises(UsageError, match=r"lacks field\(s\) \['table_optimizer', 'table_sync_interval'\]"):
+        train_from_record(stored, 3)
+
+
 @pytest.mark.parametrize("record, stored, message", [
-    ({"record_version": 3}, {}, "record_version 3: this gemref reads versions 1, 2"),
+    ({"record_version": 4}, {}, "record_version 4: this gemref reads versions 1, 2, 3"),
     ({"record_version": "2"}, {}, "record_version '2'"),
     ({"record_version": 2}, [], "record config.train must be an object, got list"),
     ({"record_version": 2}, {"attention": "jagged"}, "record config.train.attention must be an object"),

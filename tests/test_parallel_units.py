@@ -167,9 +167,17 @@ def test_volume_of_hsdp_and_sparse():
                      ("all_to_all", "shard")}
     a2a = next(r for r in rows if r["kind"] == "all_to_all")
     calls = lookups(TINY.model, 16, 200, True)
-    assert a2a["count"] == 4 * len(calls)
+    assert a2a["count"] == 4                      # one fused exchange: counts, ids, rows; row grads
     d = TINY.model.d_model
-    assert a2a["bytes"] == sum(2 * 8 + 8 * n + 2 * n * d * 4 for _, n in calls)
+    assert a2a["bytes"] == 2 * len(calls) * 8 + sum(8 * n + 2 * n * d * 4 for _, n in calls)
+    synced = {r["kind"]: r for r in step_volume(TINY.model, MeshShape(2, 2), batch=16, tokens=200, jagged=True,
+                                                sparse_sharding="row")}["all_reduce"]["bytes"]
+    for interval in (1, 10):                      # row-wise: weights + one state value per row, every N steps
+        rowwise = {r["kind"]: r for r in step_volume(TINY.model, MeshShape(2, 2), batch=16, tokens=200, jagged=True,
+                                                     sparse_sharding="row", table_optimizer="rowwise_adagrad",
+                                                     table_sync_interval=interval)}["all_reduce"]
+        held = sum(p.local_bytes(0, 2) for p in plan_tables(table_shapes(TINY.model), 2, "row").values())
+        assert rowwise["bytes"] == pytest.approx(synced - held + held * (d + 1) / d / interval)
     replicated = step_volume(TINY.model, MeshShape(4, 1), batch=16, tokens=200, jagged=True)
     assert [(r["kind"], r["dim"]) for r in replicated] == [("all_reduce", "replicate")]   # Wx1 = DDP
     assert set(table_shapes(TINY.model)) == set(dict(calls))

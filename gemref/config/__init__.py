@@ -30,7 +30,7 @@ from .dataset import DatasetFolder
 from .embeddings import EMBEDDING_ENGINES, TORCHREC_SHARDINGS, EmbeddingConfig
 from .model import ATTENTION_ACTIVATIONS, LENGTH_PROFILES, DataConfig, ModelConfig
 from .override import override
-from .parallel import BACKENDS, SPARSE_SHARDINGS, MeshShape, ParallelConfig, parse_mesh
+from .parallel import BACKENDS, SPARSE_SHARDINGS, TABLE_OPTIMIZERS, MeshShape, ParallelConfig, parse_mesh
 from .precision import PRECISION_KERNELS, PRECISIONS, PrecisionConfig
 from .presets import DATA_FIELDS, PRESETS, Preset, get_preset, preset_on_dataset
 from .record import RECORD_VERSION, record_version, train_as_record, train_from_record
@@ -39,7 +39,8 @@ from .train import TrainConfig, switch_names, switch_values, with_switches
 __all__ = [
     "AC_COMPRESSIONS", "AC_MODES", "AC_PLAN_PATTERN", "ATTENTION_ACTIVATIONS", "BACKENDS", "BALANCE_POLICIES",
     "COMPILE_REGIONS", "DATA_FIELDS", "EMBEDDING_ENGINES", "KERNEL_NAMES", "LENGTH_PROFILES", "MAX_SEED",
-    "PRECISIONS", "PRECISION_KERNELS", "PRESETS", "RECORD_VERSION", "SPARSE_SHARDINGS", "TORCHREC_SHARDINGS",
+    "PRECISIONS", "PRECISION_KERNELS", "PRESETS", "RECORD_VERSION", "SPARSE_SHARDINGS", "TABLE_OPTIMIZERS",
+    "TORCHREC_SHARDINGS",
     "ActivationCheckpointConfig", "AttentionConfig", "BalanceConfig", "CheckpointConfig", "CompileConfig",
     "DataConfig", "DatasetFolder", "EmbeddingConfig", "MeshShape", "ModelConfig", "ParallelConfig",
     "PrecisionConfig", "Preset", "TrainConfig", "get_preset", "override", "parse_compile_regions", "parse_mesh",

@@ -10,6 +10,7 @@ from .section import Section, switch
 
 SPARSE_SHARDINGS = ("none", "row", "table")               # gemref/parallel/sparse.py
 BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/backend.py
+TABLE_OPTIMIZERS = ("adamw", "rowwise_adagrad")           # gemref/parallel/rowwise.py
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,21 @@ class ParallelConfig(Section):
                                          "forward (--no-...: keep them for backward, more memory, less traffic)")
     sparse_sharding: str = switch("none", "sparse_sharding", "rung 6: shard the embedding tables", SPARSE_SHARDINGS)
     backend: str = switch("auto", "backend", "collectives (auto: nccl on cuda, gloo on cpu)", BACKENDS)
+    table_optimizer: str = switch("adamw", "table_optimizer", "native tables: adamw (with the dense layers; R > 1 "
+                                  "replicas sum their table gradients every step) or rowwise_adagrad (TorchRec's: one "
+                                  "accumulator per row, touched rows only, stepped inside backward)", TABLE_OPTIMIZERS)
+    table_sync_interval: int = switch(1, "table_sync_interval", "rowwise_adagrad on a mesh RxS with R > 1: average "
+                                      "the table replicas (weights and row state) every N steps (DMPCollection's "
+                                      "sync interval; 1: every step)")
 
     def check(self) -> None:
         parse_mesh(self.mesh)
+        if self.table_sync_interval < 1:
+            raise UsageError(f"table_sync_interval must be >= 1, got {self.table_sync_interval}")
+        if self.table_sync_interval != 1 and self.table_optimizer != "rowwise_adagrad":
+            raise UsageError(f"table_sync_interval={self.table_sync_interval} is read only with "
+                             f"table_optimizer='rowwise_adagrad' (adamw tables sum their replicas' gradients "
+                             f"every step)")
 
     @property
     def shape(self) -> MeshShape:

@@ -5,11 +5,14 @@ version 2 nests each section under its name ({"attention": {"jagged": ..., "kern
 ...}). Version 1 (records written before the sections; they carry no version) stored every
 switch flat under its switch name ({"jagged": ..., "ac_budget": ...}); such records still load,
 their names routed as `override` routes them, a switch they lack taking its default (it did
-not exist yet). A record is a file someone handed in: every value is checked as the
-dataclasses check it, and in a version-2 record an unknown or missing key, or a version newer
-than this code, is a UsageError, never a silent default.
+not exist yet). Version 3 added the parallel section's `table_optimizer` and
+`table_sync_interval` (gemref/parallel/rowwise.py); a version-2 record lacks exactly those, which
+take their defaults (the AdamW tables every version-2 run trained). A record is a file someone
+handed in: every value is checked as the dataclasses check it, and in a version-2 or 3 record an
+unknown key, any other missing key, or a version newer than this code, is a UsageError, never a
+silent default.
 
-Values a later gemref renamed (`RENAMED`) load under their new name, in either version: ac
+Values a later gemref renamed (`RENAMED`) load under their new name, in any version: ac
 "pt2" is "memory_budget" (torchtitan's name for PyTorch 2's activation_memory_budget).
 """
 from __future__ import annotations
@@ -20,8 +23,9 @@ from typing import Any
 from ..errors import UsageError
 from .train import TrainConfig, sections, with_switches
 
-RECORD_VERSION = 2          # the "record_version" of every record gemref writes
-READABLE_VERSIONS = (1, 2)  # 1: flat switches, no "record_version" key
+RECORD_VERSION = 3             # the "record_version" of every record gemref writes
+READABLE_VERSIONS = (1, 2, 3)  # 1: flat switches, no "record_version" key
+ADDED_IN = {3: {"parallelism": ("table_optimizer", "table_sync_interval")}}   # version: {section: new fields}
 # (section, field, switch name) -> {old value: new value}
 RENAMED = {("activation_checkpoint", "mode", "ac"): {"pt2": "memory_budget"}}
 
@@ -61,7 +65,8 @@ def train_from_record(stored: Any, version: int) -> TrainConfig:
             if not isinstance(value, dict):
                 raise UsageError(f"record config.train.{name} must be an object, got {type(value).__name__}")
             _no_unknown_keys(f"record config.train.{name}", value, sections()[name])
-            _no_missing_keys(f"record config.train.{name}", value, sections()[name])
+            newer = {f for v, added in ADDED_IN.items() if version < v for f in added.get(name, ())}
+            _no_missing_keys(f"record config.train.{name}", value, sections()[name], newer)
             value = sections()[name](**{k: _renamed(name, k, v) for k, v in value.items()})
         values[name] = value
     _no_missing_keys("record config.train", stored, TrainConfig)
@@ -73,6 +78,7 @@ def _no_unknown_keys(where: str, stored: dict, cls: type) -> None:
         raise UsageError(f"{where} has unknown field(s) {unknown}")
 
 
-def _no_missing_keys(where: str, stored: dict, cls: type) -> None:
-    if missing := sorted({f.name for f in fields(cls)} - set(stored)):
+def _no_missing_keys(where: str, stored: dict, cls: type, newer=frozenset()) -> None:
+    """`newer`: fields added after the record's version, which it may lack (they take their defaults)."""
+    if missing := sorted({f.name for f in fields(cls)} - set(stored) - set(newer)):
         raise UsageError(f"{where} lacks field(s) {missing}")

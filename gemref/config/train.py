@@ -84,6 +84,12 @@ class TrainConfig:
         if tables.engine == "torchrec" and ckpt.folder:
             raise UsageError("embeddings='torchrec' does not save checkpoints yet (torch's get_state_dict cannot read "
                              "TorchRec's sharded tables, nor their fused Adagrad state): drop checkpoint_dir")
+        if self.parallelism.table_optimizer != "adamw" and tables.engine == "torchrec":
+            raise UsageError("table_optimizer is the native tables' optimizer: TorchRec's tables train with its own "
+                             "fused Adagrad; drop table_optimizer or use embeddings='native'")
+        if self.parallelism.table_optimizer != "adamw" and ckpt.folder:
+            raise UsageError("table_optimizer='rowwise_adagrad' does not save checkpoints yet (its row state lives "
+                             "outside the optimizer torch's get_state_dict reads): drop checkpoint_dir")
         mesh = self.parallelism.shape
         if tables.torchrec_2d and (mesh.replicate < 2 or mesh.shard < 2):
             raise UsageError(f"torchrec_2d shards the tables over each S-rank group of a mesh RxS and "

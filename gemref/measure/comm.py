@@ -258,7 +258,9 @@ def measure_comm(state: ParallelState, preset: Preset, model: nn.Module, batch, 
     analytic = step_volume(preset.model, state.shape, rank=state.rank, batch=batch.batch_size,
                            tokens=batch.num_tokens, jagged=tc.attention.jagged, param_bytes=2 if cuda else 4,
                            reduce_bytes=4, reshard_after_forward=tc.parallelism.reshard_after_forward,
-                           sparse_sharding=tc.parallelism.sparse_sharding)
+                           sparse_sharding=tc.parallelism.sparse_sharding,
+                           table_optimizer=tc.parallelism.table_optimizer,
+                           table_sync_interval=tc.parallelism.table_sync_interval)
     per_rank = state.gather({"recorded": recorder.summary(), "analytic": analytic,
                              "overlap": comm_overlap(prof)})
     rows: dict[tuple[str, str], dict] = {}

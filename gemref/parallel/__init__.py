@@ -4,14 +4,18 @@ The idea (chapter 07_fsdp_2d): ranks form a 2D mesh RxS, R "replicate" groups of
 ranks. Dense layers are FSDP2 units whose parameters live as 1/S shards, gathered around
 their forward and backward, their gradients reduce-scattered over "shard" and all-reduced over
 "replicate" (HSDP). Embedding tables are never gathered: their rows are split over "shard"
-(row- or table-wise), a lookup moves ids and rows with all-to-alls, and the R replicas sum
-their table gradients after backward. Chapter 08_communication measures the bytes each
+(row- or table-wise), a lookup moves ids and rows with all-to-alls (all tables in one exchange
+per direction), and the R replicas either sum their table gradients after backward (AdamW
+tables) or train on their own with row-wise Adagrad and average their tables every N steps
+(TorchRec's DMPCollection). Chapter 08_communication measures the bytes each
 collective moves per step and how much of their time compute hides.
 
 Any model: the caller names the modules. `shard_tables(model, mesh, tables, mode)` (fully
 qualified names of nn.Embedding / nn.EmbeddingBag modules) returns the sharded tables,
 `apply_fsdp(model, mesh, layers, device)` (names of the modules to shard as units, forward
-order), `sync_replica_grads(tables, mesh)` after every backward. A missing or wrong name, or
+order), `sync_replica_grads(tables, mesh)` after every backward (AdamW tables), or
+`RowWiseAdagrad(tables, lr, sync_interval=N)` (stepped inside backward, replicas averaged every N
+steps), `fuse_lookups(model, tables, features)` for one exchange per forward. A missing or wrong name, or
 an R > 1 mesh whose tables are never synced, is a ValueError. Units: ranks, rows, bytes.
 
     mesh.py         the 2D DeviceMesh ("replicate", "shard") over the process group (the RxS
@@ -19,7 +23,9 @@ an R > 1 mesh whose tables are never synced, is a ValueError. Units: ranks, rows
     replicate.py    replicated data parallelism (mesh Rx1): DDP's bucketed all-reduce, overlapped
     fsdp.py         dense: FSDP2 fully_shard per named layer and on the root (FSDP 1D / HSDP 2D)
     sparse.py       named Embedding/EmbeddingBag tables sharded row- or table-wise over "shard",
-                    all-to-all lookups, the replicas' gradient sum
+                    their lookups (one fused exchange per forward), the replicas' gradient sum
+    lookup.py       the exchange: one counts, ids and rows all-to-all for any number of tables
+    rowwise.py      row-wise Adagrad stepped inside backward; the replicas' weight + state average
     parallelize.py  GEMRef's path: the mesh of a run, its tables then FSDP applied last (the names
                     passed by train/compose.py)
     memory.py       bytes per rank of parameters, gradients and optimizer state

@@ -72,6 +72,12 @@ def rank_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None)
                 unsharded_optimizer += value.numel() * value.element_size()
             else:
                 scalars += _nbytes(value)
+    for module in model.modules():     # row-wise optimizers (rowwise.py) keep one value per row, outside `optimizer`
+        row_optimizer = getattr(module, "row_optimizer", None)
+        state = row_optimizer.accumulator(module) if row_optimizer is not None else None
+        if state is not None:
+            rows[("tables", placement(module.weight))]["optimizer"] += _nbytes(state)
+            unsharded_optimizer += module.num_embeddings * state.element_size()
     parts = [{"part": part, "placement": pl, **v} for (part, pl), v in sorted(rows.items())]
     total = {k: sum(r[k] for r in parts) for k in ("params", "grads", "optimizer", "unsharded_params")}
     return {**total, "optimizer_scalars": scalars, "unsharded_optimizer": unsharded_optimizer, "parts": parts}
@@ -142,8 +148,10 @@ def table_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, engine: str)
     state_dict, their fused optimizer's state)."""
     if engine == "native":
         params = list(model.tables.parameters())
+        rowwise = [m.row_optimizer.accumulator(m) for m in model.tables.modules() if getattr(m, "row_optimizer", None)]
         return (sum(_local_bytes(p) for p in params),
-                sum(_local_bytes(dict(optimizer.state.get(p, {}))) for p in params))
+                sum(_local_bytes(dict(optimizer.state.get(p, {}))) for p in params)
+                + sum(_nbytes(s) for s in rowwise if s is not None))
     tables = model.tables
     weights = sum(_local_bytes(v) for v in tables.state_dict().values())
     fused = getattr(tables, "fused_optimizer", None)

@@ -16,11 +16,11 @@ single-process step on the global batch, whatever the per-rank counts
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from ..config import MeshShape, TrainConfig
@@ -29,7 +29,7 @@ from .backend import ncclx_mesh_built
 from .fsdp import apply_fsdp
 from .mesh import build_mesh, local_device
 from .replicate import apply_replicate
-from .sparse import ShardedEmbedding, shard_tables, sync_replica_grads
+from .sparse import ShardedEmbedding, fuse_lookups, shard_tables, sync_replica_grads
 
 
 @dataclass
@@ -43,9 +43,9 @@ class ParallelState:
     tables: dict[str, ShardedEmbedding] = field(default_factory=dict)   # what `parallelize` sharded
 
     def finish_backward(self, model: nn.Module) -> None:
-        """Gradient syncs FSDP does not do itself: the replicas of the tables `parallelize` sharded."""
-        if self.train.parallelism.sparse_sharding != "none":
-            sync_replica_grads(self.tables, self.mesh)
+        """Gradient syncs FSDP does not do itself: the replicas of the (AdamW) tables `parallelize` sharded."""
+        if self.train.parallelism.sparse_sharding != "none" and self.train.parallelism.table_optimizer == "adamw":
+            sync_replica_grads(self.tables, self.mesh)   # row-wise tables: synced by their RowWiseAdagrad
 
     def sum(self, values: list[float]) -> list[float]:
         """All-reduce (SUM) a few host numbers, in float64."""
@@ -76,16 +76,21 @@ def parallel_state(train: TrainConfig, device: torch.device) -> tuple[ParallelSt
 
 
 def parallelize(model: nn.Module, train: TrainConfig, state: ParallelState, device: torch.device, *,
-                layers: Sequence[str], tables: Sequence[str] = (), ignored: nn.Module | None = None) -> None:
+                layers: Sequence[str], tables: Sequence[str] = (), ignored: nn.Module | None = None,
+                features: Callable[..., Mapping[str, Sequence[Tensor]]] | None = None) -> None:
     """The last thing applied to the model. `layers`: fully qualified names of the modules FSDP
     shards as units (forward order); `tables`: those of the nn.Embedding / nn.EmbeddingBag
     modules sparse_sharding shards. Replicated (mesh Rx1, tables not sharded): DDP's bucketed
     all-reduce overlapped with the backward (replicate.py). Otherwise sparse tables first (FSDP
     must ignore them; kept in `state.tables` for finish_backward), then FSDP. `ignored`: a
-    module sharded and updated by someone else (TorchRec's tables), left out of DDP and FSDP."""
+    module sharded and updated by someone else (TorchRec's tables), left out of DDP and FSDP.
+    `features(*forward args)` -> {table name: [ids of each call]}: all the tables' lookups of a
+    forward in one exchange (sparse.py `fuse_lookups`); None: one exchange per lookup."""
     if state.shape.shard == 1 and train.parallelism.sparse_sharding == "none":
         apply_replicate(model, state.mesh, ignored_modules=[ignored] if ignored is not None else ())
         return
     state.tables = shard_tables(model, state.mesh, tables, train.parallelism.sparse_sharding)
+    if state.tables and features is not None:
+        fuse_lookups(model, state.tables, features)
     apply_fsdp(model, state.mesh, layers, device, reshard_after_forward=train.parallelism.reshard_after_forward,
                ignored_params=ignored.parameters() if ignored is not None else ())

@@ -12,12 +12,14 @@ weights with sum) on the rank that asked, after the rows come back. Options the 
 lookup does not reproduce (padding_idx, max_norm, scale_grad_by_freq, sparse, mode="max")
 are refused by name. Sizes: rows and dims in elements, `local_bytes` in bytes.
 
-The all-to-alls run inside a shard group (S ranks, one mesh row), so the R groups are
-replicas of each other. After every backward the caller runs `sync_replica_grads(tables,
-mesh)`, which sums the tables' gradients across the "replicate" dim (one flat all-reduce).
-With R > 1 a table whose gradient was never summed refuses its next training forward
-(ValueError): its replicas would otherwise drift apart with nothing said. The optimizer
-then holds state only for the local rows: optimizer state is sharded the same way as the tables.
+The all-to-alls run inside a shard group (S ranks, one mesh row; lookup.py `exchange`, which
+`fuse_lookups` makes one per forward for all tables), so the R groups are replicas of each other.
+Tables trained by AdamW: after every backward the caller runs `sync_replica_grads(tables, mesh)`,
+which sums the tables' gradients across the "replicate" dim (one flat all-reduce). With R > 1 a
+table whose gradient was never summed refuses its next training forward (ValueError): its
+replicas would otherwise drift apart with nothing said. Tables with a `RowWiseAdagrad`
+(rowwise.py) form no gradient: it steps them inside backward and averages the replicas every
+`sync_interval` steps. Either way the optimizer state is sharded the same way as the tables.
 
 Plans (`plan_tables`):
   * row: every table split into S contiguous row blocks of ceil(V/S) rows (the chunking of
@@ -32,7 +34,7 @@ outside, and returns them; the model code does not change.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -42,6 +44,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from ..config import SPARSE_SHARDINGS
+from .lookup import exchange
 
 
 @dataclass(frozen=True)
@@ -90,26 +93,6 @@ def plan_tables(tables: dict[str, tuple[int, int]], shards: int, mode: str) -> d
 
 
 
-class _AllToAll(torch.autograd.Function):
-    """all_to_all_single of rows with autograd: backward sends the gradients the reverse way, and
-    marks `table` as holding gradients not yet summed over "replicate"."""
-
-    @staticmethod
-    def forward(ctx, rows: Tensor, out_splits: list[int], in_splits: list[int], table, *anchor: Tensor) -> Tensor:
-        ctx.splits, ctx.table = (out_splits, in_splits), table
-        out = rows.new_empty((sum(out_splits),) + tuple(rows.shape[1:]))
-        dist.all_to_all_single(out, rows.contiguous(), out_splits, in_splits, group=table.group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        out_splits, in_splits = ctx.splits
-        grad_in = grad.new_empty((sum(in_splits),) + tuple(grad.shape[1:]))
-        dist.all_to_all_single(grad_in, grad.contiguous(), in_splits, out_splits, group=ctx.table.group)
-        ctx.table.unsynced = ctx.table.replicas > 1
-        return (grad_in, None, None, None) + (None,) * (len(ctx.needs_input_grad) - 4)
-
-
 def check_table(name: str, module: nn.Module) -> None:
     """ValueError unless `module` is an nn.Embedding / nn.EmbeddingBag that ShardedEmbedding reproduces."""
     if not isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
@@ -138,7 +121,11 @@ class ShardedEmbedding(nn.Module):
         self.group, self.shards = mesh.get_group("shard"), mesh.size(1)
         self.shard_index, self.replicas = mesh.get_local_rank("shard"), mesh.size(0)
         self.row_start = plan.row_range(self.shard_index, self.shards)[0]
+        self.replicate_group = mesh.get_group("replicate") if self.replicas > 1 else None
         self.unsynced = False        # a backward left gradients not yet summed over "replicate"
+        self.row_optimizer = None    # a RowWiseAdagrad (rowwise.py) taking this table's row gradients
+        self.fused = False           # fuse_lookups fetches this table's rows for the whole model
+        self.prefetched: list[tuple[Tensor, Tensor]] = []
         full = table.weight.detach()
         if plan.mode == "row":
             self.weight = nn.Parameter(distribute_tensor(full, mesh, [Replicate(), Shard(0)]))
@@ -152,24 +139,18 @@ class ShardedEmbedding(nn.Module):
         return w.to_local() if isinstance(w, DTensor) else w
 
     def lookup(self, flat: Tensor) -> Tensor:
-        """Rows (N, d) of the 1D ids `flat`, served by their owners (module doc)."""
-        owner = self.plan.owner_of(flat, self.shards)
-        order = torch.argsort(owner, stable=True)
-        send = torch.bincount(owner, minlength=self.shards)
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=self.group)
-        send_l, recv_l = send.tolist(), recv.tolist()
-        served_ids = flat.new_empty(sum(recv_l))
-        dist.all_to_all_single(served_ids, flat[order], recv_l, send_l, group=self.group)
-        weight = self.local_weight()
-        if weight is None:   # table-wise, not the owner: serves nothing, but joins every all-to-all
-            served = torch.zeros((0, self.embedding_dim), dtype=self.dtype, device=flat.device)
-            anchor = (torch.zeros(0, requires_grad=torch.is_grad_enabled()),)  # so backward runs here too
-        else:
-            served = F.embedding(served_ids - self.row_start, weight)
-            anchor = ()
-        rows_sorted = _AllToAll.apply(served, send_l, recv_l, self, *anchor)
-        return rows_sorted[torch.argsort(order)]
+        """Rows (N, d) of the 1D ids `flat`, served by their owners: the rows `fuse_lookups` fetched
+        for this call (checked equal to `flat`), or one exchange of this table alone."""
+        if self.prefetched:
+            ids, rows = self.prefetched.pop(0)
+            if not torch.equal(ids, flat):
+                raise ValueError(f"table {self.plan.name!r}: called with other ids than fuse_lookups' features "
+                                 f"named for this call (a features function must list each table's calls in order)")
+            return rows
+        if self.fused:
+            raise ValueError(f"table {self.plan.name!r} is looked up inside a fused model forward, but "
+                             f"fuse_lookups' features named no (more) ids for it")
+        return exchange([(self, flat)])[0]
 
     def forward(self, ids: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None) -> Tensor:
         if self.unsynced and torch.is_grad_enabled():
@@ -242,12 +223,10 @@ def sync_replica_grads(tables: Mapping[str, ShardedEmbedding] | Iterable[Sharded
     replicate group holds the same shard index, hence the same tables and row ranges, so the
     flat buffers line up.
     """
-    if isinstance(tables, nn.Module):
-        found = [m for m in tables.modules() if isinstance(m, ShardedEmbedding)]
-    else:
-        found = list(tables.values() if isinstance(tables, Mapping) else tables)
-    if not all(isinstance(t, ShardedEmbedding) for t in found):
-        raise ValueError("sync_replica_grads syncs ShardedEmbedding tables (what shard_tables returns)")
+    found = _sharded(tables, "sync_replica_grads")
+    if any(t.row_optimizer is not None for t in found):
+        raise ValueError("sync_replica_grads sums table gradients, but these tables train with a row-wise optimizer "
+                         "(no gradient is formed; RowWiseAdagrad averages the replicas every sync_interval steps)")
     if mesh.size(0) == 1:
         return
     if not found:
@@ -262,3 +241,47 @@ def sync_replica_grads(tables: Mapping[str, ShardedEmbedding] | Iterable[Sharded
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, group=mesh.get_group("replicate"))
     torch._foreach_copy_(grads, [f.view_as(g) for f, g in zip(flat.split([g.numel() for g in grads]), grads)])
+
+
+def _sharded(tables, who: str) -> list[ShardedEmbedding]:
+    if isinstance(tables, nn.Module):
+        found = [m for m in tables.modules() if isinstance(m, ShardedEmbedding)]
+    else:
+        found = list(tables.values() if isinstance(tables, Mapping) else tables)
+    if not all(isinstance(t, ShardedEmbedding) for t in found):
+        raise ValueError(f"{who} takes ShardedEmbedding tables (what shard_tables returns)")
+    return found
+
+
+def fuse_lookups(model: nn.Module, tables: Mapping[str, ShardedEmbedding],
+                 features: Callable[..., Mapping[str, Sequence[Tensor]]]):
+    """One exchange (one ids and one rows all-to-all, one backward) for all the tables' lookups of
+    a model forward, as TorchRec's input/output distributions do, instead of one per lookup.
+
+    `features(*args, **kwargs)` gets the model's forward arguments and returns {table name (a key of
+    `tables`): [the ids of each call of that table, in call order]}; a forward pre-hook on `model`
+    runs one `exchange` for all of them and each call then takes its rows (checked: same ids).
+    A call the features did not name, or a named call the forward did not make, is a ValueError.
+    Returns the hook's handle (`.remove()` unfuses).
+    """
+    if not tables:
+        raise ValueError("fuse_lookups needs the sharded tables (what shard_tables returned), got none")
+    _sharded(tables, "fuse_lookups")
+
+    def prefetch(module, args, kwargs):
+        wanted = features(*args, **kwargs)
+        missing = sorted(set(wanted) - set(tables))
+        if missing:
+            raise ValueError(f"fuse_lookups: features named {missing}, which are not among the sharded tables "
+                             f"{sorted(tables)}")
+        left = [n for n, t in tables.items() if t.prefetched]
+        if left:
+            raise ValueError(f"fuse_lookups: the last forward did not make every lookup its features named "
+                             f"(tables {left})")
+        requests = [(tables[n], ids.reshape(-1)) for n in tables for ids in wanted.get(n, ())]
+        for (table, ids), rows in zip(requests, exchange(requests)):
+            table.prefetched.append((ids, rows))
+
+    for t in tables.values():
+        t.fused = True
+    return model.register_forward_pre_hook(prefetch, with_kwargs=True)

@@ -8,10 +8,12 @@ them: all-gather output, reduce-scatter input, all-reduce tensor, all-to-all inp
                                    non-root unit when reshard_after_forward: padded numel x param bytes
     reduce_scatter over shard      per unit: padded numel x reduce bytes
     all_reduce     over replicate  per unit (R > 1, HSDP): padded numel / S x reduce bytes
-  sparse, per table lookup (row- or table-wise tables, over shard):
-    all_to_all     counts S x 8, ids n x 8, rows m x d x 4 (forward), row grads n x d x 4 (backward)
-                   where n = ids this rank looks up and m = ids it serves
-    all_reduce     over replicate: this rank's table rows x d x 4 (R > 1), once
+  sparse, all the K table lookups of a forward in one exchange (row- or table-wise tables, over shard):
+    all_to_all     4 per step: counts S x K x 8, ids n x 8, rows m x d x 4 (forward), row grads
+                   n x d x 4 (backward), n summed over the lookups (ids this rank looks up), m = ids it serves
+    all_reduce     over replicate (R > 1): table_optimizer adamw: this rank's table gradient rows x d x 4,
+                   every step; rowwise_adagrad: its rows x (d + 1) x 4 (weights and the row state), once
+                   every table_sync_interval steps (count and bytes per step: 1/interval of them)
 A collective over one rank moves nothing and is not counted. m (rows a rank serves)
 depends on the ids; it is taken as n here, so per-rank sparse figures assume balanced
 routing, and summed over a shard group they are exact. Parameter counts come from a
@@ -64,13 +66,14 @@ def lookups(cfg: ModelConfig, batch: int, tokens: int, jagged: bool) -> list[tup
 
 def step_volume(cfg: ModelConfig, mesh: MeshShape, *, rank: int = 0, batch: int, tokens: int, jagged: bool,
                 param_bytes: int = 4, reduce_bytes: int = 4, reshard_after_forward: bool = True,
-                sparse_sharding: str = "none") -> list[dict]:
+                sparse_sharding: str = "none", table_optimizer: str = "adamw",
+                table_sync_interval: int = 1) -> list[dict]:
     """Rows {kind, dim, group_size, count, bytes} for one step of rank `rank` holding
     `batch` samples with `tokens` history events."""
     R, S = mesh.replicate, mesh.shard
-    out: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    out: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0])
 
-    def add(kind: str, dim: str, count: int, nbytes: int) -> None:
+    def add(kind: str, dim: str, count: float, nbytes: float) -> None:
         if (S if dim == "shard" else R) > 1 and count:
             out[(kind, dim)][0] += count
             out[(kind, dim)][1] += nbytes
@@ -82,12 +85,16 @@ def step_volume(cfg: ModelConfig, mesh: MeshShape, *, rank: int = 0, batch: int,
         add("reduce_scatter", "shard", 1, numel * reduce_bytes)
         add("all_reduce", "replicate", 1, numel // S * reduce_bytes)
     if sparse_sharding != "none":
-        d = cfg.d_model
-        for _, n in lookups(cfg, batch, tokens, jagged):
-            add("all_to_all", "shard", 4, S * ID_BYTES + n * ID_BYTES + 2 * n * d * 4)
+        d, calls = cfg.d_model, lookups(cfg, batch, tokens, jagged)
+        n = sum(c for _, c in calls)
+        add("all_to_all", "shard", 4, S * len(calls) * ID_BYTES + n * ID_BYTES + 2 * n * d * 4)
         plans = plan_tables(table_shapes(cfg), S, sparse_sharding)
         held = sum(p.local_bytes(mesh.coordinates(rank)[1], S) for p in plans.values())
-        add("all_reduce", "replicate", int(held > 0), held)
+        if table_optimizer == "rowwise_adagrad":
+            add("all_reduce", "replicate", int(held > 0) / table_sync_interval,
+                held * (d + 1) / d / table_sync_interval)
+        else:
+            add("all_reduce", "replicate", int(held > 0), held)
     group = {"shard": S, "replicate": R}
     return [{"kind": k, "dim": dim, "group_size": group[dim], "count": c, "bytes": b}
             for (k, dim), (c, b) in sorted(out.items())]

@@ -41,6 +41,7 @@ from ..mfu.flops import sample_cost_coefficients, step_flops
 from ..mfu.timing import StepRecord, timed_step
 from ..model import GEMRef, ranking_loss
 from ..parallel.parallelize import ParallelState, parallel_state, parallelize
+from ..parallel.rowwise import RowWiseAdagrad
 from ..precision.apply import PrecisionReport, apply_precision
 from ..step import backward, forward_loss, train_step
 
@@ -163,13 +164,26 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     if parallel is not None:
         parallelize(model, train, parallel, device, layers=[f"layers.{i}" for i in range(len(model.layers))],
                     tables=[f"tables.{name}" for name in model.tables] if tables.engine != "torchrec" else (),
-                    ignored=model.tables if tables.engine == "torchrec" else None)
+                    ignored=model.tables if tables.engine == "torchrec" else None, features=_gem_lookups(model))
     return model, kernel, report
 
 
+def _gem_lookups(model: GEMRef):
+    """GEMRef's table calls per forward, in order (GEMRef.embed): all of them in one fused exchange."""
+    def features(batch: JaggedBatch) -> dict[str, list[Tensor]]:
+        batch.check_model_inputs(model.cfg)     # bad ids are named before they are routed
+        ids = batch.values
+        out = {"tables.item": [ids[:, 0], batch.ad_ids], "tables.action": [ids[:, 1]],
+               "tables.time_gap": [ids[:, 2]], "tables.position": [model.layout(batch).row_position]}
+        out.update({f"tables.sparse_{f}": [batch.sparse_ids[:, f]] for f in range(batch.sparse_ids.shape[1])})
+        return out
+    return features
+
+
 def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW; embedding tables get no weight decay (rows a batch does not touch keep their values);
-    TorchRec's tables are left to its own optimizer (gemref/interop/tables.py).
+    """AdamW; embedding tables get no weight decay (rows a batch does not touch keep their values),
+    or with table_optimizer='rowwise_adagrad' a RowWiseAdagrad attached to them (stepped inside
+    backward, gemref/parallel/rowwise.py); TorchRec's tables are left to its own optimizer (gemref/interop/tables.py).
 
     The fused implementation (one kernel over all parameters of a group) where every
     parameter is floating point on CPU or CUDA: on CPU torch's default is a Python loop of
@@ -182,6 +196,9 @@ def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimize
     params = [(n, p) for n, p in model.named_parameters() if id(p) not in engine]
     tables = [p for n, p in params if n.startswith("tables.")]
     dense = [p for n, p in params if not n.startswith("tables.")]
+    if train.parallelism.table_optimizer == "rowwise_adagrad":   # tables step inside backward (parallel/rowwise.py)
+        RowWiseAdagrad(model.tables, lr=train.lr, sync_interval=train.parallelism.table_sync_interval)
+        params, tables = [(n, p) for n, p in params if not n.startswith("tables.")], []
     fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for _, p in params)
     return torch.optim.AdamW([{"params": dense, "weight_decay": train.weight_decay},
                               {"params": tables, "weight_decay": 0.0}], lr=train.lr, fused=fused or None)

@@ -1,0 +1,46 @@
+"""Sharded tables' optimizer and replica sync interval: comm bytes and exposed time per step, eval loss/NE over seeds.
+
+On R*S one-thread gloo ranks (--mesh, default 2x2), the --preset trained --seeds times per variant:
+AdamW tables with summed replica gradients (today's path), and row-wise Adagrad with the replicas
+averaged every N steps for N in --intervals (DMPCollection's sync interval). What each column is:
+gemref/measure/table_sync.py `compare_table_sync`.
+"""
+from __future__ import annotations
+
+import argparse
+from ..config import PRESETS
+from ..env import cpu_info, versions
+from ..errors import UsageError
+from ..measure.table_sync import REFERENCE, compare_table_sync
+from ..options import int_at_least, output_file
+from ..report import format_table
+from ..runtime.files import write_json
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="tiny", choices=list(PRESETS))
+    p.add_argument("--mesh", default="2x2", help="RxS with R >= 2 (replica groups x shards)")
+    p.add_argument("--intervals", default="1,10,100", help="comma-separated table_sync_interval values")
+    p.add_argument("--seeds", type=int_at_least(2), default=3, help="runs per variant (a seed band)")
+    p.add_argument("--steps-per-run", type=int_at_least(1), default=200, help="training steps of each run")
+    p.add_argument("--window", type=int_at_least(1), default=100, help="last steps of a run measured (comm)")
+    p.add_argument("--eval-batches", type=int_at_least(1), default=8)
+    p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        intervals = tuple(int(n) for n in args.intervals.split(",") if n.strip())
+    except ValueError:
+        raise UsageError(f"--intervals {args.intervals!r}: comma-separated integers, e.g. 1,10,100") from None
+    result = compare_table_sync(args.preset, args.mesh, intervals, seeds=args.seeds, steps=args.steps_per_run,
+                                window=args.window, eval_batches=args.eval_batches)
+    print(format_table(result["rows"], title=f"sharded tables: {args.preset}, mesh {args.mesh} on gloo ranks, "
+                                             f"{args.seeds} seeds x {args.steps_per_run} steps, comm over the last "
+                                             f"{args.window} (rank 0, bytes per step); seed band vs {REFERENCE}"))
+    print(f"cpu: {cpu_info().model_name}; load average {result['load_avg_1min']:.1f} on "
+          f"{result['cpu_count']} cores (exposed comm on shared cores includes waiting)")
+    if args.json:
+        write_json(args.json, {"bench": "tables", "config": {k: v for k, v in vars(args).items() if k != "func"},
+                               **result, "versions": versions()})
+    return 0

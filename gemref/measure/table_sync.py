@@ -1,0 +1,134 @@
+"""The sharded tables' optimizer and replica sync: communication per step and quality over seeds.
+
+On R x S one-thread gloo ranks (default mesh 2x2, tables row-sharded over S, dense layers HSDP),
+gemref's own path (`train/compose.py` setup: build_model, make_optimizer) trains the preset once
+per variant and seed:
+
+    adamw (summed)    table_optimizer=adamw: the tables step with AdamW (two moments per element,
+                      every row), their R replicas' FULL local gradients all-reduced every step
+    rowwise every N   table_optimizer=rowwise_adagrad, table_sync_interval=N: row-wise Adagrad on the
+                      touched rows inside backward, each replica group on its own part of the batch,
+                      weights and row state averaged over "replicate" every N steps (DMPCollection)
+
+The last `window` steps of each run (a multiple of every N) run under the collective recorder
+and the profiler (in sessions of PROFILE_CHUNK steps): payload bytes per step per (kind, dim)
+on rank 0 (comm.py's recorder), the tables' replicate bytes per step (rowwise: what RowWiseAdagrad all-reduced; adamw: the table
+gradient rows this rank holds, every step), and rank 0's exposed communication per step (comm
+not overlapped by compute, `comm.comm_overlap`; on time-shared CPU cores it includes waiting).
+Then every rank evaluates `eval_batches` eval batches (replica 0's tables, rank 0's numbers;
+the last step is a sync step of every N, so the replicas agree): eval loss (nats per sample)
+and NE per task. Quality is the seed band (report/seed_band.py) against "rowwise every 1".
+"""
+from __future__ import annotations
+
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from ..config import get_preset, override
+from ..data.loader import make_loader
+from ..data.sampler import StepBatches
+from ..errors import UsageError
+from ..mfu.profile import quiet_profile
+from ..parallel import comm
+from ..parallel.launch import launch, preflight, to_rank0
+from ..parallel.mesh import group_dims
+from ..parallel.rowwise import RowWiseAdagrad
+from ..report.seed_band import seed_band_rows
+from ..train.compose import setup
+from ..train.loop import evaluate
+from ..config import parse_mesh
+
+REFERENCE = "rowwise every 1"
+PROFILE_CHUNK = 5       # steps per profiler session (100 steps at once held ~5 GB per rank on tiny)
+
+
+def variants(intervals) -> list[tuple[str, str, int]]:
+    """(label, table_optimizer, table_sync_interval): adamw first, then one row-wise per interval."""
+    return [("adamw (summed)", "adamw", 1)] + [(f"rowwise every {n}", "rowwise_adagrad", n) for n in intervals]
+
+
+def _row_optimizer(model) -> RowWiseAdagrad | None:
+    return next((m.row_optimizer for m in model.modules() if getattr(m, "row_optimizer", None) is not None), None)
+
+
+def _rank(rank, world, preset_name, mesh, runs, seeds, steps, window, eval_batches, data_root):
+    preset = get_preset(preset_name)
+    out = []
+    for label, optimizer, interval in runs:
+        for seed in seeds:
+            train = override(preset.train, mesh=mesh, sparse_sharding="row", table_optimizer=optimizer,
+                             table_sync_interval=interval, seed=seed, steps=steps, eval_batches=eval_batches)
+            s = setup(preset, train, device="cpu", data_root=data_root)
+            batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, 0), device=s.device))
+            for _ in range(steps - window):
+                s.step(next(batches))
+            rows_opt = _row_optimizer(s.model)
+            synced0 = rows_opt.synced_bytes if rows_opt else 0
+            recorder = comm.CollectiveRecorder(group_dims(s.parallel.mesh))
+            exposed = total = 0.0
+            dist.barrier()
+            with recorder:
+                for done in range(0, window, PROFILE_CHUNK):   # profiled in chunks: the profiler's memory stays bounded
+                    with quiet_profile("cpu") as prof:
+                        for _ in range(min(PROFILE_CHUNK, window - done)):
+                            s.step(next(batches))
+                    overlap = comm.comm_overlap(prof)
+                    exposed, total = exposed + overlap["exposed_comm_s"], total + overlap["comm_s"]
+            if rows_opt is not None:
+                table_sync = (rows_opt.synced_bytes - synced0) / window
+            else:
+                table_sync = sum(t.local_weight().numel() * t.local_weight().element_size()
+                                 for t in s.parallel.tables.values() if t.local_weight() is not None) \
+                    if s.parallel.shape.replicate > 1 else 0
+            result = evaluate(s, eval_batches, steps)
+            out.append({"label": label, "seed": seed, "by_kind": recorder.summary(window),
+                        "table_sync_bytes": table_sync, "exposed_s": exposed / window,
+                        "comm_s": total / window, **{k: result[k] for k in
+                                                                 ("eval_loss", "ne_click", "ne_conversion")}})
+    return to_rank0(out)
+
+
+def compare_table_sync(preset: str = "tiny", mesh: str = "2x2", intervals=(1, 10, 100), *, seeds: int = 3,
+                       steps: int = 200, window: int = 100, eval_batches: int = 8, data_root=None,
+                       timeout_s: float = 3600) -> dict:
+    """Run every variant x seed on R*S gloo ranks (module doc); {"rows": one per variant, "runs":
+    every run, rank 0's figures}."""
+    shape = parse_mesh(mesh)
+    if shape.replicate < 2:
+        raise UsageError(f"mesh={mesh}: the replica sync needs R >= 2 replica groups (e.g. 2x2, 2x1)")
+    if seeds < 2 or any(n < 1 for n in intervals) or window < 1 or steps < window:
+        raise UsageError(f"need seeds >= 2 (a seed band), intervals >= 1 and 1 <= window <= steps; got seeds={seeds}, "
+                         f"intervals={list(intervals)}, window={window}, steps={steps}")
+    if any(window % n or steps % n for n in intervals):
+        raise UsageError(f"window={window} and steps={steps} must be multiples of every interval {list(intervals)}: "
+                         f"each sync is counted whole, and the evaluated replicas have just synced")
+    get_preset(preset)
+    plan = preflight("cpu", ["gloo"], [shape], shape.world, group=True)
+    runs = variants(intervals)
+    per_rank = launch(_rank, (preset, mesh, runs, list(range(seeds)), steps, window, eval_batches, data_root),
+                      plan, timeout_s=timeout_s)
+    results = per_rank[0]
+    by_label = {label: [r for r in results if r["label"] == label] for label, _, _ in runs}
+    bands = {row["label"]: row for row in seed_band_rows(
+        {label: [r["eval_loss"] for r in rs] for label, rs in by_label.items()}, REFERENCE)}
+    rows = []
+    for label, rs in by_label.items():
+        def per_step(kind, dim):
+            return statistics.mean(sum(k["bytes_per_step"] for k in r["by_kind"]
+                                       if (k["kind"], k["dim"]) == (kind, dim)) for r in rs)
+        a2a_count = statistics.mean(sum(k["count_per_step"] for k in r["by_kind"] if k["kind"] == "all_to_all")
+                                    for r in rs)
+        band = bands[label]
+        rows.append({"variant": label, "all_to_all_bytes": per_step("all_to_all", "shard"),
+                     "all_to_alls": a2a_count, "replicate_bytes": per_step("all_reduce", "replicate"),
+                     "table_sync_bytes": statistics.mean(r["table_sync_bytes"] for r in rs),
+                     "exposed_ms": 1e3 * statistics.median(r["exposed_s"] for r in rs),
+                     "comm_ms": 1e3 * statistics.median(r["comm_s"] for r in rs),
+                     "eval_loss": band["mean"], "loss_sd": band["sd"],
+                     "ne_click": statistics.mean(r["ne_click"] for r in rs),
+                     "ne_conversion": statistics.mean(r["ne_conversion"] for r in rs),
+                     "vs_ref": band["difference"], "tolerance": band["tolerance"], "in_band": band["within"]})
+    return {"rows": rows, "runs": results, "load_avg_1min": os.getloadavg()[0], "cpu_count": os.cpu_count()}
