@@ -14,7 +14,7 @@ The last `window` steps of each run (a multiple of every N) run under the collec
 and the profiler (in sessions of PROFILE_CHUNK steps): payload bytes per step per (kind, dim)
 on rank 0 (comm.py's recorder), the tables' replicate bytes per step (rowwise: what RowWiseAdagrad all-reduced; adamw: the table
 gradient rows this rank holds, every step), and rank 0's exposed communication per step (comm
-not overlapped by compute, `comm.comm_overlap`; on time-shared CPU cores it includes waiting).
+not overlapped by compute, gemref/measure/comm.py `comm_overlap`; on time-shared CPU cores it includes waiting).
 Then every rank evaluates `eval_batches` eval batches (replica 0's tables, rank 0's numbers;
 the last step is a sync step of every N, so the replicas agree): eval loss (nats per sample)
 and NE per task. Quality is the seed band (report/seed_band.py) against "rowwise every 1".
@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import statistics
 
-import torch
 import torch.distributed as dist
 
 from ..config import get_preset, override
@@ -32,7 +31,7 @@ from ..data.loader import make_loader
 from ..data.sampler import StepBatches
 from ..errors import UsageError
 from ..mfu.profile import quiet_profile
-from ..parallel import comm
+from . import comm
 from ..parallel.launch import launch, preflight, to_rank0
 from ..parallel.mesh import group_dims
 from ..parallel.rowwise import RowWiseAdagrad
