@@ -295,6 +295,9 @@ def test_measured_mfu_takes_local_mfu_and_carries_rungs_that_did_not_run(tmp_pat
     (lambda: parse_mfu_assumption(["warp=0.3"]), "unknown rung 'warp'"),
     (lambda: parse_mfu_assumption(["fast"]), "expected VALUE or RUNG=VALUE"),
     (lambda: project(TINY, [8], options=Options(table_sync_every=0)), "table_sync_every must be >= 1"),
+    (lambda: project(TINY, [8], options=Options(table_sync_every=10)),
+     "table_sync_every=10 with table_optimizer='adamw': gemref sums AdamW tables' gradients every step"),
+    (lambda: project(TINY, [8], options=Options(table_optimizer="sgd")), "table_optimizer='sgd'; valid: adamw"),
     (lambda: project(TINY, [8], options=Options(bandwidth_scale=0)), "bandwidth_scale must be > 0"),
     (lambda: measured_mfu({"ranks": 4, "rungs": [{"key": "baseline", "status": "ran", "mfu": 0.1}]}),
      "ran on 4 ranks and records no local MFU"),
@@ -445,3 +448,18 @@ def test_the_projections_per_rung_changes_are_the_ladder_tables():
     found = [str(p.relative_to(package)) for p in package.rglob("*.py")
              if any(field_table(n) for n in ast.walk(ast.parse(p.read_text())))]
     assert found == [] and not hasattr(projection, "CHANGES")
+
+
+
+def test_the_tables_are_priced_as_their_optimizer_runs():
+    """AdamW: the held rows' summed gradient every step; row-wise Adagrad: weights plus one state value
+    per row (d + 1 per d), 1/K of it per step (gemref/parallel/rowwise.py)."""
+    from gemref.simulate.step_model import step_collectives
+
+    cfg, mesh = get_preset("large").model, MeshShape(2, 8)
+    adamw = {r["dim"]: r for r in step_collectives(cfg, mesh, 64, 64 * 100, True, 2, "row")}["tables"]
+    rowwise = {r["dim"]: r for r in step_collectives(cfg, mesh, 64, 64 * 100, True, 2, "row",
+                                                     table_optimizer="rowwise_adagrad")}["tables"]
+    assert rowwise["bytes"] == pytest.approx(adamw["bytes"] * (cfg.d_model + 1) / cfg.d_model)
+    rows = project(get_preset("large"), [16], options=Options(table_optimizer="rowwise_adagrad", table_sync_every=10))
+    assert {(r["table_optimizer"], r["table_sync_every"]) for r in rows} == {("rowwise_adagrad", 10)}

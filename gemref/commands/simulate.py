@@ -33,7 +33,11 @@ def _configure_project(p: argparse.ArgumentParser) -> None:
                    help="single-GPU MFU in (0, 1]: one value for every rung, or RUNG=VALUE (wins over the waterfall)")
     p.add_argument("--batch-per-gpu", type=positive_int, help="samples per GPU and step (default: the preset's batch)")
     p.add_argument("--batches", type=positive_int, default=3, help="global batches drawn per GPU count for the imbalance")
-    p.add_argument("--table-sync-every", type=positive_int, default=1, help="all-reduce the table replicas every K steps")
+    p.add_argument("--table-optimizer", choices=("adamw", "rowwise_adagrad"), default="adamw",
+                   help="the tables' optimizer: adamw (summed gradient all-reduce every step) or rowwise_adagrad "
+                        "(replica weights and row state averaged every --table-sync-every steps)")
+    p.add_argument("--table-sync-every", type=positive_int, default=1,
+                   help="with --table-optimizer rowwise_adagrad: sync the table replicas every K steps")
     p.add_argument("--transport", choices=("nccl", "ncclx_smfree"), default="nccl",
                    help="collective transport: nccl (~24 SMs per collective) or ncclx_smfree (1 SM for data-moving collectives)")
     p.add_argument("--collective-sms", type=nonnegative_int, default=None,
@@ -74,7 +78,8 @@ def run_project(args: argparse.Namespace) -> int:
         mfu = measured_mfu(load_waterfall(args.from_waterfall)) if args.from_waterfall else {}
         mfu.update(parse_mfu_assumption(args.mfu_assumption))
     options = Options(hardware=args.hardware, batch_per_gpu=args.batch_per_gpu, batches=args.batches,
-                      table_sync_every=args.table_sync_every, transport=args.transport,
+                      table_optimizer=args.table_optimizer, table_sync_every=args.table_sync_every,
+                      transport=args.transport,
                       collective_sms=args.collective_sms, sm_share=args.sm_share,
                       bandwidth_scale=args.bandwidth_scale, schedule=args.schedule)
     rows = project(preset, gpus, options=options, mfu=mfu)

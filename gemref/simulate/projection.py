@@ -39,8 +39,11 @@ the same two factors the waterfall measures (gemref/waterfall/stats.py).
   under it by k / SM count (step_model.py). Options.transport sets k per collective kind
   (cost_model.TRANSPORTS: "nccl" 24, "ncclx_smfree" 1 for the collectives that only move
   bytes); `collective_sms` sets one k for every kind, `sm_share` the share directly.
-* table replicas: gemref all-reduces the held table rows every step; `table_sync_every` K
-  is a what-if that synchronises the replicas every K steps instead (1/K per step).
+* table replicas: priced as gemref's code runs them (gemref/parallel/rowwise.py, sparse.py), and
+  every row names its `table_optimizer` and `table_sync_every`: "adamw" (the default) all-reduces
+  the held table rows' summed gradient every step; "rowwise_adagrad" averages the replicas' weights
+  and row state (d + 1 values per row) every `table_sync_every` K steps (1/K per step), as
+  TorchRec's DMPCollection does. AdamW with K > 1 is refused: the code does not run it.
 * fits: parameters + gradients + AdamW state per rank (parallel/memory.py) below the GPU's
   memory; activations are not counted. state_gb and memory_gb are decimal GB (1e9 bytes; 1 GiB =
   1.074 GB).
@@ -68,7 +71,7 @@ from ..mfu.peak import gpu_peak
 from ..parallel.memory import projected_rank_bytes
 from .collectives import SCHEDULES
 from .cost_model import KINDS, HardwareProfile, get_profile
-from .step_model import comm_rows, comm_split, predict_step, step_collectives, with_sm_shares
+from .step_model import check_table_sync, comm_rows, comm_split, predict_step, step_collectives, with_sm_shares
 
 GPU_COUNTS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 GEM_MFU_BAND = (0.20, 0.25)   # Meta, GEM announcement (2025): end-to-end training MFU, thousands of GPUs
@@ -119,7 +122,9 @@ class Options:
     batches: int = 3                     # global batches drawn per GPU count (median imbalance); one
                                          # when a global batch holds > DRAW_SAMPLES samples
     shard_group: int | None = None       # fsdp_2d shard group S (None: GPUs per node)
-    table_sync_every: int = 1            # table replica all-reduce every K steps
+    table_optimizer: str = "adamw"       # tables' optimizer: adamw (summed gradient all-reduce every step) |
+                                         # rowwise_adagrad (weights + row state averaged every K steps)
+    table_sync_every: int = 1            # table replica sync every K steps (rowwise_adagrad only)
     transport: str = "nccl"              # SMs each collective kind holds (cost_model.TRANSPORTS): nccl | ncclx_smfree
     collective_sms: int | None = None    # what-if: SMs every collective holds, 0..SM count (overrides transport)
     sm_share: float | None = None        # what-if: share of overlapped compute lost, [0, 1] (overrides both)
@@ -231,6 +236,9 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
         raise ValueError(f"schedule={options.schedule!r}; valid: {', '.join(SCHEDULES)}")
     if options.batches < 1:
         raise ValueError(f"batches must be >= 1, got {options.batches}")
+    if options.table_sync_every < 1:
+        raise ValueError(f"table_sync_every must be >= 1, got {options.table_sync_every}")
+    check_table_sync(options.table_optimizer, options.table_sync_every)
     base_batch = options.batch_per_gpu or preset.train.batch_size
     if base_batch < 1:
         raise ValueError(f"batch_per_gpu must be >= 1, got {base_batch}")
@@ -248,7 +256,7 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
             sparse = "row" if r.layout == "fsdp_2d" else "none"
             tokens = round(b * mean_len)     # balanced routing: every rank at the mean
             coll = comm_rows(step_collectives(preset.model, mesh, b, tokens, not r.padded,
-                                              r.gather_bytes, sparse), mesh, hw,
+                                              r.gather_bytes, sparse, table_optimizer=options.table_optimizer), mesh, hw,
                              table_sync_every=options.table_sync_every, schedule=options.schedule)
             coll = with_sm_shares(coll, hw, options.transport, options.collective_sms, options.sm_share)
             m, source = local[r.key]
@@ -261,7 +269,7 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
                          "mfu": meter.mfu(st["rank_flops"], step["step_s"], peak.flops), "rank_flops": st["rank_flops"],
                          "peak_flops": peak.flops, "transport": options.transport,
                          "collective_sms": options.collective_sms, "sm_share": options.sm_share,
-                         "table_sync_every": options.table_sync_every,
+                         "table_optimizer": options.table_optimizer, "table_sync_every": options.table_sync_every,
                          "state_gb": state / 1e9, "memory_gb": None if memory is None else memory / 1e9,
                          "fits": None if memory is None else state < memory,
                          "collectives": coll})

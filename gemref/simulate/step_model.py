@@ -41,35 +41,41 @@ from .cost_model import HardwareProfile, collective_sms as kind_sms, price_group
 # TorchRec's sharded embeddings fuse every table's all-to-all into one per direction: the input dist
 # (KJTAllToAll: every table's ids, with their counts, to the ranks that hold their rows), the output
 # dist (every table's looked-up rows back) and its backward (every table's row gradients). volume.py
-# counts four per lookup (counts, ids, rows, gradients), the way gemref's own sharded tables
-# (gemref/parallel/sparse.py) issue them; fused, the same bytes travel in these three.
+# counts four per step (counts, ids, rows, gradients), the way gemref's own fused exchange
+# (gemref/parallel/lookup.py) issues them; TorchRec moves the same bytes in these three.
 FUSED_ALL_TO_ALLS = 3
 
 
 @functools.lru_cache(maxsize=256)
 def _volume(cfg, shard: int, replicated: bool, batch: int, tokens: int, jagged: bool, gather_bytes: int,
-            sparse: str) -> tuple[tuple[dict, ...], int, int]:
+            sparse: str, table_optimizer: str = "adamw") -> tuple[tuple[dict, ...], int, int]:
     """volume.py rows on a (2 if replicated else 1) x S mesh, the layer units' numel, the held table bytes.
 
     volume.py's bytes depend on R only through R > 1, so one call serves every R."""
     mesh = MeshShape(2 if replicated else 1, shard)
     rows = step_volume(cfg, mesh, batch=batch, tokens=tokens, jagged=jagged, param_bytes=gather_bytes,
-                       reduce_bytes=4, sparse_sharding=sparse)
+                       reduce_bytes=4, sparse_sharding=sparse, table_optimizer=table_optimizer)
     numel = sum(padded_numel(s, shard) for unit, shapes in model_units(cfg, sparse).items() if unit != "root"
                 for s in shapes)
     held = 0
     if sparse != "none" and replicated:
         held = sum(p.local_bytes(0, shard) for p in plan_tables(table_shapes(cfg), shard, sparse).values())
+        if table_optimizer == "rowwise_adagrad":     # weights and one fp32 state value per row (volume.py)
+            held = held * (cfg.d_model + 1) / cfg.d_model
     return tuple(rows), numel, held
 
 
 def step_collectives(cfg, mesh: MeshShape, batch: int, tokens: int, jagged: bool, gather_bytes: int,
-                     sparse: str, fuse_all_to_alls: bool = True) -> list[dict]:
+                     sparse: str, fuse_all_to_alls: bool = True, table_optimizer: str = "adamw") -> list[dict]:
     """One rank's collectives (volume.py rows), the table replicas' all-reduce split out as
     dim "tables", each row with `overlappable_bytes`: the layer units' share. With
     `fuse_all_to_alls` the embedding all-to-alls are FUSED_ALL_TO_ALLS calls carrying every
-    table's bytes (TorchRec); without, volume.py's four per lookup (gemref's native tables)."""
-    rows, numel, held = _volume(cfg, mesh.shard, mesh.replicate > 1, batch, tokens, jagged, gather_bytes, sparse)
+    table's bytes (TorchRec); without, volume.py's four per step (gemref's own fused exchange:
+    counts, ids, rows and their gradients, gemref/parallel/lookup.py).
+    `table_optimizer`: "adamw" (the tables' summed gradient every step) or "rowwise_adagrad" (their
+    weights and row state averaged; comm_rows' `table_sync_every` sets how often)."""
+    rows, numel, held = _volume(cfg, mesh.shard, mesh.replicate > 1, batch, tokens, jagged, gather_bytes, sparse,
+                                table_optimizer)
     if fuse_all_to_alls:
         rows = [{**r, "count": FUSED_ALL_TO_ALLS} if r["kind"] == "all_to_all" else r for r in rows]
     S = mesh.shard
@@ -84,6 +90,16 @@ def step_collectives(cfg, mesh: MeshShape, batch: int, tokens: int, jagged: bool
             r = {**r, "count": r["count"] - 1, "bytes": r["bytes"] - held}
         out.append({**r, "overlappable_bytes": min(r["bytes"], layers.get((r["kind"], r["dim"]), 0))})
     return out
+
+
+def check_table_sync(table_optimizer: str, table_sync_every: int) -> None:
+    """What gemref's code runs: AdamW tables sum their gradients every step; only row-wise Adagrad's
+    replicas sync every K steps (gemref/parallel/rowwise.py). Anything else is a ValueError."""
+    if table_optimizer not in ("adamw", "rowwise_adagrad"):
+        raise ValueError(f"table_optimizer={table_optimizer!r}; valid: adamw, rowwise_adagrad")
+    if table_optimizer == "adamw" and table_sync_every != 1:
+        raise ValueError(f"table_sync_every={table_sync_every} with table_optimizer='adamw': gemref sums AdamW tables' "
+                         "gradients every step; a sync interval needs table_optimizer='rowwise_adagrad'")
 
 
 def comm_rows(rows, mesh: MeshShape, hw: HardwareProfile | None, *, kind_tiers: dict | None = None,
@@ -181,7 +197,7 @@ def one_step(cfg, mesh: MeshShape, hw: HardwareProfile, *, batch: int, tokens: i
              local_mfu: float, jagged: bool = True, sparse_sharding: str = "row", gather_bytes: int = 2,
              imbalance: float = 1.0, transport: str = "nccl", collective_sms: int | None = None,
              sm_share: float | None = None, table_sync_every: int = 1, fuse_all_to_alls: bool = True,
-             schedule: str = "nccl") -> dict:
+             schedule: str = "nccl", table_optimizer: str = "adamw") -> dict:
     """One rank's step on `mesh` of `hw` GPUs: compute = model_flops / (bf16 peak x local_mfu),
     its collectives priced and overlapped as in the module doc, each holding the SMs of its
     kind on `transport` (or `collective_sms`; `sm_share` overrides both). `batch`/`tokens`:
@@ -196,8 +212,10 @@ def one_step(cfg, mesh: MeshShape, hw: HardwareProfile, *, batch: int, tokens: i
     peak = gpu_peak(hw.gpu, "bf16")
     if peak.flops is None:
         raise ValueError(f"hardware profile {hw.name!r}: no bf16 peak for GPU {hw.gpu!r}")
+    check_table_sync(table_optimizer, table_sync_every)
     rows = comm_rows(step_collectives(cfg, mesh, batch, tokens, jagged, gather_bytes, sparse_sharding,
-                                      fuse_all_to_alls), mesh, hw, table_sync_every=table_sync_every, schedule=schedule)
+                                      fuse_all_to_alls, table_optimizer), mesh, hw, table_sync_every=table_sync_every,
+                     schedule=schedule)
     rows = with_sm_shares(rows, hw, transport, collective_sms, sm_share)
     compute_s = seconds_at(model_flops, local_mfu, peak.flops)
     step = predict_step(compute_s, imbalance, rows)
