@@ -103,6 +103,13 @@ class MyRec(nn.Module):
         return self.head(torch.cat([pooled, user], dim=1)).squeeze(1)
 
 
+def with_attention(model: MyRec, attention) -> MyRec:
+    """`model` with every block's attention swapped for `attention(q, k, v, offsets)` (e.g. a gdpa adapter)."""
+    for block in model.stack:
+        block.attention = attention
+    return model
+
+
 def my_loss(model: nn.Module, batch: RecBatch) -> Tensor:
     """The user's loss: mean BCE over the batch's samples."""
     return F.binary_cross_entropy_with_logits(model(batch), batch.labels)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from my_rec import MyRec, RecBatch, make_batch, my_loss
+from my_rec import MyRec, RecBatch, make_batch, my_loss, with_attention
 from gemref.attention import gdpa
 from gemref.autoac import applied_plan, apply_plan, profile_blocks, remove_plan, solve
 from gemref.balance import SampleCost, loss_divisor
@@ -40,10 +40,7 @@ def gdpa_attention(q, k, v, offsets):
 def model_with(attention=None, seed: int = 0) -> MyRec:
     torch.manual_seed(seed)
     model = MyRec(d=D, heads=HEADS)
-    if attention is not None:
-        for block in model.stack:
-            block.attention = attention
-    return model
+    return model if attention is None else with_attention(model, attention)
 
 
 def loss_and_grads(model, batch):

@@ -215,16 +215,14 @@ def my_rec_pair():
     a compiled region cannot take)."""
     import copy
 
-    from my_rec import MyRec
+    from my_rec import MyRec, with_attention
 
     from gemref.attention import gdpa
 
     def attention(q, k, v, offsets):
         return gdpa(q, k, v, offsets, activation="softmax", causal=True, kernel="cpu_jagged")
     torch.manual_seed(0)
-    eager = MyRec()
-    for block in eager.stack:
-        block.attention = attention
+    eager = with_attention(MyRec(), attention)
     return eager, copy.deepcopy(eager)
 
 

@@ -86,7 +86,7 @@ def test_a_foreign_models_mfu_credits_no_padding():
     L(L+1)/2, x3) by the time, HFU the executed FLOPs (padding and backward's recompute included),
     so HFU / MFU = executed / model > 1."""
     import torch
-    from my_rec import MyRec, make_batch, my_loss
+    from my_rec import MyRec, make_batch, my_loss, with_attention
 
     from gemref.attention import gdpa
     from gemref.mfu.foreign import measure
@@ -94,9 +94,7 @@ def test_a_foreign_models_mfu_credits_no_padding():
     def attention(q, k, v, offsets):
         return gdpa(q, k, v, offsets, activation="softmax", causal=True, kernel="sdpa")
     torch.manual_seed(0)
-    model = MyRec()
-    for block in model.stack:
-        block.attention = attention
+    model = with_attention(MyRec(), attention)
     lengths = [[3, 40, 0, 17], [9, 30, 30, 1, 2]]
     record = measure(model, my_loss, [make_batch(ls, seed=s) for s, ls in enumerate(lengths)],
                      torch.optim.SGD(model.parameters(), 0.1), lengths_of=lambda b: b.lengths,
