@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -183,3 +184,18 @@ def test_the_resource_trackers_notice_on_killed_ranks_is_the_only_warning_turned
     monkeypatch.delenv("PYTHONWARNINGS")
     launch._quiet_resource_tracker()
     assert os.environ["PYTHONWARNINGS"] == "ignore:resource_tracker:UserWarning"
+
+
+def test_a_sigterm_while_children_start_is_held_and_raised_once_after():
+    """A process-directed SIGTERM reaches some thread that does not block it; it must still
+    wait for the end of the start (gemref/parallel/launch.py binds its children first)."""
+    from gemref.runtime.interrupt import starting_children
+
+    reached_the_end = False
+    with pytest.raises(Interrupted) as caught:
+        with signals_raise():
+            with starting_children():
+                threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM)).start()   # not the main thread
+                time.sleep(0.5)
+                reached_the_end = True
+    assert reached_the_end and caught.value.exit_code == 143

@@ -144,3 +144,34 @@ def test_release_meshes_empties_the_cache_without_a_process_group():
     _meshes[("stale",)] = object()
     release_meshes()
     assert not _meshes
+
+
+def _sleep(rank, world):
+    import time
+
+    time.sleep(120)
+
+
+def test_an_interrupt_held_back_while_ranks_start_still_kills_them(monkeypatch):
+    """SIGTERM sent while the ranks start (signals held back: a rank still reading large
+    arguments) is raised as the start ends: the ranks must die with the call, not keep the parent
+    waiting for them at exit (a CI hang of `bench balance --measure`)."""
+    import os
+    import signal
+
+    from gemref.parallel import launch
+    from gemref.runtime.interrupt import Interrupted, signals_raise
+
+    started, real = [], launch.mp.start_processes
+
+    def start_then_signal(*args, **kwargs):
+        ctx = real(*args, **kwargs)
+        started.append(ctx)
+        os.kill(os.getpid(), signal.SIGTERM)        # held back until starting_children() ends
+        return ctx
+
+    monkeypatch.setattr(launch.mp, "start_processes", start_then_signal)
+    with pytest.raises(Interrupted):
+        with signals_raise():
+            spawn(_sleep, 2, timeout_s=60)
+    assert [p.exitcode for p in started[0].processes] == [-9, -9]

@@ -247,12 +247,17 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
     with tempfile.TemporaryDirectory(prefix="gemref-ranks-") as tmp:
         out = Path(tmp)
         _quiet_resource_tracker()
-        with starting_children():
-            ctx = mp.start_processes(_rank_entry, args=(fn, world, free_port(), backend, timeout_s, tmp, args,
-                                                        os.getpid()), nprocs=world, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout_s
         relay = _StderrRelay(out, world)
+        ctx = None
         try:
+            # A SIGINT/SIGTERM held back while the ranks start is raised as this block ends, after
+            # `ctx` is bound, so the `finally` below kills the ranks: started outside this `try`,
+            # they outlived an interrupt that came while a rank read its (large) arguments.
+            with starting_children():
+                ctx = mp.start_processes(_rank_entry, args=(fn, world, free_port(), backend, timeout_s, tmp, args,
+                                                            os.getpid()), nprocs=world, join=False,
+                                         start_method="spawn")
+            deadline = time.monotonic() + timeout_s
             while not ctx.join(timeout=0.5):
                 relay.pump()
                 if time.monotonic() > deadline:
@@ -263,10 +268,10 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
             relay.pump()
             raise _rank_failure(out, ctx.processes, e, relay.tail) from None
         finally:
-            for p in ctx.processes:
+            for p in ctx.processes if ctx is not None else ():
                 if p.exitcode is None:      # alive, not reaped: its pid (and group) is still its own
                     kill_group(p.pid)       # the group too: what the rank started (data workers)
-            for p in ctx.processes:
+            for p in ctx.processes if ctx is not None else ():
                 p.join(timeout=10)
             relay.pump()
         return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(world)]

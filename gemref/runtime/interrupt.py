@@ -67,18 +67,27 @@ def signals_raise() -> Iterator[None]:
 def starting_children() -> Iterator[None]:
     """Start children inside this block: they start with SIGINT ignored (an ignored disposition
     survives exec; multiprocessing's spawned children do not keep a blocked mask), so a Ctrl-C
-    at the terminal while they import prints no traceback of theirs. This process holds
-    SIGINT/SIGTERM back meanwhile and gets them when the block ends."""
+    at the terminal while they import prints no traceback of theirs. A SIGTERM that arrives
+    meanwhile is held and raised as the block ends, so the caller's cleanup sees every child
+    started. Held by a Python handler, not only by this thread's signal mask: a process-directed
+    signal goes to any thread that does not block it (torch's, OpenMP's), and Python then runs
+    the handler in the main thread at once, which raised mid-start, with a child half-started
+    and none of them known to the caller (they outlived the command)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    held: list[int] = []
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)   # a blocked signal stays pending even so
+    old = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),   # a blocked signal stays pending even so
+           signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for s, h in old.items():
+            signal.signal(s, h)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        if held:
+            signal.raise_signal(held[0])       # to the restored handler, as if it came now
 
 
 def own_group(parent: int | None = None) -> None:
