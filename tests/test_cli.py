@@ -85,11 +85,15 @@ def test_train_has_one_option_per_trainconfig_field():
     assert cfg.steps == get_preset("tiny").train.steps                # not given: the preset's
 
 
-def test_simulate_has_project_and_validate_actions():
+def test_simulate_has_project_validate_and_published_actions(tmp_path):
     r = gemref("simulate", "--validate")
-    assert r.returncode == 2 and "required: ACTION (choose from project, validate)" in one_line(r.stderr)
+    assert r.returncode == 2 and "required: ACTION (choose from project, validate, published)" in one_line(r.stderr)
     sim = dict(all_parsers())
-    assert ("gemref", "simulate", "project") in sim and ("gemref", "simulate", "validate") in sim
+    assert all(("gemref", "simulate", a) in sim for a in ("project", "validate", "published"))
+    r = gemref("simulate", "published", "--json", str(tmp_path / "p.json"))
+    assert r.returncode == 0 and "torchtitan" in r.stdout
+    saved = json.loads((tmp_path / "p.json").read_text())
+    assert len(saved["bus_bandwidth"]) == 4 and len(saved["fsdp_scaling"]) == 3
 
 
 def test_abbreviated_options_are_refused_with_the_full_name():

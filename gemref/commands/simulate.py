@@ -1,5 +1,6 @@
 """`gemref simulate project` (step time and MFU of every rung at thousands of GPUs) and
-`gemref simulate validate` (the same formula against measured gloo runs on this machine)."""
+`gemref simulate validate` (the same formula against measured gloo runs on this machine) and
+`gemref simulate published` (the collective and step models against published GPU measurements)."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,8 @@ from ..options import (add_preset_arg, check_local_ranks, int_at_least, nonnegat
                    positive_int, share)
 
 NAME = "simulate"
-HELP = "project step time and MFU of every rung to thousands of GPUs (project), or check the projection (validate)"
+HELP = ("project step time and MFU of every rung to thousands of GPUs (project), or check the projection against "
+        "measured runs (validate) and published measurements (published)")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -19,6 +21,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     _configure_project(proj)
     val = which.add_parser("validate", help="predict measured gloo runs on this CPU and compare")
     _configure_validate(val)
+    pub = which.add_parser("published", help="the collective and step models against published measurements "
+                                             "(nccl-tests bus bandwidths, torchtitan's 8 -> 128 GPU FSDP scaling)")
+    pub.add_argument("--json", metavar="PATH", type=output_file, help="write both tables here")
+    pub.set_defaults(func=run_published)
 
 
 def _configure_project(p: argparse.ArgumentParser) -> None:
@@ -117,4 +123,25 @@ def run_validate(args: argparse.Namespace) -> int:
                              "+ kk + FSDP 1xR with row-sharded tables; median step seconds)"))
     if args.json:
         write_json(args.json, {"kind": "simulate_validate", "rows": rows})
+    return 0
+
+
+def run_published(args: argparse.Namespace) -> int:
+    from ..report import format_table
+    from ..runtime.files import write_json
+    from ..simulate.cost_model import published_comparison
+    from ..simulate.published_scaling import SOURCE, torchtitan_scaling
+
+    buses, scaling = published_comparison(), torchtitan_scaling()
+    print(format_table(buses, columns=["kind", "ranks", "nodes", "hardware", "algorithm", "published_gb_s", "model_gb_s",
+                                       "error", "hierarchical_gb_s", "hierarchical_error"],
+                       title="bus bandwidth at 16 GiB, published (nccl-tests' definition) vs the collective model"))
+    print(format_table(scaling, columns=["technique", "gpus_small", "gpus_large", "published_tps_small",
+                                         "published_tps_large", "published_ratio", "model_ratio", "error",
+                                         "exposed_small_s", "exposed_large_s", "sm_slowdown_small_s",
+                                         "sm_slowdown_large_s"],
+                       title=f"TPS per GPU, large / small GPU count, published vs the step model ({SOURCE})"))
+    if args.json:
+        write_json(args.json, {"kind": "simulate_published", "bus_bandwidth": buses, "fsdp_scaling": scaling})
+        print(f"wrote {args.json}")
     return 0
