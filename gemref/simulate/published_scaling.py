@@ -4,7 +4,7 @@ It is the one published end-to-end measurement of FSDP2 (the sharding gemref's d
 at two scales on a machine a profile describes: Meta's Grand Teton hosts, 8 H100s on NVLink and
 400 Gb/s of RDMA per GPU, i.e. `h100_roce_400` (cost_model.py).
 
-Source: pytorch/torchtitan, its performance.md (in docs), Tables 1 and 3 (Liang et al., "TorchTitan:
+Source: pytorch/torchtitan, its performance page (in docs), Tables 1 and 3 (Liang et al., "TorchTitan:
 One-stop PyTorch native solution for production ready LLM pre-training", ICLR 2025). The model is
 Llama 3.1 8B, 1D FSDP over every GPU, with local batch 2 x 8,192 tokens and selective activation
 checkpointing, and TPS per GPU read at step 90. The page's 256- and 512-GPU rows run tensor and
@@ -33,7 +33,7 @@ from ..config import MeshShape
 from .cost_model import get_profile, price_group, sm_share
 from .step_model import predict_step
 
-SOURCE = ("pytorch/torchtitan performance.md, Tables 1 (8 GPUs) and 3 (128 GPUs): Llama 3.1 8B, 1D FSDP, "
+SOURCE = ("pytorch/torchtitan performance page, Tables 1 (8 GPUs) and 3 (128 GPUs): Llama 3.1 8B, 1D FSDP, "
           "local batch 2, seq 8192, selective AC, H100 (Grand Teton, 400 Gb/s RDMA per GPU)")
 HARDWARE = "h100_roce_400"
 TOKENS_PER_GPU_STEP = 2 * 8192          # local batch 2 x sequence length 8,192
