@@ -126,6 +126,10 @@ class JaggedBatch:
     # model_contract() this batch passed, else None: per instance via `mark_validated`, not a
     # dataclass field, so fields(batch) stays the six tensors
     validated_for: ClassVar[tuple | None] = None
+    # The longest history, read on the host where the batch was built (the loader's numpy
+    # lengths; `select` on CPU), so the model's layout needs no device sync to size its
+    # kernels. None: unknown, and the layout reads it from `offsets` (one sync on a GPU).
+    host_max_length: ClassVar[int | None] = None
 
     @property
     def batch_size(self) -> int:
@@ -214,8 +218,16 @@ class JaggedBatch:
         self.validated_for = contract
         return self
 
+    def with_host_max_length(self, longest: int | None) -> "JaggedBatch":
+        """Record the longest history, computed on the host from this batch's own lengths. Returns self."""
+        if longest is not None and (isinstance(longest, bool) or not isinstance(longest, int) or longest < 0):
+            raise ValueError(f"host_max_length must be None or an int >= 0, got {longest!r}")
+        self.host_max_length = longest
+        return self
+
     def _map(self, fn) -> "JaggedBatch":
-        return JaggedBatch(*(fn(getattr(self, name)) for name in TENSOR_FIELDS)).mark_validated(self.validated_for)
+        return JaggedBatch(*(fn(getattr(self, name)) for name in TENSOR_FIELDS)).mark_validated(
+            self.validated_for).with_host_max_length(self.host_max_length)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "JaggedBatch":
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
@@ -233,8 +245,10 @@ class JaggedBatch:
         T = int(new_offsets[-1])
         rows = torch.arange(T, device=idx.device) - torch.repeat_interleave(new_offsets[:-1], lengths, output_size=T)
         rows = rows + torch.repeat_interleave(starts, lengths, output_size=T)
+        longest = int(lengths.max()) if lengths.numel() and lengths.device.type == "cpu" else None
         return JaggedBatch(self.values[rows], new_offsets, self.sparse_ids[idx], self.dense[idx],
-                           self.ad_ids[idx], self.labels[idx]).mark_validated(self.validated_for)
+                           self.ad_ids[idx], self.labels[idx]).mark_validated(
+            self.validated_for).with_host_max_length(longest if lengths.numel() else 0)
 
     @staticmethod
     def concat(batches: Sequence["JaggedBatch"]) -> "JaggedBatch":
@@ -243,7 +257,9 @@ class JaggedBatch:
             raise ValueError("concat needs at least one batch")
         lengths = torch.cat([b.lengths for b in batches])
         contracts = {b.validated_for for b in batches}
+        known = [b.host_max_length for b in batches]
         return JaggedBatch(torch.cat([b.values for b in batches]), lengths_to_offsets(lengths),
                            torch.cat([b.sparse_ids for b in batches]), torch.cat([b.dense for b in batches]),
                            torch.cat([b.ad_ids for b in batches]), torch.cat([b.labels for b in batches])
-                           ).mark_validated(contracts.pop() if len(contracts) == 1 else None)
+                           ).mark_validated(contracts.pop() if len(contracts) == 1 else None).with_host_max_length(
+            None if None in known else max(known))

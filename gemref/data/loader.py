@@ -5,7 +5,8 @@ every value, manifest.py the files themselves) and keeps the split in memory as 
 arrays (values + offsets). It is a map-style dataset whose `__getitems__` gathers a whole
 batch with vectorised numpy, so any batch sampler works: shuffled batches, token-budget
 batches, or the load-balanced distributed sampler. Its batches carry `validated_for` (the
-model config they were checked against), so the model does not check them again. Workers
+model config they were checked against), so the model does not check them again, and their
+longest history, read here from numpy, so the model's layout needs no device sync. Workers
 share the arrays copy-on-write after fork. On CUDA the loader pins memory.
 """
 from __future__ import annotations
@@ -74,7 +75,8 @@ class EventDataset(Dataset):
                            sparse_ids=torch.from_numpy(self.sparse[idx]),
                            dense=torch.from_numpy(self.dense[idx]),
                            ad_ids=torch.from_numpy(self.ad_ids[idx]),
-                           labels=torch.from_numpy(self.labels[idx])).mark_validated(self.contract)
+                           labels=torch.from_numpy(self.labels[idx])).mark_validated(
+            self.contract).with_host_max_length(int(lengths.max()))
 
     def __getitem__(self, index: int) -> JaggedBatch:
         return self.__getitems__([index])

@@ -66,8 +66,11 @@ class GEMRef(nn.Module):
         return [f"layers.{i}.{kind}" for i in range(len(self.layers)) for kind in ("sequence", "interaction", "cross")]
 
     def layout(self, batch: JaggedBatch) -> SequenceLayout:
-        return SequenceLayout.build(batch.offsets, self.cfg.max_len, padded=not self.jagged,
-                                    kernel=self.kernel)
+        """The batch's layout, sized from host-side facts (no device sync): its longest history
+        as the loader read it, and its rows (values.shape[0], which check_model_inputs holds to
+        offsets[-1])."""
+        return SequenceLayout.build(batch.offsets, self.cfg.max_len, padded=not self.jagged, kernel=self.kernel,
+                                    longest=batch.host_max_length, total=batch.num_tokens)
 
     def embed(self, batch: JaggedBatch, layout: SequenceLayout) -> tuple[Tensor, Tensor]:
         """History tokens x (rows, d) and non-sequence tokens z (B, N, d)."""

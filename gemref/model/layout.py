@@ -28,11 +28,16 @@ class SequenceLayout:
     row_is_real: Tensor | None  # (rows,) bool, padded layout only
 
     @staticmethod
-    def build(offsets: Tensor, max_len: int, *, padded: bool, kernel: str) -> "SequenceLayout":
-        """Layout for a batch; `max_len` is the model's (pad target, and the cap on lengths)."""
+    def build(offsets: Tensor, max_len: int, *, padded: bool, kernel: str, longest: int | None = None,
+              total: int | None = None) -> "SequenceLayout":
+        """Layout for a batch; `max_len` is the model's (pad target, and the cap on lengths).
+        `longest` (the longest sequence) and `total` (offsets[-1], the rows), when the caller
+        knows them on the host (JaggedBatch.host_max_length, values.shape[0]), spare the two
+        device syncs that reading them from `offsets` costs on a GPU."""
         lengths = offsets_to_lengths(offsets)
         B = lengths.numel()
-        longest = int(lengths.max()) if B else 0
+        if longest is None:
+            longest = int(lengths.max()) if B else 0
         if longest > max_len:
             raise ValueError(f"a history has {longest} events > max_len={max_len}")
         if padded:
@@ -41,7 +46,7 @@ class SequenceLayout:
             position = pos.repeat(B)
             is_real = (pos[None, :] < lengths[:, None]).reshape(-1)
             return SequenceLayout(offsets, lengths, max_len, True, kernel, owner, position, is_real)
-        T = int(offsets[-1])
+        T = int(offsets[-1]) if total is None else total
         owner = segment_ids(offsets, T)
         position = torch.arange(T, device=offsets.device) - offsets[:-1][owner]
         return SequenceLayout(offsets, lengths, longest, False, kernel, owner, position, None)
