@@ -18,7 +18,7 @@ from torch import nn
 
 from my_rec import MyRec, RecBatch, make_batch
 from gemref.parallel.launch import spawn
-from gemref.parallel.rowwise import RowWiseAdagrad, RowWiseAdam
+from gemref.parallel.rowwise import ROW_OPTIMIZERS, RowWiseAdagrad, RowWiseAdam
 
 LR, EPS, DIM, BETAS = 0.05, 1e-8, 3, (0.8, 0.95)
 OPTIMIZERS = {"adagrad": lambda tables, interval=1: RowWiseAdagrad(tables, lr=LR, eps=EPS, sync_interval=interval),
@@ -377,20 +377,29 @@ def test_table_switches_are_checked():
         override(base, table_optimizer="rowwise_adagrad", table_sync_interval=0)
     with pytest.raises(UsageError, match="TorchRec's tables train with its own"):
         override(base, table_optimizer="rowwise_adagrad", embeddings="torchrec")
-    with pytest.raises(UsageError, match="does not save checkpoints yet"):
-        override(base, table_optimizer="rowwise_adagrad", checkpoint_dir="x", checkpoint_every=1)
+    with pytest.raises(UsageError, match="TorchRec's tables train with its own"):
+        override(base, table_optimizer="rowwise_adam", embeddings="torchrec")
+    with pytest.raises(UsageError, match="checkpoint_every=2 is not a multiple of table_sync_interval=3: a checkpoint "
+                                         "keeps one copy of the table replicas"):
+        override(base, mesh="2x1", table_optimizer="rowwise_adam", table_sync_interval=3, checkpoint_dir="x",
+                 checkpoint_every=2)
+    for optimizer in ("rowwise_adagrad", "rowwise_adam"):     # checkpoints save the row state (test_checkpoint.py)
+        override(base, table_optimizer=optimizer, checkpoint_dir="x", checkpoint_every=1)
+        override(base, mesh="2x1", table_optimizer=optimizer, table_sync_interval=2, checkpoint_dir="x",
+                 checkpoint_every=4)
     with pytest.raises(UsageError, match="table_optimizer"):
         override(base, table_optimizer="adagrad")
 
 
-def test_gemref_one_process_steps_only_touched_rows_and_keeps_tables_out_of_adamw():
+@pytest.mark.parametrize("table_optimizer", ["rowwise_adagrad", "rowwise_adam"])
+def test_gemref_one_process_steps_only_touched_rows_and_keeps_tables_out_of_adamw(table_optimizer):
     from gemref.config import get_preset, override
     from gemref.data.batches import representative_batch
     from gemref.step import train_step
     from gemref.train.compose import build_model, make_optimizer
 
     preset = get_preset("tiny")
-    train = override(preset.train, table_optimizer="rowwise_adagrad")
+    train = override(preset.train, table_optimizer=table_optimizer)
     model, _, _ = build_model(preset, train, torch.device("cpu"))
     optimizer = make_optimizer(model, train)
     adamw = {id(p) for g in optimizer.param_groups for p in g["params"]}
@@ -404,3 +413,4 @@ def test_gemref_one_process_steps_only_touched_rows_and_keeps_tables_out_of_adam
     assert torch.equal(item[~touched], before["item"][~touched])
     assert bool((item[touched] != before["item"][touched]).any(1).all())
     assert all(t.weight.grad is None for t in model.tables.values())
+    assert all(type(t.row_optimizer) is ROW_OPTIMIZERS[table_optimizer] for t in model.tables.values())

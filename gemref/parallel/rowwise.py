@@ -290,3 +290,6 @@ def load_row_state_dict(model: nn.Module, state: Mapping[str, Tensor]) -> None:
         for name, s in (opt.row_state(table) or {}).items():
             value = state[f"{fqn}.{name}"]
             s.copy_(value.to_local() if isinstance(value, DTensor) else value)
+
+
+ROW_OPTIMIZERS = {"rowwise_adagrad": RowWiseAdagrad, "rowwise_adam": RowWiseAdam}   # table_optimizer -> class
