@@ -119,6 +119,20 @@ def test_rowwise_adagrad_refuses_what_it_cannot_train():
         RowWiseAdam([nn.Embedding(4, 2)], lr=0.1, betas=(0.9, 1.0))
 
 
+@pytest.mark.parametrize("kind, per_row", [("adagrad", 1), ("adam", DIM + 1)])
+def test_rank_bytes_count_the_row_state(kind, per_row):
+    """parallel/memory.py counts every row-wise state tensor (Adam: first moment d + second 1 per row)."""
+    from gemref.parallel.memory import rank_bytes
+
+    holder = nn.Module()
+    holder.tables = _dense_tables()
+    opt = OPTIMIZERS[kind](holder.tables)
+    sum(t(torch.tensor([0, 0])).sum() for t in holder.tables.values()).backward()
+    expected = sum(TABLES.values()) * per_row * 8                     # float64
+    counted = rank_bytes(holder)
+    assert counted["optimizer"] == counted["unsharded_optimizer"] == opt.state_bytes() == expected
+
+
 # ----------------------------------------------------------------------------- sharded tables on ranks
 
 
