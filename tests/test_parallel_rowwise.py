@@ -1,10 +1,11 @@
-"""Row-wise Adagrad on embedding tables (gemref/parallel/rowwise.py), the fused exchange
-(gemref/parallel/lookup.py, sparse.py `fuse_lookups`) and the 2D replica sync, on gloo ranks.
+"""Row-wise Adagrad and row-wise Adam on embedding tables (gemref/parallel/rowwise.py), the fused
+exchange (gemref/parallel/lookup.py, sparse.py `fuse_lookups`) and the 2D replica sync, on gloo ranks.
 
-The reference (`_reference_step`) is the plain algorithm written row by row: the dense gradient of
-a plain table, and for each row the batch touched, state += mean(g^2), w -= lr g / (sqrt(state) + eps);
-every other row untouched. One process (plain tables + RowWiseAdagrad) and ranks (ShardedEmbedding
-+ RowWiseAdagrad) are both compared with it. Tolerances: float64 tables where the test owns them
+The references are the plain algorithms on the dense gradient of a plain table: Adagrad row by row
+(`_reference_step`: for each row the batch touched, state += mean(g^2), w -= lr g / (sqrt(state) + eps)),
+Adam on whole tensors masked by the touched rows (`_reference_adam_step`); every other row and its
+state untouched. One process (plain tables + the optimizer) and ranks (ShardedEmbedding + the
+optimizer) are both compared with them. Tolerances: float64 tables where the test owns them
 (1e-12); MyRec is fp32 (1e-5: its losses and gradients are O(1), a few fp32 roundings per element
 times an Adagrad step of at most lr * sqrt(d) per element).
 """
@@ -17,9 +18,12 @@ from torch import nn
 
 from my_rec import MyRec, RecBatch, make_batch
 from gemref.parallel.launch import spawn
-from gemref.parallel.rowwise import RowWiseAdagrad
+from gemref.parallel.rowwise import ROW_OPTIMIZERS, RowWiseAdagrad, RowWiseAdam
 
-LR, EPS, DIM = 0.05, 1e-8, 3
+LR, EPS, DIM, BETAS = 0.05, 1e-8, 3, (0.8, 0.95)
+OPTIMIZERS = {"adagrad": lambda tables, interval=1: RowWiseAdagrad(tables, lr=LR, eps=EPS, sync_interval=interval),
+              "adam": lambda tables, interval=1: RowWiseAdam(tables, lr=LR, betas=BETAS, eps=EPS,
+                                                             sync_interval=interval)}
 TABLES = {"big": 37, "tiny": 1, "mid": 5}
 
 
@@ -31,6 +35,33 @@ def _reference_step(weight: torch.Tensor, state: torch.Tensor, grad: torch.Tenso
         weight[i] -= LR * g / (state[i].sqrt() + EPS)
 
 
+def _reference_adam_step(weight, exp_avg, exp_avg_sq, grad, touched, step: int) -> None:
+    """In place, on whole tensors: partial row-wise Adam (fbgemm PARTIAL_ROWWISE_ADAM) at global
+    step `step`, where the mask of touched rows selects the new values."""
+    hit = torch.zeros(weight.shape[0], dtype=torch.bool)
+    hit[torch.as_tensor(list(touched), dtype=torch.long)] = True
+    b1, b2 = BETAS
+    m = b1 * exp_avg + (1 - b1) * grad
+    v = b2 * exp_avg_sq + (1 - b2) * (grad * grad).mean(1)
+    w = weight - LR * (m / (1 - b1 ** step)) / ((v / (1 - b2 ** step)).sqrt() + EPS)[:, None]
+    weight.copy_(torch.where(hit[:, None], w, weight))
+    exp_avg.copy_(torch.where(hit[:, None], m, exp_avg))
+    exp_avg_sq.copy_(torch.where(hit, v, exp_avg_sq))
+
+
+def _zero_state(kind: str, rows: int) -> dict:
+    if kind == "adagrad":
+        return {"sum": torch.zeros(rows, dtype=torch.float64)}
+    return {"exp_avg": torch.zeros(rows, DIM, dtype=torch.float64), "exp_avg_sq": torch.zeros(rows, dtype=torch.float64)}
+
+
+def _reference(kind: str, weight, state: dict, grad, touched, step: int) -> None:
+    if kind == "adagrad":
+        _reference_step(weight, state["sum"], grad, touched)
+    else:
+        _reference_adam_step(weight, state["exp_avg"], state["exp_avg_sq"], grad, touched, step)
+
+
 def _bag_case(rng, rows: int, bags: int):
     sizes = rng.choice([0, 1, 1, 2, 9], size=bags)                  # skewed bag sizes, empty bags among them
     ids = np.minimum(rng.zipf(1.3, size=int(sizes.sum())) - 1, rows - 1)   # skewed ids: a few hot rows
@@ -40,33 +71,37 @@ def _bag_case(rng, rows: int, bags: int):
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), rows=st.integers(1, 40), bags=st.integers(1, 12),
-       mode=st.sampled_from(["sum", "mean", "embedding"]))
-def test_rowwise_adagrad_matches_reference_on_plain_tables(seed, rows, bags, mode):
+       mode=st.sampled_from(["sum", "mean", "embedding"]), kind=st.sampled_from(sorted(OPTIMIZERS)))
+def test_rowwise_optimizers_match_reference_on_plain_tables(seed, rows, bags, mode, kind):
+    """Skewed ids (zipf: hot rows repeated within a batch, empty bags), 4 steps: weights and state
+    match the reference after every step; untouched rows keep weights AND state bit for bit."""
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     table = nn.Embedding(rows, DIM, dtype=torch.float64) if mode == "embedding" else \
         nn.EmbeddingBag(rows, DIM, mode=mode, dtype=torch.float64)
     reference = table.weight.detach().clone()
-    state = torch.zeros(rows, dtype=torch.float64)
-    opt = RowWiseAdagrad(table, lr=LR, eps=EPS)
-    for _ in range(3):
+    state = _zero_state(kind, rows)
+    opt = OPTIMIZERS[kind](table)
+    for step in range(1, 5):
         ids, offsets, w = _bag_case(rng, rows, bags)
         call = (ids,) if mode == "embedding" else (ids, offsets)
         before = table.weight.detach().clone()
+        before_state = {k: v.clone() for k, v in opt.row_state(table).items()}
         plain = nn.Embedding.from_pretrained(reference.clone(), freeze=False) if mode == "embedding" else \
             nn.EmbeddingBag.from_pretrained(reference.clone(), freeze=False, mode=mode)
         out, expected = table(*call), plain(*call)
-        assert torch.equal(out, expected)                               # forward: the plain table's
+        assert torch.allclose(out, expected, rtol=0, atol=1e-12)        # forward: the plain table's
         weights = torch.as_tensor(rng.standard_normal(out.shape))
         (out * weights).sum().backward()
         (expected * weights).sum().backward()
-        _reference_step(reference, state, plain.weight.grad, ids)
-        assert table.weight.grad is None                                # stepped inside backward, grad dropped
+        _reference(kind, reference, state, plain.weight.grad, ids.tolist(), step)
+        assert table.weight.grad is None and opt.steps == step          # stepped inside backward, grad dropped
         assert float((table.weight.detach() - reference).abs().max()) < 1e-12
-        assert float((opt.state[id(table)] - state).abs().max()) < 1e-12
+        assert all(float((opt.row_state(table)[k] - state[k]).abs().max()) < 1e-12 for k in state)
         untouched = torch.ones(rows, dtype=torch.bool)
         untouched[ids] = False
         assert torch.equal(table.weight.detach()[untouched], before[untouched])   # untouched rows: bit-equal
+        assert all(torch.equal(v[untouched], before_state[k][untouched]) for k, v in opt.row_state(table).items())
 
 
 def test_rowwise_adagrad_refuses_what_it_cannot_train():
@@ -78,6 +113,24 @@ def test_rowwise_adagrad_refuses_what_it_cannot_train():
         RowWiseAdagrad([nn.Embedding(4, 2, padding_idx=0)], lr=0.1)
     with pytest.raises(ValueError, match="sync_interval >= 1"):
         RowWiseAdagrad([nn.Embedding(4, 2)], lr=0.1, sync_interval=0)
+    with pytest.raises(ValueError, match="RowWiseAdam needs lr > 0"):
+        RowWiseAdam([nn.Embedding(4, 2)], lr=0.0)
+    with pytest.raises(ValueError, match=r"two betas in \[0, 1\)"):
+        RowWiseAdam([nn.Embedding(4, 2)], lr=0.1, betas=(0.9, 1.0))
+
+
+@pytest.mark.parametrize("kind, per_row", [("adagrad", 1), ("adam", DIM + 1)])
+def test_rank_bytes_count_the_row_state(kind, per_row):
+    """parallel/memory.py counts every row-wise state tensor (Adam: first moment d + second 1 per row)."""
+    from gemref.parallel.memory import rank_bytes
+
+    holder = nn.Module()
+    holder.tables = _dense_tables()
+    opt = OPTIMIZERS[kind](holder.tables)
+    sum(t(torch.tensor([0, 0])).sum() for t in holder.tables.values()).backward()
+    expected = sum(TABLES.values()) * per_row * 8                     # float64
+    counted = rank_bytes(holder)
+    assert counted["optimizer"] == counted["unsharded_optimizer"] == opt.state_bytes() == expected
 
 
 # ----------------------------------------------------------------------------- sharded tables on ranks
@@ -99,7 +152,7 @@ def _local(t):
     return t.weight.detach().to_local() if hasattr(t.weight, "to_local") else t.weight.detach()
 
 
-def _sharded_rank(rank, world, mesh_spec, modes, interval):
+def _sharded_rank(rank, world, mesh_spec, modes, interval, kind="adagrad"):
     """Every rank steps its own ids; returns, per mode and step, each table's local rows and state."""
     from gemref.config import parse_mesh
     from gemref.parallel.mesh import build_mesh
@@ -111,24 +164,25 @@ def _sharded_rank(rank, world, mesh_spec, modes, interval):
         holder = nn.Module()
         holder.tables = _dense_tables()
         tables = shard_tables(holder, mesh, [f"tables.{n}" for n in TABLES], mode)
-        opt = RowWiseAdagrad(tables, lr=LR, eps=EPS, sync_interval=interval)
+        opt = OPTIMIZERS[kind](tables, interval)
         steps = []
         for step in range(3):
             ids, w = _rank_ids(step, rank)
             sum((holder.tables[n](ids[n]) * w[n]).sum() for n in TABLES).backward()
-            steps.append({n: (_local(t).clone(), opt.accumulator(t).clone()) if t.weight is not None else None
+            steps.append({n: (_local(t).clone(), {k: v.clone() for k, v in opt.row_state(t).items()})
+                          if t.weight is not None else None
                           for n, t in zip(TABLES, tables.values())})
             assert all(t.weight.grad is None for t in tables.values() if t.weight is not None)   # no dense grad
         out[mode] = (steps, {n: t.plan.row_range(t.shard_index, t.shards) for n, t in zip(TABLES, tables.values())})
     return out
 
 
-def _one_process(groups, steps=3):
+def _one_process(groups, kind, steps=3):
     """Plain tables stepped by the reference on the ids of each replica group's ranks; the groups'
     weights and states averaged after every step (R = 1: one group, the single-process step)."""
     tables = _dense_tables()
     weight = {n: tables[n].weight.detach().clone() for n in TABLES}
-    state = {n: torch.zeros(r, dtype=torch.float64) for n, r in TABLES.items()}
+    state = {n: _zero_state(kind, r) for n, r in TABLES.items()}
     history = []
     for step in range(steps):
         new_w, new_s = {n: [] for n in TABLES}, {n: [] for n in TABLES}
@@ -140,18 +194,18 @@ def _one_process(groups, steps=3):
                     ids, w = _rank_ids(step, r)
                     (plain(ids[n]) * w[n]).sum().backward()
                     touched += ids[n].tolist()
-                wn, sn = weight[n].clone(), state[n].clone()
-                _reference_step(wn, sn, plain.weight.grad, touched)
+                wn, sn = weight[n].clone(), {k: v.clone() for k, v in state[n].items()}
+                _reference(kind, wn, sn, plain.weight.grad, touched, step + 1)
                 new_w[n].append(wn)
                 new_s[n].append(sn)
         weight = {n: torch.stack(new_w[n]).mean(0) for n in TABLES}
-        state = {n: torch.stack(new_s[n]).mean(0) for n in TABLES}
+        state = {n: {k: torch.stack([s[k] for s in new_s[n]]).mean(0) for k in new_s[n][0]} for n in TABLES}
         history.append((weight, state))
     return history
 
 
-def _compare(results, groups):
-    history = _one_process(groups)
+def _compare(results, groups, kind="adagrad"):
+    history = _one_process(groups, kind)
     for rank, r in enumerate(results):
         for mode, (steps, ranges) in r.items():
             for step, tables in enumerate(steps):
@@ -161,15 +215,17 @@ def _compare(results, groups):
                     if held is None or hi == lo:
                         continue
                     assert float((held[0] - weight[n][lo:hi]).abs().max()) < 1e-12, (rank, mode, step, n)
-                    assert float((held[1] - state[n][lo:hi]).abs().max()) < 1e-12, (rank, mode, step, n)
+                    for k, value in held[1].items():
+                        assert float((value - state[n][k][lo:hi]).abs().max()) < 1e-12, (rank, mode, step, n, k)
 
 
 @pytest.mark.multiproc
-def test_sharded_rowwise_adagrad_matches_one_process_1x2_and_replica_mean_2x1():
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_sharded_rowwise_optimizers_match_one_process_1x2_and_replica_mean_2x1(kind):
     """1x2: the owner gets every rank's row gradients: the single-process step on all ids. 2x1 at
     interval 1: each replica steps its own ids, then weights and states are averaged (DMPCollection)."""
-    _compare(spawn(_sharded_rank, 2, ("1x2", ("row", "table"), 1), timeout_s=120), [[0, 1]])
-    _compare(spawn(_sharded_rank, 2, ("2x1", ("row",), 1), timeout_s=120), [[0], [1]])
+    _compare(spawn(_sharded_rank, 2, ("1x2", ("row", "table"), 1, kind), timeout_s=120), [[0, 1]], kind)
+    _compare(spawn(_sharded_rank, 2, ("2x1", ("row",), 1, kind), timeout_s=120), [[0], [1]], kind)
 
 
 @pytest.mark.multiproc
@@ -177,7 +233,7 @@ def test_replicas_differ_between_syncs_and_agree_right_after_one():
     results = spawn(_sharded_rank, 2, ("2x1", ("row",), 3), timeout_s=120)
     (a, _), (b, _) = results[0]["row"], results[1]["row"]
     for step in range(3):
-        same = all(torch.equal(a[step][n][0], b[step][n][0]) and torch.equal(a[step][n][1], b[step][n][1])
+        same = all(torch.equal(a[step][n][0], b[step][n][0]) and torch.equal(a[step][n][1]["sum"], b[step][n][1]["sum"])
                    for n in TABLES)
         assert same == (step == 2), step             # synced after the 3rd step only (interval 3)
 
@@ -321,6 +377,78 @@ def test_myrec_rowwise_tables_match_one_process_at_sync_interval_1():
                 assert err < 1e-5, (mesh_spec, name, err)
 
 
+# ----------------------------------------------------------------------------- checkpoints of sharded row state
+
+
+def _myrec_resume(rank, world, mesh_spec, mode, kind, interval, folder):
+    """MyRec with sharded tables and a row-wise optimizer: 4 steps with a checkpoint after 2, and a
+    fresh model (one step on other data first) loaded from it and stepped the last 2; returns both
+    ends: every parameter, the dense Adam state and the row state, local to this rank."""
+    from gemref.checkpoint import load_checkpoint, save_checkpoint
+    from gemref.config import parse_mesh
+    from gemref.parallel.fsdp import apply_fsdp
+    from gemref.parallel.mesh import build_mesh
+    from gemref.parallel.rowwise import row_state_dict
+    from gemref.parallel.sparse import fuse_lookups, shard_tables
+
+    mesh = build_mesh(parse_mesh(mesh_spec), "cpu")
+    replica, shard = divmod(rank, mesh.size(1))
+    lo, hi = (CUT[replica], CUT[replica + 1]) if mesh.size(0) > 1 else (0, len(LENGTHS))
+    cuts = np.linspace(lo, hi, mesh.size(1) + 1).astype(int)     # this rank's part of its group's batch
+    key = dict(global_batch=len(LENGTHS), seed=0)
+
+    def build():
+        torch.manual_seed(0)
+        model = MyRec()
+        tables = shard_tables(model, mesh, ITEMS, mode)
+        fuse_lookups(model, tables, lambda b: {"item": [b.items], "user": [b.users]})
+        apply_fsdp(model, mesh, ["stack.0", "stack.1"], torch.device("cpu"))
+        OPTIMIZERS[kind](tables, interval)
+        return model, torch.optim.Adam([p for n, p in model.named_parameters() if n not in ("item.weight", "user.weight")],
+                                       lr=LR)
+
+    def step(model, dense, s):
+        dense.zero_grad(set_to_none=True)
+        _bce(model, _part(_myrec_batch(s), int(cuts[shard]), int(cuts[shard + 1]))).backward()
+        dense.step()
+
+    def ends(model, dense):
+        local = lambda t: (t.to_local() if hasattr(t, "to_local") else t).detach().clone()   # noqa: E731
+        return ({n: local(p) for n, p in model.named_parameters()},
+                {k: local(v) for k, v in row_state_dict(model).items()},
+                {i: {k: local(v) for k, v in st.items()} for i, st in dense.state_dict()["state"].items()})
+
+    model, dense = build()
+    for s in range(4):
+        step(model, dense, s)
+        if s == 1:
+            save_checkpoint(folder, 2, model, dense, **key)
+    straight = ends(model, dense)
+    model, dense = build()
+    step(model, dense, 7)
+    load_checkpoint(f"{folder}/step-00000002", model, dense, **key)
+    for s in range(2, 4):
+        step(model, dense, s)
+    return straight, ends(model, dense)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("mesh_spec, mode, kind, interval", [("1x2", "row", "adam", 1), ("1x2", "table", "adam", 1),
+                                                             ("2x1", "row", "adagrad", 2)])
+def test_sharded_row_state_resumes_bit_exact(tmp_path, mesh_spec, mode, kind, interval):
+    """Row-sharded state (DTensors, 25 of 50 rows per rank), table-wise state (plain
+    tensors on the owner only) and 2 replicas checkpointed on a sync step: fp32, bit for bit."""
+    for rank, (straight, resumed) in enumerate(spawn(_myrec_resume, 2, (mesh_spec, mode, kind, interval,
+                                                                       str(tmp_path)), timeout_s=180)):
+        for a, b in zip(straight, resumed):
+            assert a.keys() == b.keys() and a, rank
+            for k in a:
+                same = all(torch.equal(a[k][j], b[k][j]) for j in a[k]) if isinstance(a[k], dict) else \
+                    torch.equal(a[k], b[k])
+                assert same, (rank, k)
+        assert any(v.ne(0).any() for k, v in straight[1].items() if not k.endswith(".step")), rank
+
+
 # ----------------------------------------------------------------------------- the switches, GEMRef's path
 
 
@@ -335,20 +463,29 @@ def test_table_switches_are_checked():
         override(base, table_optimizer="rowwise_adagrad", table_sync_interval=0)
     with pytest.raises(UsageError, match="TorchRec's tables train with its own"):
         override(base, table_optimizer="rowwise_adagrad", embeddings="torchrec")
-    with pytest.raises(UsageError, match="does not save checkpoints yet"):
-        override(base, table_optimizer="rowwise_adagrad", checkpoint_dir="x", checkpoint_every=1)
+    with pytest.raises(UsageError, match="TorchRec's tables train with its own"):
+        override(base, table_optimizer="rowwise_adam", embeddings="torchrec")
+    with pytest.raises(UsageError, match="checkpoint_every=2 is not a multiple of table_sync_interval=3: a checkpoint "
+                                         "keeps one copy of the table replicas"):
+        override(base, mesh="2x1", table_optimizer="rowwise_adam", table_sync_interval=3, checkpoint_dir="x",
+                 checkpoint_every=2)
+    for optimizer in ("rowwise_adagrad", "rowwise_adam"):     # checkpoints save the row state (test_checkpoint.py)
+        override(base, table_optimizer=optimizer, checkpoint_dir="x", checkpoint_every=1)
+        override(base, mesh="2x1", table_optimizer=optimizer, table_sync_interval=2, checkpoint_dir="x",
+                 checkpoint_every=4)
     with pytest.raises(UsageError, match="table_optimizer"):
         override(base, table_optimizer="adagrad")
 
 
-def test_gemref_one_process_steps_only_touched_rows_and_keeps_tables_out_of_adamw():
+@pytest.mark.parametrize("table_optimizer", ["rowwise_adagrad", "rowwise_adam"])
+def test_gemref_one_process_steps_only_touched_rows_and_keeps_tables_out_of_adamw(table_optimizer):
     from gemref.config import get_preset, override
     from gemref.data.batches import representative_batch
     from gemref.step import train_step
     from gemref.train.compose import build_model, make_optimizer
 
     preset = get_preset("tiny")
-    train = override(preset.train, table_optimizer="rowwise_adagrad")
+    train = override(preset.train, table_optimizer=table_optimizer)
     model, _, _ = build_model(preset, train, torch.device("cpu"))
     optimizer = make_optimizer(model, train)
     adamw = {id(p) for g in optimizer.param_groups for p in g["params"]}
@@ -362,3 +499,4 @@ def test_gemref_one_process_steps_only_touched_rows_and_keeps_tables_out_of_adam
     assert torch.equal(item[~touched], before["item"][~touched])
     assert bool((item[touched] != before["item"][touched]).any(1).all())
     assert all(t.weight.grad is None for t in model.tables.values())
+    assert all(type(t.row_optimizer) is ROW_OPTIMIZERS[table_optimizer] for t in model.tables.values())

@@ -1,4 +1,5 @@
 """gemref.parallel without process groups: mesh specs, plans, analytic volume, cost model, errors."""
+import itertools
 import subprocess
 import sys
 
@@ -172,12 +173,12 @@ def test_volume_of_hsdp_and_sparse():
     assert a2a["bytes"] == 2 * len(calls) * 8 + sum(8 * n + 2 * n * d * 4 for _, n in calls)
     synced = {r["kind"]: r for r in step_volume(TINY.model, MeshShape(2, 2), batch=16, tokens=200, jagged=True,
                                                 sparse_sharding="row")}["all_reduce"]["bytes"]
-    for interval in (1, 10):                      # row-wise: weights + one state value per row, every N steps
+    held = sum(p.local_bytes(0, 2) for p in plan_tables(table_shapes(TINY.model), 2, "row").values())
+    for interval, (optimizer, state) in itertools.product((1, 10), (("rowwise_adagrad", 1), ("rowwise_adam", d + 1))):
         rowwise = {r["kind"]: r for r in step_volume(TINY.model, MeshShape(2, 2), batch=16, tokens=200, jagged=True,
-                                                     sparse_sharding="row", table_optimizer="rowwise_adagrad",
+                                                     sparse_sharding="row", table_optimizer=optimizer,
                                                      table_sync_interval=interval)}["all_reduce"]
-        held = sum(p.local_bytes(0, 2) for p in plan_tables(table_shapes(TINY.model), 2, "row").values())
-        assert rowwise["bytes"] == pytest.approx(synced - held + held * (d + 1) / d / interval)
+        assert rowwise["bytes"] == pytest.approx(synced - held + held * (d + state) / d / interval)   # weights + state
     replicated = step_volume(TINY.model, MeshShape(4, 1), batch=16, tokens=200, jagged=True)
     assert [(r["kind"], r["dim"]) for r in replicated] == [("all_reduce", "replicate")]   # Wx1 = DDP
     assert set(table_shapes(TINY.model)) == set(dict(calls))

@@ -453,7 +453,8 @@ def test_the_projections_per_rung_changes_are_the_ladder_tables():
 
 def test_the_tables_are_priced_as_their_optimizer_runs():
     """AdamW: the held rows' summed gradient every step; row-wise Adagrad: weights plus one state value
-    per row (d + 1 per d), 1/K of it per step (gemref/parallel/rowwise.py)."""
+    per row (d + 1 per d), row-wise Adam: plus d + 1 (2d + 1 per d), 1/K of it per step
+    (gemref/parallel/rowwise.py)."""
     from gemref.simulate.step_model import step_collectives
 
     cfg, mesh = get_preset("large").model, MeshShape(2, 8)
@@ -461,5 +462,8 @@ def test_the_tables_are_priced_as_their_optimizer_runs():
     rowwise = {r["dim"]: r for r in step_collectives(cfg, mesh, 64, 64 * 100, True, 2, "row",
                                                      table_optimizer="rowwise_adagrad")}["tables"]
     assert rowwise["bytes"] == pytest.approx(adamw["bytes"] * (cfg.d_model + 1) / cfg.d_model)
+    adam = {r["dim"]: r for r in step_collectives(cfg, mesh, 64, 64 * 100, True, 2, "row",
+                                                  table_optimizer="rowwise_adam")}["tables"]
+    assert adam["bytes"] == pytest.approx(adamw["bytes"] * (2 * cfg.d_model + 1) / cfg.d_model)
     rows = project(get_preset("large"), [16], options=Options(table_optimizer="rowwise_adagrad", table_sync_every=10))
     assert {(r["table_optimizer"], r["table_sync_every"]) for r in rows} == {("rowwise_adagrad", 10)}

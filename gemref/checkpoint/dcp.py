@@ -30,10 +30,12 @@ size and sha256 with checkpoint.json (an unlisted or missing file fails too), an
 DCP read `.metadata` and the shards. Every mismatch is a one-line ValueError naming the file,
 raised on every rank. Costs one read of every file on rank 0 per save and per load.
 
-Resuming reproduces the uninterrupted run exactly: parameters and AdamW state come back bit for
-bit, the data position is the global step (the batch samplers are deterministic functions of
-seed, epoch and step), and each rank's torch CPU RNG state is restored. No CUDA RNG state is
-kept: the model draws no random numbers while training (no dropout).
+Resuming reproduces the uninterrupted run exactly: parameters, AdamW state and the tables'
+row-wise optimizer state (gemref/parallel/rowwise.py `row_state_dict`, saved under "row_optim",
+placed and resharded like the weights, with its step count) come back bit for bit, the data
+position is the global step (the batch samplers are deterministic functions of seed, epoch and
+step), and each rank's torch CPU RNG state is restored. No CUDA RNG state is kept: the model
+draws no random numbers while training (no dropout).
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
 
 from ..errors import UsageError
+from ..parallel.rowwise import load_row_state_dict, row_state_dict
 from .folder import (checkpoint_path, claim_folder, complete_checkpoints, fsync_dir, latest_checkpoint,
                                remove_checkpoint, resume_checkpoint, run_description, verify_checkpoint,
                                write_manifest)
@@ -128,7 +131,7 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module, optimizer: to
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "step": torch.tensor(step),
-             f"rng.rank{_rank()}": torch.get_rng_state()}
+             f"rng.rank{_rank()}": torch.get_rng_state()} | _row_optim(model)
     with _dcp_single_process_ok():
         dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True), no_dist=not dist.is_initialized())
     _barrier()
@@ -153,11 +156,21 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     model_sd, optim_sd = get_state_dict(model, optimizer)
     rng_key = f"rng.rank{_rank()}"
     state = {"model": model_sd, "optim": optim_sd, "step": torch.tensor(0), rng_key: torch.get_rng_state()}
+    state |= _row_optim(model)
     with _dcp_single_process_ok():
         dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if "row_optim" in state:
+        load_row_state_dict(model, state["row_optim"])
     torch.set_rng_state(state[rng_key])
     return int(state["step"])
+
+
+def _row_optim(model: nn.Module) -> dict:
+    """{"row_optim": the tables' row-wise optimizer state} when the model has any, else {} (a model
+    trained by AdamW alone writes the same checkpoint as before)."""
+    rows = row_state_dict(model)
+    return {"row_optim": rows} if rows else {}
 
 
 def start_from_checkpoint(root: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,

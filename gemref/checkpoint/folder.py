@@ -30,7 +30,8 @@ OWNER, MANIFEST = "owner.json", "checkpoint.json"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 # TrainConfig fields that change the trajectory; steps, evaluation, timing and the switches that
 # change how (not what) the model computes are not part of a run's identity.
-TRAJECTORY_FIELDS = ("batch_size", "lr", "weight_decay", "seed", "precision", "precision_min_dim")
+TRAJECTORY_FIELDS = ("batch_size", "lr", "weight_decay", "seed", "precision", "precision_min_dim", "table_optimizer",
+                     "table_sync_interval")
 
 
 def checkpoint_path(root: str | Path, step: int) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import PRESETS, get_preset
+from ..config import PRESETS, TABLE_OPTIMIZERS, get_preset
 from ..errors import user_input
 from ..options import (add_preset_arg, check_local_ranks, int_at_least, nonnegative_int, output_file, positive_float,
                    positive_int, share)
@@ -39,11 +39,11 @@ def _configure_project(p: argparse.ArgumentParser) -> None:
                    help="single-GPU MFU in (0, 1]: one value for every rung, or RUNG=VALUE (wins over the waterfall)")
     p.add_argument("--batch-per-gpu", type=positive_int, help="samples per GPU and step (default: the preset's batch)")
     p.add_argument("--batches", type=positive_int, default=3, help="global batches drawn per GPU count for the imbalance")
-    p.add_argument("--table-optimizer", choices=("adamw", "rowwise_adagrad"), default="adamw",
-                   help="the tables' optimizer: adamw (summed gradient all-reduce every step) or rowwise_adagrad "
-                        "(replica weights and row state averaged every --table-sync-every steps)")
+    p.add_argument("--table-optimizer", choices=TABLE_OPTIMIZERS, default="adamw",
+                   help="the tables' optimizer: adamw (summed gradient all-reduce every step), rowwise_adagrad or "
+                        "rowwise_adam (replica weights and row state averaged every --table-sync-every steps)")
     p.add_argument("--table-sync-every", type=positive_int, default=1,
-                   help="with --table-optimizer rowwise_adagrad: sync the table replicas every K steps")
+                   help="with a row-wise --table-optimizer: sync the table replicas every K steps")
     p.add_argument("--transport", choices=("nccl", "ncclx_smfree"), default="nccl",
                    help="collective transport: nccl (~24 SMs per collective) or ncclx_smfree (1 SM for data-moving collectives)")
     p.add_argument("--collective-sms", type=nonnegative_int, default=None,

@@ -10,7 +10,7 @@ from .section import Section, switch
 
 SPARSE_SHARDINGS = ("none", "row", "table")               # gemref/parallel/sparse.py
 BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/backend.py
-TABLE_OPTIMIZERS = ("adamw", "rowwise_adagrad")           # gemref/parallel/rowwise.py
+TABLE_OPTIMIZERS = ("adamw", "rowwise_adagrad", "rowwise_adam")   # gemref/parallel/rowwise.py
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,11 @@ class ParallelConfig(Section):
     sparse_sharding: str = switch("none", "sparse_sharding", "rung 6: shard the embedding tables", SPARSE_SHARDINGS)
     backend: str = switch("auto", "backend", "collectives (auto: nccl on cuda, gloo on cpu)", BACKENDS)
     table_optimizer: str = switch("adamw", "table_optimizer", "native tables: adamw (with the dense layers; R > 1 "
-                                  "replicas sum their table gradients every step) or rowwise_adagrad (TorchRec's: one "
-                                  "accumulator per row, touched rows only, stepped inside backward)", TABLE_OPTIMIZERS)
-    table_sync_interval: int = switch(1, "table_sync_interval", "rowwise_adagrad on a mesh RxS with R > 1: average "
+                                  "replicas sum their table gradients every step), rowwise_adagrad (TorchRec's: one "
+                                  "accumulator per row, touched rows only, stepped inside backward) or rowwise_adam "
+                                  "(fbgemm's partial row-wise Adam: first moment per element, second per row)",
+                                  TABLE_OPTIMIZERS)
+    table_sync_interval: int = switch(1, "table_sync_interval", "row-wise tables on a mesh RxS with R > 1: average "
                                       "the table replicas (weights and row state) every N steps (DMPCollection's "
                                       "sync interval; 1: every step)")
 
@@ -59,10 +61,10 @@ class ParallelConfig(Section):
         parse_mesh(self.mesh)
         if self.table_sync_interval < 1:
             raise UsageError(f"table_sync_interval must be >= 1, got {self.table_sync_interval}")
-        if self.table_sync_interval != 1 and self.table_optimizer != "rowwise_adagrad":
+        if self.table_sync_interval != 1 and self.table_optimizer == "adamw":
             raise UsageError(f"table_sync_interval={self.table_sync_interval} is read only with "
-                             f"table_optimizer='rowwise_adagrad' (adamw tables sum their replicas' gradients "
-                             f"every step)")
+                             f"table_optimizer='rowwise_adagrad' or 'rowwise_adam' (adamw tables sum their "
+                             f"replicas' gradients every step)")
 
     @property
     def shape(self) -> MeshShape:

@@ -87,10 +87,10 @@ class TrainConfig:
         if self.parallelism.table_optimizer != "adamw" and tables.engine == "torchrec":
             raise UsageError("table_optimizer is the native tables' optimizer: TorchRec's tables train with its own "
                              "fused Adagrad; drop table_optimizer or use embeddings='native'")
-        if self.parallelism.table_optimizer != "adamw" and ckpt.folder:
-            raise UsageError("table_optimizer='rowwise_adagrad' does not save checkpoints yet (its row state lives "
-                             "outside the optimizer torch's get_state_dict reads): drop checkpoint_dir")
-        mesh = self.parallelism.shape
+        mesh, interval = self.parallelism.shape, self.parallelism.table_sync_interval
+        if mesh.replicate > 1 and ckpt.every % interval:      # a checkpoint keeps one copy of the replicas
+            raise UsageError(f"checkpoint_every={ckpt.every} is not a multiple of table_sync_interval={interval}: "
+                             "a checkpoint keeps one copy of the table replicas, which agree only right after a sync")
         if tables.torchrec_2d and (mesh.replicate < 2 or mesh.shard < 2):
             raise UsageError(f"torchrec_2d shards the tables over each S-rank group of a mesh RxS and "
                              f"replicates them over the R groups: it needs R >= 2 and S >= 2, "

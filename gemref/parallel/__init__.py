@@ -6,7 +6,7 @@ their forward and backward, their gradients reduce-scattered over "shard" and al
 "replicate" (HSDP). Embedding tables are never gathered: their rows are split over "shard"
 (row- or table-wise), a lookup moves ids and rows with all-to-alls (all tables in one exchange
 per direction), and the R replicas either sum their table gradients after backward (AdamW
-tables) or train on their own with row-wise Adagrad and average their tables every N steps
+tables) or train on their own with row-wise Adagrad or Adam and average their tables every N steps
 (TorchRec's DMPCollection). Chapter 08_communication measures the bytes each
 collective moves per step and how much of their time compute hides.
 
@@ -14,8 +14,8 @@ Any model: the caller names the modules. `shard_tables(model, mesh, tables, mode
 qualified names of nn.Embedding / nn.EmbeddingBag modules) returns the sharded tables,
 `apply_fsdp(model, mesh, layers, device)` (names of the modules to shard as units, forward
 order), `sync_replica_grads(tables, mesh)` after every backward (AdamW tables), or
-`RowWiseAdagrad(tables, lr, sync_interval=N)` (stepped inside backward, replicas averaged every N
-steps), `fuse_lookups(model, tables, features)` for one exchange per forward. A missing or wrong name, or
+`RowWiseAdagrad(tables, lr, sync_interval=N)` or `RowWiseAdam(...)` (stepped inside backward,
+replicas averaged every N steps; `row_state_dict(model)` for a checkpoint), `fuse_lookups(model, tables, features)` for one exchange per forward. A missing or wrong name, or
 an R > 1 mesh whose tables are never synced, is a ValueError. Units: ranks, rows, bytes.
 
     mesh.py         the 2D DeviceMesh ("replicate", "shard") over the process group (the RxS
@@ -25,7 +25,7 @@ an R > 1 mesh whose tables are never synced, is a ValueError. Units: ranks, rows
     sparse.py       named Embedding/EmbeddingBag tables sharded row- or table-wise over "shard",
                     their lookups (one fused exchange per forward), the replicas' gradient sum
     lookup.py       the exchange: one counts, ids and rows all-to-all for any number of tables
-    rowwise.py      row-wise Adagrad stepped inside backward; the replicas' weight + state average
+    rowwise.py      row-wise Adagrad and Adam stepped inside backward; the replicas' weight + state average
     parallelize.py  GEMRef's path: the mesh of a run, its tables then FSDP applied last (the names
                     passed by train/compose.py)
     memory.py       bytes per rank of parameters, gradients and optimizer state

@@ -7,6 +7,7 @@ step counter). `unsharded_*` are the totals one process would hold.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import torch
@@ -72,12 +73,11 @@ def rank_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None)
                 unsharded_optimizer += value.numel() * value.element_size()
             else:
                 scalars += _nbytes(value)
-    for module in model.modules():     # row-wise optimizers (rowwise.py) keep one value per row, outside `optimizer`
+    for module in model.modules():     # row-wise optimizers (rowwise.py) keep their state per row, outside `optimizer`
         row_optimizer = getattr(module, "row_optimizer", None)
-        state = row_optimizer.accumulator(module) if row_optimizer is not None else None
-        if state is not None:
+        for state in (row_optimizer.row_state(module) or {}).values() if row_optimizer is not None else ():
             rows[("tables", placement(module.weight))]["optimizer"] += _nbytes(state)
-            unsharded_optimizer += module.num_embeddings * state.element_size()
+            unsharded_optimizer += module.num_embeddings * math.prod(state.shape[1:]) * state.element_size()
     parts = [{"part": part, "placement": pl, **v} for (part, pl), v in sorted(rows.items())]
     total = {k: sum(r[k] for r in parts) for k in ("params", "grads", "optimizer", "unsharded_params")}
     return {**total, "optimizer_scalars": scalars, "unsharded_optimizer": unsharded_optimizer, "parts": parts}
@@ -86,8 +86,6 @@ def rank_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None)
 def global_parameters(model: nn.Module) -> int:
     """Parameters of the whole model, however it is sharded (a table-wise table counts on every rank,
     TorchRec's sharded tables at their full size)."""
-    import math
-
     from .sparse import ShardedEmbedding
 
     total, counted = 0, set()
@@ -148,10 +146,10 @@ def table_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, engine: str)
     state_dict, their fused optimizer's state)."""
     if engine == "native":
         params = list(model.tables.parameters())
-        rowwise = [m.row_optimizer.accumulator(m) for m in model.tables.modules() if getattr(m, "row_optimizer", None)]
+        rowwise = [s for m in model.tables.modules() if getattr(m, "row_optimizer", None)
+                   for s in (m.row_optimizer.row_state(m) or {}).values()]
         return (sum(_local_bytes(p) for p in params),
-                sum(_local_bytes(dict(optimizer.state.get(p, {}))) for p in params)
-                + sum(_nbytes(s) for s in rowwise if s is not None))
+                sum(_local_bytes(dict(optimizer.state.get(p, {}))) for p in params) + sum(_nbytes(s) for s in rowwise))
     tables = model.tables
     weights = sum(_local_bytes(v) for v in tables.state_dict().values())
     fused = getattr(tables, "fused_optimizer", None)

@@ -12,7 +12,8 @@ them: all-gather output, reduce-scatter input, all-reduce tensor, all-to-all inp
     all_to_all     4 per step: counts S x K x 8, ids n x 8, rows m x d x 4 (forward), row grads
                    n x d x 4 (backward), n summed over the lookups (ids this rank looks up), m = ids it serves
     all_reduce     over replicate (R > 1): table_optimizer adamw: this rank's table gradient rows x d x 4,
-                   every step; rowwise_adagrad: its rows x (d + 1) x 4 (weights and the row state), once
+                   every step; rowwise_adagrad: its rows x (d + 1) x 4 (weights and the row state),
+                   rowwise_adam: rows x (2d + 1) x 4 (weights, first moment per element, second per row), once
                    every table_sync_interval steps (count and bytes per step: 1/interval of them)
 A collective over one rank moves nothing and is not counted. m (rows a rank serves)
 depends on the ids; it is taken as n here, so per-rank sparse figures assume balanced
@@ -31,6 +32,16 @@ from ..config import MeshShape
 from .sparse import plan_tables
 
 ID_BYTES = 8     # int64 ids and counts
+
+
+def row_state_values(table_optimizer: str, d: int) -> int:
+    """Values of row-wise optimizer state per table row of `d` columns, averaged with the weights
+    (rowwise.py): rowwise_adagrad 1 (its sum), rowwise_adam d + 1 (first moment per element, second
+    per row); a ValueError for any other name."""
+    per_row = {"rowwise_adagrad": 1, "rowwise_adam": d + 1}
+    if table_optimizer not in per_row:
+        raise ValueError(f"table_optimizer={table_optimizer!r} keeps no row-wise state; valid: {', '.join(per_row)}")
+    return per_row[table_optimizer]
 
 
 def model_units(cfg: ModelConfig, sparse_sharding: str = "none") -> dict[str, list[torch.Size]]:
@@ -90,9 +101,9 @@ def step_volume(cfg: ModelConfig, mesh: MeshShape, *, rank: int = 0, batch: int,
         add("all_to_all", "shard", 4, S * len(calls) * ID_BYTES + n * ID_BYTES + 2 * n * d * 4)
         plans = plan_tables(table_shapes(cfg), S, sparse_sharding)
         held = sum(p.local_bytes(mesh.coordinates(rank)[1], S) for p in plans.values())
-        if table_optimizer == "rowwise_adagrad":
+        if table_optimizer != "adamw":
             add("all_reduce", "replicate", int(held > 0) / table_sync_interval,
-                held * (d + 1) / d / table_sync_interval)
+                held * (d + row_state_values(table_optimizer, d)) / d / table_sync_interval)
         else:
             add("all_reduce", "replicate", int(held > 0), held)
     group = {"shard": S, "replicate": R}

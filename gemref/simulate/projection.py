@@ -43,7 +43,8 @@ the same two factors the waterfall measures (gemref/waterfall/stats.py).
   every row names its `table_optimizer` and `table_sync_every`: "adamw" (the default) all-reduces
   the held table rows' summed gradient every step; "rowwise_adagrad" averages the replicas' weights
   and row state (d + 1 values per row) every `table_sync_every` K steps (1/K per step), as
-  TorchRec's DMPCollection does. AdamW with K > 1 is refused: the code does not run it.
+  TorchRec's DMPCollection does; "rowwise_adam" likewise with its larger state (2d + 1 values per
+  row: its first moment is per element). AdamW with K > 1 is refused: the code does not run it.
 * fits: parameters + gradients + AdamW state per rank (parallel/memory.py) below the GPU's
   memory; activations are not counted. state_gb and memory_gb are decimal GB (1e9 bytes; 1 GiB =
   1.074 GB).
@@ -123,8 +124,8 @@ class Options:
                                          # when a global batch holds > DRAW_SAMPLES samples
     shard_group: int | None = None       # fsdp_2d shard group S (None: GPUs per node)
     table_optimizer: str = "adamw"       # tables' optimizer: adamw (summed gradient all-reduce every step) |
-                                         # rowwise_adagrad (weights + row state averaged every K steps)
-    table_sync_every: int = 1            # table replica sync every K steps (rowwise_adagrad only)
+                                         # rowwise_adagrad | rowwise_adam (weights + row state averaged every K steps)
+    table_sync_every: int = 1            # table replica sync every K steps (row-wise optimizers only)
     transport: str = "nccl"              # SMs each collective kind holds (cost_model.TRANSPORTS): nccl | ncclx_smfree
     collective_sms: int | None = None    # what-if: SMs every collective holds, 0..SM count (overrides transport)
     sm_share: float | None = None        # what-if: share of overlapped compute lost, [0, 1] (overrides both)

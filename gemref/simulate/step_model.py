@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import functools
 
-from ..config import MeshShape
+from ..config import TABLE_OPTIMIZERS, MeshShape
 from ..parallel.fsdp import padded_numel
 from ..parallel.sparse import plan_tables
-from ..parallel.volume import model_units, step_volume, table_shapes
+from ..parallel.volume import model_units, row_state_values, step_volume, table_shapes
 from .collectives import best
 from .cost_model import HardwareProfile, collective_sms as kind_sms, price_group, sm_share as kind_share
 
@@ -60,8 +60,8 @@ def _volume(cfg, shard: int, replicated: bool, batch: int, tokens: int, jagged: 
     held = 0
     if sparse != "none" and replicated:
         held = sum(p.local_bytes(0, shard) for p in plan_tables(table_shapes(cfg), shard, sparse).values())
-        if table_optimizer == "rowwise_adagrad":     # weights and one fp32 state value per row (volume.py)
-            held = held * (cfg.d_model + 1) / cfg.d_model
+        if table_optimizer != "adamw":     # weights and the fp32 row state (volume.py)
+            held = held * (cfg.d_model + row_state_values(table_optimizer, cfg.d_model)) / cfg.d_model
     return tuple(rows), numel, held
 
 
@@ -72,8 +72,8 @@ def step_collectives(cfg, mesh: MeshShape, batch: int, tokens: int, jagged: bool
     `fuse_all_to_alls` the embedding all-to-alls are FUSED_ALL_TO_ALLS calls carrying every
     table's bytes (TorchRec); without, volume.py's four per step (gemref's own fused exchange:
     counts, ids, rows and their gradients, gemref/parallel/lookup.py).
-    `table_optimizer`: "adamw" (the tables' summed gradient every step) or "rowwise_adagrad" (their
-    weights and row state averaged; comm_rows' `table_sync_every` sets how often)."""
+    `table_optimizer`: "adamw" (the tables' summed gradient every step) or "rowwise_adagrad" /
+    "rowwise_adam" (their weights and row state averaged; comm_rows' `table_sync_every` sets how often)."""
     rows, numel, held = _volume(cfg, mesh.shard, mesh.replicate > 1, batch, tokens, jagged, gather_bytes, sparse,
                                 table_optimizer)
     if fuse_all_to_alls:
@@ -93,13 +93,13 @@ def step_collectives(cfg, mesh: MeshShape, batch: int, tokens: int, jagged: bool
 
 
 def check_table_sync(table_optimizer: str, table_sync_every: int) -> None:
-    """What gemref's code runs: AdamW tables sum their gradients every step; only row-wise Adagrad's
-    replicas sync every K steps (gemref/parallel/rowwise.py). Anything else is a ValueError."""
-    if table_optimizer not in ("adamw", "rowwise_adagrad"):
-        raise ValueError(f"table_optimizer={table_optimizer!r}; valid: adamw, rowwise_adagrad")
+    """What gemref's code runs: AdamW tables sum their gradients every step; only the row-wise
+    optimizers' replicas sync every K steps (gemref/parallel/rowwise.py). Anything else is a ValueError."""
+    if table_optimizer not in TABLE_OPTIMIZERS:
+        raise ValueError(f"table_optimizer={table_optimizer!r}; valid: {', '.join(TABLE_OPTIMIZERS)}")
     if table_optimizer == "adamw" and table_sync_every != 1:
         raise ValueError(f"table_sync_every={table_sync_every} with table_optimizer='adamw': gemref sums AdamW tables' "
-                         "gradients every step; a sync interval needs table_optimizer='rowwise_adagrad'")
+                         "gradients every step; a sync interval needs table_optimizer='rowwise_adagrad' or 'rowwise_adam'")
 
 
 def comm_rows(rows, mesh: MeshShape, hw: HardwareProfile | None, *, kind_tiers: dict | None = None,

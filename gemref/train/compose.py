@@ -41,7 +41,7 @@ from ..mfu.flops import sample_cost_coefficients, step_flops
 from ..mfu.timing import StepRecord, timed_step
 from ..model import GEMRef, ranking_loss
 from ..parallel.parallelize import ParallelState, parallel_state, parallelize
-from ..parallel.rowwise import RowWiseAdagrad
+from ..parallel.rowwise import ROW_OPTIMIZERS
 from ..precision.apply import PrecisionReport, apply_precision
 from ..step import backward, forward_loss, train_step
 
@@ -182,8 +182,8 @@ def _gem_lookups(model: GEMRef):
 
 def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
     """AdamW; embedding tables get no weight decay (rows a batch does not touch keep their values),
-    or with table_optimizer='rowwise_adagrad' a RowWiseAdagrad attached to them (stepped inside
-    backward, gemref/parallel/rowwise.py); TorchRec's tables are left to its own optimizer (gemref/interop/tables.py).
+    or with table_optimizer='rowwise_adagrad' / 'rowwise_adam' a RowWiseAdagrad / RowWiseAdam attached
+    to them (stepped inside backward, gemref/parallel/rowwise.py); TorchRec's tables are left to its own optimizer (gemref/interop/tables.py).
 
     The fused implementation (one kernel over all parameters of a group) where every
     parameter is floating point on CPU or CUDA: on CPU torch's default is a Python loop of
@@ -196,8 +196,9 @@ def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimize
     params = [(n, p) for n, p in model.named_parameters() if id(p) not in engine]
     tables = [p for n, p in params if n.startswith("tables.")]
     dense = [p for n, p in params if not n.startswith("tables.")]
-    if train.parallelism.table_optimizer == "rowwise_adagrad":   # tables step inside backward (parallel/rowwise.py)
-        RowWiseAdagrad(model.tables, lr=train.lr, sync_interval=train.parallelism.table_sync_interval)
+    if train.parallelism.table_optimizer in ROW_OPTIMIZERS:   # tables step inside backward (parallel/rowwise.py)
+        ROW_OPTIMIZERS[train.parallelism.table_optimizer](model.tables, lr=train.lr,
+                                                          sync_interval=train.parallelism.table_sync_interval)
         params, tables = [(n, p) for n, p in params if not n.startswith("tables.")], []
     fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for _, p in params)
     return torch.optim.AdamW([{"params": dense, "weight_decay": train.weight_decay},
