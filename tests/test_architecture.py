@@ -322,3 +322,39 @@ def test_importing_the_training_loop_loads_no_lab_module():
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     sides = design_sides()
     assert [m for m in loaded if sides[".".join(m.split(".")[:2])] == "lab"] == []
+
+
+# A code-size budget, not a speed bound: what `import gemref.train` loads stays a reader's size.
+# The kernels' sources (cpu_fused, cpu_jagged, triton) are not counted; optional and CPU-only
+# paths (the CPU GEMM work, MX emulation, checkpoints, data generation, AutoAC, TorchRec, the
+# sharding, compile's planning) are imported where they are used, not by the import.
+TRAIN_IMPORT_MAX_LINES = 7_000
+KERNEL_SOURCES = re.compile(r"/gemref/attention/(cpu_fused|cpu_jagged|triton)/")
+
+
+def counted_lines(files: dict[str, str]) -> dict[str, int]:
+    """{module: lines} of the given {module: source file}, the kernels' sources left out."""
+    return {name: len(Path(path).read_text().splitlines(keepends=True))
+            for name, path in files.items() if not KERNEL_SOURCES.search(Path(path).as_posix())}
+
+
+def test_importing_the_training_loop_loads_at_most_the_line_budget():
+    import subprocess
+    import sys
+
+    probe = ("import json, sys, gemref.train; print(json.dumps({n: m.__file__ for n, m in list(sys.modules.items()) "
+             "if n.split('.')[0] == 'gemref' and getattr(m, '__file__', None)}))")
+    files = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                      check=True).stdout)
+    lines = counted_lines(files)
+    top = "\n".join(f"{n:6d} {name}" for name, n in sorted(lines.items(), key=lambda kv: -kv[1])[:25])
+    assert sum(lines.values()) <= TRAIN_IMPORT_MAX_LINES, \
+        f"import gemref.train loads {sum(lines.values()):,} lines of gemref (budget {TRAIN_IMPORT_MAX_LINES:,}):\n{top}"
+
+
+def test_the_line_budget_leaves_out_only_the_kernels_sources():
+    files = {"gemref.train.loop": str(PACKAGE / "train" / "loop.py"),
+             "gemref.attention.triton.op": str(PACKAGE / "attention" / "triton" / "op.py"),
+             "gemref.attention.sdpa": str(PACKAGE / "attention" / "sdpa.py")}
+    assert set(counted_lines(files)) == {"gemref.train.loop", "gemref.attention.sdpa"}
+    assert counted_lines(files)["gemref.train.loop"] == len((PACKAGE / "train" / "loop.py").read_text().splitlines())

@@ -497,11 +497,12 @@ def test_a_given_plan_is_applied_as_is_without_profiling(monkeypatch):
 
 def test_autoac_profiles_the_batch_each_rank_runs(monkeypatch):
     """With ranks, build_model solves AutoAC on batch_size / world samples, not the global batch."""
+    from gemref.data import batches
     from gemref.train import compose
 
     sizes = []
-    real = compose.representative_batch
-    monkeypatch.setattr(compose, "representative_batch", lambda p, n, *a, **k: sizes.append(n) or real(p, n, *a, **k))
+    real = batches.representative_batch      # build_model imports it when it profiles
+    monkeypatch.setattr(batches, "representative_batch", lambda p, n, *a, **k: sizes.append(n) or real(p, n, *a, **k))
     monkeypatch.setattr(compose, "parallelize", lambda *a, **k: None)       # no process group here
     fake = type("P", (), {"world": 4})()
     compose.build_model(TINY, override(TINY.train, jagged=True, batch_size=64, ac="auto", ac_budget=0.5),

@@ -178,7 +178,7 @@ def test_compile_regions_without_compile_is_refused():
 def test_the_region_plan_keeps_exactly_the_kinds_below_its_margin(monkeypatch):
     """plan_gemref_regions measures every kind (eager and compiled, forward+backward) and keeps a
     kind iff its compiled median is below (1 - margin) x eager's: checked on the rows it reports."""
-    from gemref.compile import plan_gemref_regions
+    from gemref.compile.plan import plan_gemref_regions
 
     eager, _ = model_pair()
     batch = batch_with_lengths(CFG, [5, 9, 2, 30], seed=0)
@@ -201,7 +201,7 @@ def test_the_region_plan_keeps_exactly_the_kinds_below_its_margin(monkeypatch):
 
 
 def test_call_overhead_is_the_compiled_minus_the_eager_time_of_one_trivial_region():
-    from gemref.compile import call_overhead
+    from gemref.compile.plan import call_overhead
 
     got = call_overhead(reps=3)
     assert got["eager_s"] > 0 and got["compiled_s"] > 0
@@ -288,7 +288,7 @@ def test_region_names_resolve_modules_methods_and_patterns():
 def test_plan_regions_measures_each_named_region_of_a_foreign_model():
     from my_rec import make_batch, my_loss
 
-    from gemref.compile import plan_regions
+    from gemref.compile.plan import plan_regions
 
     eager, _ = my_rec_pair()
     batch = make_batch([5, 9, 2, 30], seed=0)

@@ -22,7 +22,7 @@ def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("GEMREF_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(peak, "_PROBED", {})
     monkeypatch.setattr(peak, "cpu_info", lambda: ZEN4)
-    monkeypatch.setattr(peak, "measure_clock_hz", lambda: (3.5e9, "test clock"))
+    monkeypatch.setattr(cpu_probe, "measure_clock_hz", lambda: (3.5e9, "test clock"))
     return tmp_path
 
 
@@ -38,7 +38,7 @@ def probes_return(monkeypatch, *results):
     def probe(dtype="fp32"):
         calls.append(dtype)
         return results[min(len(calls), len(results)) - 1]
-    monkeypatch.setattr(peak, "probe", probe)
+    monkeypatch.setattr(cpu_probe, "probe", probe)
     return calls
 
 
@@ -382,7 +382,7 @@ def test_gemref_peak_dtype_bf16_shows_bf16_against_fp32(cache_dir, monkeypatch, 
     from gemref.cli import main
 
     results = {"fp32": fake_result(100e9, path="blas"), "bf16": replace(fake_result(80e9, path="onednn"), dtype="bf16")}
-    monkeypatch.setattr(peak, "probe", lambda dtype="fp32": results[dtype])
+    monkeypatch.setattr(cpu_probe, "probe", lambda dtype="fp32": results[dtype])
     monkeypatch.setattr(peak, "cpu_info", lambda: replace(ZEN4, flags=ZEN4.flags + ("avx512_bf16",)))
     assert main(["peak", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out

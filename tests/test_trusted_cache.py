@@ -150,9 +150,9 @@ def peak_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("GEMREF_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(peak, "_PROBED", {})
     monkeypatch.setattr(peak, "cpu_info", lambda: ZEN4)
-    monkeypatch.setattr(peak, "measure_clock_hz", lambda: (CLOCK, "test clock"))
+    monkeypatch.setattr(cpu_probe, "measure_clock_hz", lambda: (CLOCK, "test clock"))
     calls = []
-    monkeypatch.setattr(peak, "probe", lambda dtype="fp32": calls.append(1) or ProbeResult(
+    monkeypatch.setattr(cpu_probe, "probe", lambda dtype="fp32": calls.append(1) or ProbeResult(
         flops=50e9, path="blas", shape=(8, 8, 8), rates={"blas": {"8x8x8": 50e9}}, excluded={}, cpu_share=1.0,
         threads=torch.get_num_threads(), seconds=0.1))
     return calls

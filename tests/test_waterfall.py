@@ -510,7 +510,7 @@ def test_the_compile_rung_compiles_the_plans_regions_or_says_why_none(monkeypatc
     """Rung 3 runs the region plan once (at the per-rank batch, one thread per rank as a rank
     has) and hands the ranks its kinds; with no winner the rung does not apply and says how
     each kind did."""
-    from gemref.compile import RegionPlan
+    from gemref.compile.plan import RegionPlan
     from gemref.waterfall import rungs
 
     seen = {}

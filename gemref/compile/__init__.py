@@ -8,14 +8,13 @@
                 the ones that win; plan_gemref_regions: GEMRef's kinds; call_overhead: a compiled
                 call's fixed cost
     inspect.py  the fused kernels and library GEMMs inductor generated for each region
+
+The package exports what a trainer calls (apply.py, regions.py); planning and inspecting measure
+what compile made, so they are imported from their modules (`from gemref.compile.plan import
+plan_regions`) and `import gemref.train` does not load them.
 """
 from .apply import CompiledRegion, CompileStats, compile_model, compile_stats, inductor_backend, loss_function
-from .inspect import fused_kernels, generated_kernels
-from .plan import (PLAN_MARGIN, PLAN_REPS, RegionPlan, call_overhead, eager_vs_compiled, plan_gemref_regions,
-                   plan_regions, region_inputs, run_region)
 from .regions import REGION_KINDS, Region, gemref_regions, resolve_regions
 
 __all__ = ["REGION_KINDS", "CompiledRegion", "CompileStats", "compile_model", "compile_stats", "inductor_backend",
-           "loss_function", "fused_kernels", "generated_kernels", "PLAN_MARGIN", "PLAN_REPS", "RegionPlan",
-           "call_overhead", "eager_vs_compiled", "plan_gemref_regions", "plan_regions", "region_inputs", "run_region",
-           "Region", "gemref_regions", "resolve_regions"]
+           "loss_function", "Region", "gemref_regions", "resolve_regions"]

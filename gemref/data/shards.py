@@ -29,10 +29,8 @@ from tqdm import tqdm
 from ..config import DataConfig, ModelConfig, Preset
 from ..env import env_folder
 from ..errors import UsageError
-from .folder import describe
 from .manifest import load_manifest, verified_shards, write_manifest
 from .schema import SCHEMA_VERSION, samples_to_table
-from .synthetic import Teacher
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +80,8 @@ def generate_dataset(model: ModelConfig, data: DataConfig, out_dir: str | Path, 
 
 
 def _generate(model: ModelConfig, data: DataConfig, out: Path, written: list[Path], progress: bool) -> dict:
+    from .folder import describe       # generating only: a cached dataset is read without them
+    from .synthetic import Teacher
     teacher = Teacher.create(model, data)
     splits: dict[str, list[dict]] = {}
     train_lengths = []

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import statistics
 
-from ..compile import RegionPlan, compile_stats, plan_gemref_regions
+from ..compile import compile_stats
+from ..compile.plan import RegionPlan, plan_gemref_regions
 from ..config import override
 from ..mfu.meter import percentile
 from ..mfu.timing import interleaved

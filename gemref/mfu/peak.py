@@ -34,8 +34,6 @@ import torch
 
 from ..runtime.files import private_path, write_json
 from ..env import CpuInfo, cache_root, cpu_info, env_peaks
-from .cpu_probe import CONTENDED_BELOW, isa_ceiling, measure_clock_hz, probe
-from .gpu_table import gpu_peak_flops
 
 PROBE_VERSION = 3      # bump when the probe's paths or shapes change: old cache entries no longer apply
 CPU_DTYPES = ("fp32", "bf16")
@@ -62,6 +60,7 @@ def device_name(device: torch.device | str) -> str:
 
 def gpu_peak(name: str, dtype: str) -> Peak:
     """Datasheet peak of the GPU called exactly `name` (or a hardware-profile name)."""
+    from .gpu_table import gpu_peak_flops   # the datasheet table: loaded only for a GPU's peak
     flops, source = gpu_peak_flops(name, dtype)
     return Peak(flops, source, dtype, "datasheet lookup by exact device name")
 
@@ -103,6 +102,7 @@ def _number(value) -> bool:
 
 def untrusted(entry, fields: dict, ceiling: dict) -> str | None:
     """Why a cached peak record cannot be used here (None: it can)."""
+    from .cpu_probe import CONTENDED_BELOW   # the CPU probe: loaded only for a CPU's peak
     if not isinstance(entry, dict):
         return "not a record"
     if not (_number(entry.get("flops")) and entry["flops"] > 0 and _number(entry.get("cpu_share"))
@@ -126,6 +126,7 @@ def untrusted(entry, fields: dict, ceiling: dict) -> str | None:
 # --- the CPU peak -----------------------------------------------------------------------
 def _measure(dtype: str) -> dict:
     """A probe record, re-measured while contended, at most ATTEMPTS times."""
+    from .cpu_probe import probe   # the CPU probe: loaded only for a CPU's peak
     best = None
     for attempt in range(1, ATTEMPTS + 1):
         result = probe(dtype=dtype)
@@ -170,6 +171,7 @@ def check_cpu_dtype(dtype: str) -> str:
 def cpu_peak_report(refresh: bool = False, dtype: str = "fp32") -> dict:
     """Everything known about this CPU's `dtype` peak: the figure MFU uses, per-path rates, the
     ISA ceiling, where it came from (cache or a probe now) and footnotes."""
+    from .cpu_probe import CONTENDED_BELOW, isa_ceiling, measure_clock_hz   # the CPU probe: only for a CPU's peak
     cpu = cpu_info()
     fields = key_fields(cpu, dtype=check_cpu_dtype(dtype))
     key = cache_key(fields)

@@ -16,7 +16,7 @@ single-process step on the global batch, whatever the per-rank counts
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -26,10 +26,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from ..config import MeshShape, TrainConfig
 from ..errors import UsageError
 from .backend import ncclx_mesh_built
-from .fsdp import apply_fsdp
-from .mesh import build_mesh, local_device
-from .replicate import apply_replicate
-from .sparse import ShardedEmbedding, fuse_lookups, shard_tables, sync_replica_grads
+
+if TYPE_CHECKING:
+    from .sparse import ShardedEmbedding
 
 
 @dataclass
@@ -45,6 +44,7 @@ class ParallelState:
     def finish_backward(self, model: nn.Module) -> None:
         """Gradient syncs FSDP does not do itself: the replicas of the (AdamW) tables `parallelize` sharded."""
         if self.train.parallelism.sparse_sharding != "none" and self.train.parallelism.table_optimizer == "adamw":
+            from .sparse import sync_replica_grads   # sharded tables: loaded only by a run that has them
             sync_replica_grads(self.tables, self.mesh)   # row-wise tables: synced by their RowWiseAdagrad
 
     def sum(self, values: list[float]) -> list[float]:
@@ -68,6 +68,7 @@ def parallel_state(train: TrainConfig, device: torch.device) -> tuple[ParallelSt
             raise UsageError(f"mesh={layout.mesh} / sparse_sharding={layout.sparse_sharding} need a process group: "
                              f"pass --ranks {shape.world} or launch with torchrun --nproc-per-node {shape.world}")
         return None, device
+    from .mesh import build_mesh, local_device   # the mesh: loaded only with a process group
     shape = train.parallelism.shape
     mesh = build_mesh(shape, device.type)
     backend = "ncclx" if ncclx_mesh_built() is not None else dist.get_backend()
@@ -86,6 +87,10 @@ def parallelize(model: nn.Module, train: TrainConfig, state: ParallelState, devi
     module sharded and updated by someone else (TorchRec's tables), left out of DDP and FSDP.
     `features(*forward args)` -> {table name: [ids of each call]}: all the tables' lookups of a
     forward in one exchange (sparse.py `fuse_lookups`); None: one exchange per lookup."""
+    # DDP, FSDP and the sharded tables: loaded only by a run with a process group, when it applies them
+    from .fsdp import apply_fsdp
+    from .replicate import apply_replicate
+    from .sparse import fuse_lookups, shard_tables
     if state.shape.shard == 1 and train.parallelism.sparse_sharding == "none":
         apply_replicate(model, state.mesh, ignored_modules=[ignored] if ignored is not None else ())
         return

@@ -64,7 +64,6 @@ from torch import nn
 
 from ..config import PRECISION_KERNELS, PRECISIONS
 from ..errors import UsageError
-from .torchao_layers import MX_BLOCK, MXFP8Linear, convert_float8, convert_mxfp8, import_torchao
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +164,7 @@ def native_support(precision: str, device: torch.device | str) -> tuple[bool, st
     from torch.utils._triton import has_triton
     if not has_triton():
         return False, f"{need}; Triton is missing"
+    from .torchao_layers import import_torchao   # torchao: loaded only for a low-precision recipe
     import_torchao(precision)
     import torchao.prototype.mx_formats.kernels  # noqa: F401  (defines torchao::mxfp8_quantize)
     if not (hasattr(torch.ops.torchao, "mxfp8_quantize") and
@@ -174,7 +174,10 @@ def native_support(precision: str, device: torch.device | str) -> tuple[bool, st
 
 
 def _alignment(precision: str) -> int:
-    return MX_BLOCK if precision == "mxfp8" else FLOAT8_ALIGN
+    if precision == "mxfp8":
+        from .torchao_layers import MX_BLOCK   # the MX layers: loaded only for MXFP8
+        return MX_BLOCK
+    return FLOAT8_ALIGN
 
 
 def default_module_filter(precision: str, min_dim: int = MIN_DIM) -> Callable[[str, nn.Linear], bool]:
@@ -258,15 +261,18 @@ def apply_precision(model: nn.Module, precision: str, *, device: torch.device | 
         raise ValueError("the root module is an nn.Linear, which cannot be swapped in place; "
                          "wrap it, e.g. nn.Sequential(layer)")
     linears = {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear)}
-    if any(type(m).__module__.startswith("torchao") or isinstance(m, MXFP8Linear) for m in linears.values()):
-        raise ValueError("model already has low-precision layers: apply_precision once, to a "
-                         "high-precision model")
+    if any(type(m) is not nn.Linear for m in linears.values()):   # a converted layer subclasses nn.Linear
+        from .torchao_layers import MXFP8Linear   # so gemref's MX layer is loaded only when a subclass is there
+        if any(type(m).__module__.startswith("torchao") or isinstance(m, MXFP8Linear) for m in linears.values()):
+            raise ValueError("model already has low-precision layers: apply_precision once, to a "
+                             "high-precision model")
 
     if precision in ("fp32", "bf16"):
         kernel_used, reason = "native", native_support(precision, device)[1]
         autocast = torch.bfloat16 if precision == "bf16" else None
         return PrecisionReport(precision, kernel_used, reason, str(device), _RECIPES[precision], autocast)
 
+    from .torchao_layers import convert_float8, convert_mxfp8   # the low-precision layers: loaded only now
     kernel_used, reason = _choose_kernel(precision, device, kernel)
     skipped, chosen = [], []
     for fqn, m in linears.items():

@@ -22,14 +22,9 @@ from torch import Tensor, nn
 
 from ..attention import resolve_model_kernel
 from ..attention.triton.variant import current_variant
-from ..autoac import applied_plan, apply_plan, auto_checkpoint, parse_plan
-from ..autoac.batch_search import batch_tensors
-from ..autoac.compress import CompressionSpec
 from ..balance import SampleCost, loss_divisor
 from ..compile import compile_model, gemref_regions
 from ..config import DatasetFolder, Preset, TrainConfig, get_preset
-from ..data.batches import representative_batch
-from ..data.folder import check_lengths, check_unchanged
 from ..data.jagged import JaggedBatch
 from ..data.loader import EventDataset, make_loader
 from ..data.manifest import verified_shards
@@ -41,7 +36,6 @@ from ..mfu.flops import sample_cost_coefficients, step_flops
 from ..mfu.timing import StepRecord, timed_step
 from ..model import GEMRef, ranking_loss
 from ..parallel.parallelize import ParallelState, parallel_state, parallelize
-from ..parallel.rowwise import ROW_OPTIMIZERS
 from ..precision.apply import PrecisionReport, apply_precision
 from ..step import backward, forward_loss, train_step
 
@@ -100,13 +94,23 @@ class Setup:
 
     def flops(self, lengths: Tensor):
         """This run's FLOP accounting of a step on batches of these lengths (gemref/mfu/flops.py)."""
+        ac_choices = {}
+        if wraps_blocks(self.train):   # AutoAC: loaded only by a run whose blocks it wrapped
+            from ..autoac import applied_plan
+            ac_choices = applied_plan(self.model)
         return step_flops(self.preset.model, lengths, jagged=self.train.attention.jagged, kernel=self.kernel,
-                          ac_choices=applied_plan(self.model), device=self.device)
+                          ac_choices=ac_choices, device=self.device)
 
     def timed_step(self, fetch, *, op_classes: bool = False) -> tuple[StepRecord, Tensor, JaggedBatch]:
         """One timed training step on the batch `fetch()` returns (gemref/mfu/timing.py timed_step)."""
         return timed_step(fetch, lambda b: self.step(b.to(self.device, non_blocking=True)), self.device,
                           self.flops, op_classes=op_classes)
+
+
+def wraps_blocks(train: TrainConfig) -> bool:
+    """Whether `build_model` wraps blocks with AutoAC's checkpointing (ac full or auto) or compression."""
+    ac = train.activation_checkpoint
+    return ac.mode in ("full", "auto") or ac.compress != "none"
 
 
 def resolve_precision(train: TrainConfig, device: torch.device) -> str:
@@ -135,7 +139,12 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     if device.type == "cpu":   # CPU-only speed work, out of a GPU trainer's path: each Linear GEMM on the
         from ..precision.fast_linear import use_fastest_cpu_gemms   # fastest measured path, in its dtype
         use_fastest_cpu_gemms(model, device, "bf16" if report.autocast_dtype == torch.bfloat16 else "fp32")
-    compression = CompressionSpec(ac.compress) if ac.compress != "none" else None
+    compression = None
+    if wraps_blocks(train):   # AutoAC: loaded only when a run turns it on
+        from ..autoac import apply_plan, auto_checkpoint, parse_plan
+        from ..autoac.batch_search import batch_tensors
+        from ..autoac.compress import CompressionSpec
+        compression = CompressionSpec(ac.compress) if ac.compress != "none" else None
     if compression is not None and cfg.activation == "softmax":   # a compressed block compresses its attention too
         raise UsageError("ac_compress stores attention's saved q, k, v and O in E4M3, which softmax attention's "
                          "backward amplifies (gemref/autoac/compress.py): use a pointwise activation or "
@@ -146,6 +155,7 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     elif ac.mode == "auto" and ac.plan:          # planned already (e.g. by the waterfall, once per rung)
         apply_plan(model, parse_plan(ac.plan, blocks), compression=compression)
     elif ac.mode == "auto":                      # profiled eagerly at the batch this rank runs
+        from ..data.batches import representative_batch   # a batch of chosen lengths: only to profile
         batch = representative_batch(preset, per_rank, device, seed=train.seed)
         options = ("full",) if train.compilation.enabled else ("save_matmuls", "full")
         auto_checkpoint(model, blocks, lambda: forward_loss(model, batch, report.autocast_dtype), ac.budget,
@@ -196,7 +206,8 @@ def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimize
     params = [(n, p) for n, p in model.named_parameters() if id(p) not in engine]
     tables = [p for n, p in params if n.startswith("tables.")]
     dense = [p for n, p in params if not n.startswith("tables.")]
-    if train.parallelism.table_optimizer in ROW_OPTIMIZERS:   # tables step inside backward (parallel/rowwise.py)
+    if train.parallelism.table_optimizer != "adamw":   # tables step inside backward (parallel/rowwise.py)
+        from ..parallel.rowwise import ROW_OPTIMIZERS   # loaded only when the tables use one
         ROW_OPTIMIZERS[train.parallelism.table_optimizer](model.tables, lr=train.lr,
                                                           sync_interval=train.parallelism.table_sync_interval)
         params, tables = [(n, p) for n, p in params if not n.startswith("tables.")], []
@@ -219,6 +230,7 @@ def datasets(preset: Preset, data_root: str | Path | None = None,
     `--dataset`) is verified and read, never regenerated nor written; a synthetic `DataConfig`
     is gemref's own cache, generated or reused under `data_root`."""
     if isinstance(preset.data, DatasetFolder):
+        from ..data.folder import check_lengths, check_unchanged   # a dataset folder from outside: only then
         check_unchanged(preset.data)
         folder = preset.data.folder
         sets = tuple(EventDataset(verified_shards(folder, split, remember=False), preset.model)

@@ -28,7 +28,6 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from ..checkpoint import checkpoint_path, run_description, save_checkpoint, start_from_checkpoint
 from ..data.jagged import JaggedBatch
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches
@@ -109,6 +108,7 @@ def resume_step(s: Setup) -> int:
     tc = s.train
     if not (tc.checkpoint.every or tc.checkpoint.resume):
         return 0
+    from ..checkpoint import run_description, start_from_checkpoint   # checkpoints: loaded only by a run that keeps them
     step = start_from_checkpoint(tc.checkpoint.folder, s.model, s.optimizer, global_batch=tc.batch_size,
                                  seed=tc.seed, resume=tc.checkpoint.resume, run=run_description(s.preset, tc),
                                  overwrite=tc.checkpoint.overwrite)
@@ -151,6 +151,8 @@ def train(s: Setup, *, hooks: Sequence[LoopHooks] = (), progress: bool = True) -
     peak = run_peak(s.device, s.precision.precision, s.rank, s.precision.is_emulated)
     batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, start),
                                num_workers=tc.num_workers, device=s.device))
+    if tc.checkpoint.every or start:   # checkpoints: loaded only by a run that keeps them
+        from ..checkpoint import checkpoint_path, run_description, save_checkpoint
     good = checkpoint_path(tc.checkpoint.folder, start) if start else None   # newest checkpoint of a good state
     for hook in hooks:
         hook.on_start(s, start)

@@ -56,7 +56,7 @@ def compile_findings(steps: dict, regions: list[dict], fused_kernels: int,
                      overhead_s: float | None = None) -> list[str]:
     """Chapter 04: compile time, the step-time verdict of every compiled variant, how many regions
     gained or lost, and which ones the region plan keeps (rows with "kept"); `overhead_s`: the
-    measured fixed cost of one compiled call (gemref.compile.call_overhead), seconds."""
+    measured fixed cost of one compiled call (gemref.compile.plan.call_overhead), seconds."""
     eager, compiled = steps["rows"][:2]
     out = [f"Compiling {compiled['graphs']} region graphs took {compiled['compile_s']:.1f} s once; "
            f"{compiled['recompiles_after_warmup']} recompiles after warm-up; {fused_kernels} fused kernels."]

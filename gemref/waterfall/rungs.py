@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 
 from ..autoac.batch_search import larger_batch, step_bytes
-from ..compile import plan_gemref_regions
+from ..compile.plan import plan_gemref_regions
 from ..config import Preset, TrainConfig, override
 from ..data.batches import representative_batch
 from ..errors import UsageError
@@ -126,7 +126,7 @@ def _low_precision(train: TrainConfig, ctx: Context) -> TrainConfig | str:
 
 def _compile(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     """Compile the region kinds that win: each measured eager against compiled on the batch each
-    rank runs, with the threads a rank has (gemref.compile.plan_gemref_regions), once, here; the ranks
+    rank runs, with the threads a rank has (gemref.compile.plan.plan_gemref_regions), once, here; the ranks
     get the plan in compile_regions. No winner: the rung does not apply (every region would
     only add its call overhead), and says by how much each lost."""
     per_rank = max(1, train.batch_size // ctx.ranks)
