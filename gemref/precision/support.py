@@ -96,9 +96,9 @@ def software_support(precision: str) -> tuple[bool, str]:
         if missing:
             return False, (f"torchao {ao}'s MXFP8 training needs symbols torch {torch.__version__} lacks: "
                            f"{', '.join(missing)} (a newer torch has them)")
-    from .torchao_layers import import_torchao   # quiet: torchao logs while it loads its extensions
+    from .torchao_layers import import_torchao_quietly   # torchao logs while it loads its extensions
     try:
-        import_torchao(precision)
+        import_torchao_quietly()
     except Exception as e:   # noqa: BLE001  (an import that fails is the reason, not a crash)
         return False, f"torchao {ao} does not import here: {type(e).__name__}: {e}"
     missing = missing_symbols(TORCHAO_SYMBOLS[_family(precision)])

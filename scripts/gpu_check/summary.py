@@ -72,8 +72,9 @@ def headline(summary: dict) -> list[str]:
         lines.append(f"GDPA default by the rule: {pick['winner']} ({pick.get('spec', pick['reason'])}); "
                      f"fwd {pick.get('fwd_winner')}, bwd {pick.get('bwd_winner')}")
     for rung in sections.get("rungs", {}).get("result", {}).get("rungs", []):
-        mfu = f"MFU {rung['mfu']:.3f}" if rung.get("mfu") is not None else rung.get("error", (
-            f"no MFU: {rung.get('windows_kept')} of {rung.get('windows')} windows kept, "
-            f"{rung.get('contended_windows')} contended attempts"))
+        mfu = (f"MFU {rung['mfu']:.3f}" if rung.get("mfu") is not None else
+               rung.get("error", rung["status"]) if rung.get("status") != "ran" else
+               f"no MFU: {rung.get('windows_kept')} of {rung.get('windows')} windows kept, "
+               f"{rung.get('contended_windows')} contended attempts")
         lines.append(f"rung {rung.get('rung', '?'):18} batch {rung.get('batch_size', '?')} {mfu}")
     return lines
