@@ -4,8 +4,8 @@ and rung 2 again with row-wise float8 GEMMs on the same batch.
 The GPU preset (`gpu_preset`): the base preset's model with every embedding table cut to
 TABLE_ROWS rows. Tables are looked up, never multiplied, so model FLOPs are unchanged, while
 the training state (fp32 weights and gradients and AdamW's two moments, 16 bytes per parameter:
-gemref.parallel.memory.projected_rank_bytes) falls from 28.3 GB to 9.0 GB. It trains
-on ONE small generated shard (4096 training rows, 512 eval rows; seconds to generate).
+gemref.parallel.memory.projected_rank_bytes) falls from 28.3 GB to 9.0 GB. It trains on ONE
+small generated shard (4096 training rows, 512 eval rows; seconds to generate).
 
 Each rung runs alone (gemref.waterfall.run_waterfall on a one-rung ladder whose rung applies
 the switches of every rung up to it), so only its model, optimizer and activations are alive,
@@ -14,8 +14,8 @@ Its batch is the largest power of two, up to the preset's, whose estimated activ
 (`activation_bytes_per_sample`) fit in MEMORY_SHARE of the free memory beside the training
 state: rungs 0 and 1 materialise (batch x heads x max_len^2) attention scores, 0.84 and 0.62 GB
 per sample by the estimate at the base shape, so on an 80 GB card they run batch 64 and rung 2
-the preset's 256. If a rung runs out of memory
-anyway, that rung alone is retried at half the batch, down to MIN_BATCH. Each row records the
+the preset's 256. If a rung runs out of memory anyway, that rung alone is retried at half the
+batch (gemref.measure.run.halving_batch), down to MIN_BATCH. Each row records the
 estimate, the batch that ran and the batches tried; `vs_previous` is left out (one rung alive:
 no paired windows). The float8 row (rung 2's switches and batch, precision float8_rowwise)
 runs natively where gemref.precision.support says so, else shows "n/a here, because ...";
