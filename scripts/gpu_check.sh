@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: ONE command, at most ~8 minutes on a bare H100/H200, writing one summary JSON
 # and one log to $OUT (default artifacts/gpu_check): ceilings, GDPA correctness, GDPA timing
-# of every kernel variant, then MFU of rungs 0-2 and of rung 2 in float8 on an 80 GB-sized GPU
+# of every kernel variant, then MFU of rungs 0-2, rung 2 in float8 and rung 3 on an 80 GB-sized GPU
 # preset (scripts/gpu_check/ says how: `python -m scripts.gpu_check`, run from the repository
 # root with it on PYTHONPATH). Each section has its own budget of at most 5 minutes (ceilings
 # 60 s, correctness 150 s, timing 150 s, rungs 240 s), so a failed one reruns alone with

@@ -83,15 +83,17 @@ def test_dry_run_end_to_end(tmp_path):
     result = sections["rungs"]["result"]
     rungs = result["rungs"]
     assert [r["rung"] for r in rungs] == ["0 baseline", "1 + jagged", "2 + flash/GDPA",
-                                          "2 + flash/GDPA + float8 row-wise (same batch)"]
+                                          "2 + flash/GDPA + float8 row-wise (same batch)", "3 + compile (every region)"]
     assert all(r["status"] == "ran" for r in rungs)
-    assert rungs[3]["resolved"]["precision"] == "float8_rowwise" and rungs[3]["batch_size"] == rungs[2]["batch_size"]
+    assert rungs[3]["resolved"]["precision"] == "float8_rowwise" and rungs[3]["dtype"] == "float8_rowwise (emulated)"
+    assert rungs[3]["batch_size"] == rungs[4]["batch_size"] == rungs[2]["batch_size"]
     assert all(r["batches_tried"] == [r["batch_size"]] and r["activation_bytes_per_sample"] > 0 for r in rungs)
     assert rungs[0]["activation_bytes_per_sample"] > rungs[1]["activation_bytes_per_sample"] > \
         rungs[2]["activation_bytes_per_sample"]          # padded > jagged with padded scores > fused
     assert result["tf32"] == ceilings["tf32"]
     # A rung's MFU is None only when every window was contended (a shared machine): then the row says so.
     assert all((r["mfu"] or 0) > 0 or r["windows_kept"] == 0 for r in rungs)
+    assert ("best rung: " in proc.stdout) is any(r["mfu"] for r in rungs)
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert all(f"===== {name}:" in log for name in sections)
     pick = summary["gdpa_default"]   # only base and all_flags are both checked and timed in the dry run

@@ -1,5 +1,5 @@
 """GPU check, section "rungs": MFU of waterfall rungs 0-2 in bf16, one rung alive at a time,
-and rung 2 again with row-wise float8 GEMMs on the same batch.
+then rung 2 again with row-wise float8 GEMMs, and rung 3 (every region compiled), on rung 2's batch.
 
 The GPU preset (`gpu_preset`): the base preset's model with every embedding table cut to
 TABLE_ROWS rows. Tables are looked up, never multiplied, so model FLOPs are unchanged, while
@@ -19,7 +19,10 @@ batch (gemref.measure.run.halving_batch), down to MIN_BATCH. Each row records th
 estimate, the batch that ran and the batches tried; `vs_previous` is left out (one rung alive:
 no paired windows). The float8 row (rung 2's switches and batch, precision float8_rowwise)
 runs natively where gemref.precision.support says so, else shows "n/a here, because ...";
-the dry run runs it emulated (numerics only) so its path is exercised.
+the dry run runs it emulated (numerics only) so its path is exercised. The compile row is
+rung 2 with torch.compile on every region (the waterfall's rung 3 first measures which regions
+win; the check skips that search for time) and runs last: Inductor's build is the costliest.
+The summary's headline names the rung with the best MFU.
 
 --dry-run: the tiny preset on CPU (fp32), 512 rows, every row at tiny size.
 """
@@ -148,8 +151,12 @@ def main() -> None:
            else f"n/a here, because {f8.reason}")
     f8_spec = dataclasses.replace(LADDER[RUNGS - 1].spec, key="fused_attention_float8_rowwise",
                                   title=f"{LADDER[RUNGS - 1].title} + float8 row-wise (same batch)")
-    todo = [(LADDER[i].spec, c) for i, c in enumerate(configs)] + [(f8_spec, low)]
-    same_batch_as = {f8_spec.key: LADDER[RUNGS - 1].key}    # bf16 vs float8 on one batch
+    compiled_spec = dataclasses.replace(LADDER[RUNGS].spec, key=f"{LADDER[RUNGS].key}_every_region",
+                                        title=f"{LADDER[RUNGS].title} (every region)")
+    compiled = override(configs[-1], compile=True)
+    # last: the costliest to build (Inductor), so a section out of time loses only its own row
+    todo = [(LADDER[i].spec, c) for i, c in enumerate(configs)] + [(f8_spec, low), (compiled_spec, compiled)]
+    same_batch_as = dict.fromkeys((f8_spec.key, compiled_spec.key), LADDER[RUNGS - 1].key)   # one batch
     batch_of_rung = {}
     for spec, train in todo:
         if isinstance(train, str):
