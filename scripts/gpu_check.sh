@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # The GPU check: ONE command, at most ~8 minutes on a bare H100/H200, writing one summary JSON
 # and one log to $OUT (default artifacts/gpu_check): ceilings, GDPA correctness, GDPA timing
-# of every kernel variant, then the base preset's MFU rungs 0-2 (scripts/gpu_check/ says how:
-# `python -m scripts.gpu_check`, run from the repository root with it on PYTHONPATH).
+# of every kernel variant, then MFU of rungs 0-2, rung 2 in float8 and rung 3 on an 80 GB-sized GPU
+# preset (scripts/gpu_check/ says how: `python -m scripts.gpu_check`, run from the repository
+# root with it on PYTHONPATH). Each section has its own budget of at most 5 minutes (ceilings
+# 60 s, correctness 150 s, timing 150 s, rungs 240 s), so a failed one reruns alone with
+# --sections NAME; the summary gets every row the moment it is measured.
 #
 #     bash scripts/gpu_check.sh                    # on the GPU host, from the repository root
 #     bash scripts/gpu_check.sh --sections timing  # one section again
 #     bash scripts/gpu_check.sh --dry-run          # the same run on CPU (Triton interpreter)
 #
-# The GPU host (no internet; Python 3.12, torch, Triton, pyarrow, pyyaml, hypothesis, tqdm,
-# narwhals) lacks torchao and plotly. Fetch their wheels for ITS Python (3.12), on any machine
-# with internet, into .whl/. It is git-ignored (~13 MB of binaries are not committed), so it
+# The GPU host (no internet; Python 3.12, torch, Triton, numpy, pyarrow, pyyaml, hypothesis,
+# tqdm, narwhals: the lent H100/H200 image's packages) lacks torchao and plotly. The kernel
+# sections need only torch and Triton; the rungs section's data pipeline needs numpy, pyarrow
+# and tqdm, and is skipped, saying which, where one is missing. Fetch the wheels for ITS Python
+# (3.12), on any machine with internet, into .whl/. It is git-ignored (~13 MB of binaries are not committed), so it
 # does not travel by itself: the device `run` call names it, carry: [".whl"]:
 #
 #     python3 -m pip download --only-binary=:all: --no-deps --python-version 3.12 \
@@ -48,4 +53,11 @@ fi
 export GPU_CHECK_WHEELS GPU_CHECK_SITE="$SITE"
 echo "wheels: $GPU_CHECK_WHEELS" | tee -a "$LOG"
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-"$PYTHON" -m scripts.gpu_check --out "$OUT" "$@"
+# The driver runs in the background so that a SIGTERM to this script (or its process group)
+# reaches it and the script still waits while it ends its sections and writes the summary.
+"$PYTHON" -m scripts.gpu_check --out "$OUT" "$@" &
+DRIVER=$!
+trap 'kill -TERM "$DRIVER" 2>/dev/null' TERM INT
+wait "$DRIVER"; rc=$?
+while kill -0 "$DRIVER" 2>/dev/null; do wait "$DRIVER"; rc=$?; done   # a trapped signal ends `wait` early
+exit "$rc"

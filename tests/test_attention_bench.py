@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from gemref.data.batches import LENGTH_PROFILES, make_lengths
+from gemref.data.lengths import LENGTH_PROFILES, make_lengths
 from gemref.cli import main
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from gemref.attention.testing import DRY_VARIANTS, VARIANTS, correctness_items, shard_items
 from gemref.attention.triton.variant import choose_winner
@@ -22,10 +24,11 @@ from gemref.attention.triton.variant import choose_winner
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _children(expression: str):
-    """The JSON value of `expression`, evaluated with scripts/gpu_check/children.py imported as
-    `children` (and os, Path) in a Python started at the repository root."""
-    code = f"import json, os\nfrom pathlib import Path\nfrom scripts.gpu_check import children\n" \
+def _children(expression: str, module: str = "children", setup: str = ""):
+    """The JSON value of `expression`, evaluated with scripts/gpu_check/<module>.py imported as
+    `<module>` (and os, Path), after the statements `setup`, in a Python started at the
+    repository root."""
+    code = f"import json, os\nfrom pathlib import Path\nfrom scripts.gpu_check import {module}\n{setup}\n" \
            f"print(json.dumps({expression}))"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -73,11 +76,24 @@ def test_dry_run_end_to_end(tmp_path):
             assert r["fwd_ms"] > 0 and r["bwd_ms"] > 0 and r["fwd_model_tflops"] > 0
             assert r["bwd_executed_tflops"] >= r["bwd_model_tflops"] or "ceiling" in r
 
-    rungs = sections["rungs"]["result"]["rungs"]
-    assert [r["rung"][0] for r in rungs] == ["0", "1", "2"]
+    assert ceilings["tf32"]["cuda_matmul_allow_tf32"] in (True, False) and "triton_gdpa_fp32_dot" in ceilings["tf32"]
+    assert set(ceilings["precision_support"]) == {"float8_rowwise", "float8_tensorwise", "mxfp8"}
+    assert all(not s["native"] and s["reason"] for s in ceilings["precision_support"].values())   # a CPU
+
+    result = sections["rungs"]["result"]
+    rungs = result["rungs"]
+    assert [r["rung"] for r in rungs] == ["0 baseline", "1 + jagged", "2 + flash/GDPA",
+                                          "2 + flash/GDPA + float8 row-wise (same batch)", "3 + compile (every region)"]
     assert all(r["status"] == "ran" for r in rungs)
+    assert rungs[3]["resolved"]["precision"] == "float8_rowwise" and rungs[3]["dtype"] == "float8_rowwise (emulated)"
+    assert rungs[3]["batch_size"] == rungs[4]["batch_size"] == rungs[2]["batch_size"]
+    assert all(r["batches_tried"] == [r["batch_size"]] and r["activation_bytes_per_sample"] > 0 for r in rungs)
+    assert rungs[0]["activation_bytes_per_sample"] > rungs[1]["activation_bytes_per_sample"] > \
+        rungs[2]["activation_bytes_per_sample"]          # padded > jagged with padded scores > fused
+    assert result["tf32"] == ceilings["tf32"]
     # A rung's MFU is None only when every window was contended (a shared machine): then the row says so.
     assert all((r["mfu"] or 0) > 0 or r["windows_kept"] == 0 for r in rungs)
+    assert ("best rung: " in proc.stdout) is any(r["mfu"] for r in rungs)
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert all(f"===== {name}:" in log for name in sections)
     pick = summary["gdpa_default"]   # only base and all_flags are both checked and timed in the dry run
@@ -197,3 +213,134 @@ def test_the_winner_rule_picks_the_fastest_correct_timed_variant():
     none = choose_winner(_summary([("base", False), ("fast", True)], rows), variants)
     assert none["winner"] is None and "base failed" in none["reason"]
     assert choose_winner({"sections": {}}, variants)["winner"] is None
+
+
+def test_a_killed_check_keeps_the_rows_measured_so_far(tmp_path):
+    """Rows reach the summary while their section still runs: SIGTERM after the first rung's row
+    leaves that row in gpu_check.json, the section marked interrupted."""
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "WHEEL_DIR": str(tmp_path / "none"),
+           "OMP_NUM_THREADS": "1"}
+    env.pop("GEMREF_DATA_DIR", None)
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--sections", "rungs"],
+                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    rows, deadline = [], time.monotonic() + 400
+    try:
+        while not rows and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                summary = json.loads((out / "gpu_check.json").read_text())
+            except (OSError, ValueError):
+                continue
+            rows = summary["sections"].get("rungs", {}).get("result", {}).get("rungs", [])
+        assert rows and proc.poll() is None, "the first rung's row never reached the summary while the check ran"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    summary = json.loads((out / "gpu_check.json").read_text())
+    assert summary["interrupted"] == f"signal {int(signal.SIGTERM)}" and not summary["finished"]
+    section = summary["sections"]["rungs"]
+    assert section["status"].startswith("interrupted by signal")
+    assert section["result"]["rungs"][:len(rows)] == rows and rows[0]["rung"] == "0 baseline"
+
+
+def test_section_budgets_allow_a_rerun_within_the_device_time():
+    budgets = _children("[(s.name, s.budget_s, s.dry_budget_s) for s in __main__.SECTIONS] + "
+                        "[__main__.SECTION_MAX_S]", "__main__")
+    *sections, most = budgets
+    assert most <= 300 and all(budget <= most for _, budget, _ in sections)
+
+
+def test_the_rungs_fit_an_80_gb_card_by_the_estimate():
+    """The base preset at batch 256 with rung 0's materialised scores would not fit; the GPU
+    preset's state and the fitted batches do, and rung 2 keeps the preset's batch."""
+    found = _children(
+        "dict(state=state, base_state=base_state, per_sample=per_sample, "
+        "batches=[rungs.fitting_batch(80e9, state, e, 256) for e in per_sample])", "rungs", setup=(
+            "import torch\nfrom gemref.config import MeshShape, get_preset\n"
+            "from gemref.parallel.memory import projected_rank_bytes\n"
+            "from gemref.waterfall import LADDER, Context\nfrom gemref.waterfall.rungs import plan\n"
+            "preset = rungs.gpu_preset(get_preset('base'))\n"
+            "state = projected_rank_bytes(preset.model, MeshShape(1, 1))['total']\n"
+            "base_state = projected_rank_bytes(get_preset('base').model, MeshShape(1, 1))['total']\n"
+            "configs = [c for _, c in plan(list(LADDER[:3]), preset.train, Context(preset, torch.device('cuda'), 1))]\n"
+            "per_sample = [rungs.rung_estimate(preset, c, 2) for c in configs]"))
+    assert found["base_state"] > 25e9 and found["state"] < 10e9         # the tables cut to TABLE_ROWS rows
+    assert 256 * found["per_sample"][0] > 80e9                          # rung 0 at the preset's batch: no
+    assert found["batches"][0] < 256 and found["batches"][1] < 256 and found["batches"][2] == 256
+    for batch, per_sample in zip(found["batches"], found["per_sample"]):
+        assert found["state"] + batch * per_sample <= 0.8 * 80e9
+
+
+def test_out_of_memory_retries_only_that_rung_at_half_the_batch():
+    calls = _children("[rungs.measured_row(spec, 64, run_at), calls, "
+                      "rungs.measured_row(spec, 64, never)['error'], "
+                      "rungs.measured_row(spec, 64, broken)['error']]", "rungs", setup=(
+                          "import torch\nfrom gemref.waterfall import LADDER\nspec = LADDER[0].spec\ncalls = []\n"
+                          "def run_at(batch):\n"
+                          "    calls.append(batch)\n"
+                          "    if batch > 16:\n"
+                          "        raise torch.OutOfMemoryError('CUDA out of memory')\n"
+                          "    return {'rung': spec.title, 'status': 'ran', 'batch_size': batch, 'vs_previous': 1.0}\n"
+                          "def never(batch):\n"
+                          "    raise torch.OutOfMemoryError('CUDA out of memory')\n"
+                          "def broken(batch):\n"
+                          "    raise RuntimeError('a kernel failed')\n"))
+    row, tried, never, broken = calls
+    assert tried == [64, 32, 16] and row["batches_tried"] == [64, 32, 16] and row["batch_size"] == 16
+    assert "vs_previous" not in row and row["status"] == "ran"
+    assert never == "out of memory down to batch 8" and broken == "RuntimeError: a kernel failed"
+
+
+def test_halving_batch_says_each_fallback_and_the_batch_that_ran():
+    from gemref.measure.run import halving_batch
+
+    def run_at(batch):
+        if batch > 16:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return f"ran {batch}"
+
+    def never(batch):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    said = []
+    assert halving_batch(run_at, 64, log=said.append) == ("ran 16", [64, 32, 16])
+    assert said == ["out of GPU memory at batch 64: running again at batch 32",
+                    "out of GPU memory at batch 32: running again at batch 16"]
+    with pytest.raises(torch.OutOfMemoryError):
+        halving_batch(never, 4, smallest=2, log=said.append)
+    with pytest.raises(ValueError, match="batch and smallest must be >= 1"):
+        halving_batch(run_at, 0)
+
+
+def test_chapters_on_a_gpu_fall_back_to_a_batch_that_fits(monkeypatch):
+    """batch_that_fits (chapters 00, 01 and 10 under notebooks/params/gpu.yaml) on a pretend GPU
+    whose memory holds batch 64: it probes the padded layout, halves, and says so."""
+    import gemref.measure.run as run_module
+    from gemref.config import get_preset, override
+
+    class FakeSetup:
+        def __init__(self, train):
+            self.train = train
+
+        def step(self, batch):
+            if self.train.batch_size > 64:
+                raise torch.OutOfMemoryError("CUDA out of memory")
+
+    probed, said = [], []
+    monkeypatch.setattr(run_module, "resolve_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(run_module, "setup", lambda preset, train, device, progress: probed.append(train) or
+                        FakeSetup(train))
+    monkeypatch.setattr(run_module, "sample_batch", lambda s: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    preset = get_preset("base")
+    train = override(preset.train, jagged=True, kernel="auto")
+    fitted = run_module.batch_that_fits(preset, train, "cuda", log=said.append)
+    assert fitted == override(train, batch_size=64)         # only the batch changes
+    assert [t.batch_size for t in probed] == [256, 128, 64]
+    assert all(not t.attention.jagged and t.attention.kernel == "reference" for t in probed)
+    assert said[-1] == "this chapter runs batch 64: out of GPU memory at batch 256 (Fake GPU)"
+    monkeypatch.undo()
+    assert run_module.batch_that_fits(preset, train, "cpu") is train

@@ -4,7 +4,7 @@ For every max length (--lengths), length profile (--skews), activation and kerne
 gemref/mfu/attention_cost.py `compare_kernels`: forward and forward+backward median wall time,
 TFLOP/s on the real-length model FLOPs, executed/model FLOPs, peak memory, and the speed-up
 over the reference measured in the same run on the same batch. The batches' lengths are
-gemref/data/batches.py `make_lengths` (fixed, uniform, skewed; deterministic from --seed),
+gemref/data/lengths.py `make_lengths` (fixed, uniform, skewed; deterministic from --seed),
 each about --tokens rows (default max(2 * max_len, 1024)). On an oversubscribed CPU pass
 --threads (e.g. 1).
 """
@@ -15,7 +15,7 @@ import argparse
 import torch
 
 from ..attention import ACTIVATIONS, KERNELS
-from ..data.batches import LENGTH_PROFILES, make_lengths
+from ..data.lengths import LENGTH_PROFILES, make_lengths
 from ..errors import UsageError
 from ..mfu.attention_cost import compare_kernels
 from ..options import add_device_arg, device_of, output_file

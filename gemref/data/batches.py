@@ -1,15 +1,9 @@
 """Random batches of chosen lengths: for profiling, benchmarks and tests, where what matters is
 the shape of a batch (its history lengths), not the ids in it. A batch "like the preset's data"
 draws its lengths from the synthetic length profile or, for a dataset folder, from the train
-split's length percentiles that its manifest records. `make_lengths` gives the lengths of one
-benchmark batch in a named profile (LENGTH_PROFILES), each with one sequence at the max length:
-
-    fixed    every sequence at the max length;
-    uniform  the others uniform in [1, max];
-    skewed   the others max * u^4 (u uniform): mostly short histories, as in ads logs."""
+split's length percentiles that its manifest records. The lengths of one benchmark batch in a
+named profile are gemref/data/lengths.py's `make_lengths`."""
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
@@ -17,26 +11,6 @@ import torch
 from ..config import DatasetFolder, ModelConfig, Preset
 from .jagged import JaggedBatch, lengths_to_offsets
 from .synthetic import draw_lengths
-
-LENGTH_PROFILES = ("fixed", "uniform", "skewed")
-
-
-def make_lengths(profile: str, max_len: int, tokens: int, seed: int) -> list[int]:
-    """Sequence lengths of one batch in a LENGTH_PROFILES profile (module doc): the first at
-    max_len, about `tokens` rows (events) in all, the same for the same seed."""
-    gen = torch.Generator().manual_seed(seed)
-    lengths = [max_len]
-    while sum(lengths) < tokens:
-        u = float(torch.rand((), generator=gen))
-        if profile == "fixed":
-            lengths.append(max_len)
-        elif profile == "uniform":
-            lengths.append(1 + int(u * max_len) if u < 1 else max_len)
-        elif profile == "skewed":
-            lengths.append(max(1, math.ceil(max_len * u ** 4)))
-        else:
-            raise ValueError(f"unknown length profile {profile!r}; valid: {', '.join(LENGTH_PROFILES)}")
-    return lengths
 
 
 def batch_with_lengths(cfg: ModelConfig, lengths, seed: int = 0) -> JaggedBatch:

@@ -43,6 +43,7 @@ from ..config import Preset, get_preset, override
 from ..data.baselines import Ids, fit_baselines
 from ..data.folder import described_manifest
 from ..model import TASKS
+from ..precision.support import Support, precision_support
 from ..train.metrics import normalized_entropy, roc_auc
 from ..report.records import RunRecord, provenance
 from ..report.seed_band import K_SE, seed_band_rows
@@ -99,6 +100,12 @@ def variant_run(preset: Preset, variant: str) -> tuple[Preset, dict]:
         return windowed(preset, max(1, preset.model.max_len // WINDOW_FRACTION)), fast
     return preset, {"fast": fast, "baseline": {"jagged": False, "kernel": "reference"},
                     "mxfp8": {**fast, "precision": "mxfp8"}, "compressed": {**fast, "ac_compress": "mxfp8"}}[variant]
+
+
+def variant_support(variant: str, device) -> Support:
+    """Whether `variant` runs on `device` here: its precision's gates (gemref/precision/support.py;
+    every other variant runs wherever fp32 does)."""
+    return precision_support(variant_run(get_preset("tiny"), variant)[1].get("precision", "fp32"), device)
 
 
 def variant_result(preset: Preset, variant: str, seed: int, steps: int, device: str = "cpu") -> dict:

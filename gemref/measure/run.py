@@ -7,19 +7,25 @@ rank and one step's collectives against the analytic volume. The compressed-acti
 attach to the loop through a hook. The record (typed in gemref/report/records.py;
 docs/design.md) is returned and, with `json_path`, written by rank 0. `launch_runs` runs configs
 on ranks through the one launcher (gemref/parallel/launch.py); `training_step_breakdown` times
-the named regions of one step.
+the named regions of one step; `halving_batch` runs something again at half the batch when the
+GPU runs out of memory, and says so (the chapters under notebooks/params/gpu.yaml, the GPU check).
 """
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 from pathlib import Path
+from typing import Callable, TypeVar
+
+import torch
 
 from ..autoac import plan_record, saved_compression
 from ..compile import compile_stats
 from ..config import Preset, TrainConfig
 from ..data.jagged import JaggedBatch
 from ..data.sampler import StepBatches
+from ..env import resolve_device
 from ..interop.lib import quiet_torchrec
 from ..interop.tables import engine_record
 from .comm import measure_comm, rank_times
@@ -31,6 +37,58 @@ from ..parallel.memory import global_parameters, rank_bytes
 from ..report.records import MemoryRecord, ParallelRecord, RunRecord, run_record
 from ..runtime.files import to_jsonable, write_json
 from ..train import LoopHooks, Setup, StepResult, TrainResult, sample_batch, setup, train
+
+T = TypeVar("T")
+
+
+def halving_batch(run_at: Callable[[int], T], batch: int, *, smallest: int = 1,
+                  log: Callable[[str], None] = print) -> tuple[T, list[int]]:
+    """run_at(batch); when it runs out of GPU memory (torch.OutOfMemoryError), free the cache and
+    run_at(batch // 2), and so on down to `smallest`, logging each fallback. Returns (its result,
+    every batch tried: the last one ran). Other errors, and out of memory at `smallest`, propagate."""
+    if batch < 1 or smallest < 1:
+        raise ValueError(f"batch and smallest must be >= 1, got {batch} and {smallest}")
+    tried = []
+    while True:
+        tried.append(batch)
+        try:
+            return run_at(batch), tried
+        except torch.OutOfMemoryError:
+            if batch // 2 < smallest:
+                raise
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        log(f"out of GPU memory at batch {batch}: running again at batch {batch // 2}")
+        batch //= 2
+
+
+def batch_that_fits(preset: Preset, train: TrainConfig, device: str, *, log: Callable[[str], None] = print
+                    ) -> TrainConfig:
+    """`train` at the largest batch, halving from its own (`halving_batch`, down to 1), at which one
+    training step of its padded, materialised-attention twin (the costliest layout: what a
+    chapter's baseline runs) fits on `device`, saying so when it falls back; `train` itself off
+    CUDA (host memory does not raise out of memory). Costs one setup and one step per batch tried."""
+    from ..config import override
+
+    if resolve_device(device).type != "cuda":
+        return train
+
+    def one_step(batch: int) -> int:
+        s = setup(preset, override(train, batch_size=batch, jagged=False, kernel="reference"), device=device,
+                  progress=False)
+        try:
+            s.step(sample_batch(s))
+            torch.cuda.synchronize()
+        finally:
+            del s
+        return batch
+
+    batch, tried = halving_batch(one_step, train.batch_size, log=log)
+    if len(tried) > 1:
+        log(f"this chapter runs batch {batch}: out of GPU memory at batch {train.batch_size} ({torch.cuda.get_device_name()})")
+    return override(train, batch_size=batch)
+
 
 COMPRESSION_COUNTS = ("tensors", "bytes", "compressed", "compressed_bytes", "stored_bytes", "kept_bytes")
 

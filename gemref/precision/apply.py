@@ -35,7 +35,8 @@ reason):
                      elements, scales rounded up (RCEIL); see gemref/precision/mx_reference.py for the format.
 
 Kernels: "native" runs the hardware GEMMs (float8 needs CUDA SM89+, Ada/Hopper; MXFP8 needs
-SM100+, Blackwell, CUDA 12.8+, Triton and torchao's mxfp8 CUDA extension). "emulated"
+SM100+, Blackwell, CUDA 12.8+, Triton and torchao's mxfp8 CUDA extension; gemref/precision/support.py
+checks these gates, and the torch/torchao versions and symbols a recipe needs at all, before a run). "emulated"
 quantises exactly as native does, then dequantises and runs a high-precision GEMM: the
 numerics of the recipe at no speed benefit, on any device. kernel="auto" picks native where
 the hardware has it and otherwise falls back to emulated with a logged reason.
@@ -64,6 +65,7 @@ from torch import nn
 
 from ..config import PRECISION_KERNELS, PRECISIONS
 from ..errors import UsageError
+from .support import native_support, precision_support
 
 log = logging.getLogger(__name__)
 
@@ -141,38 +143,6 @@ class PrecisionReport:
         return record
 
 
-def native_support(precision: str, device: torch.device | str) -> tuple[bool, str]:
-    """Whether `device` runs `precision`'s GEMMs natively, and the requirement in words."""
-    device = torch.device(device)
-    if precision in ("fp32", "bf16"):
-        return True, f"{precision} GEMMs run natively on {device.type}"
-    need = ("float8 GEMMs (torch._scaled_mm) need an NVIDIA GPU of SM89+ (Ada/Hopper or newer)"
-            if precision.startswith("float8") else
-            "MXFP8 GEMMs need an NVIDIA GPU of SM100+ (Blackwell), CUDA 12.8+, Triton and "
-            "torchao's mxfp8 CUDA extension")
-    if device.type != "cuda" or torch.version.cuda is None or not torch.cuda.is_available():
-        return False, f"{need}; this device is {device.type}"
-    major, minor = torch.cuda.get_device_capability(device)
-    name = f"{torch.cuda.get_device_name(device)} (SM{major}{minor})"
-    if precision.startswith("float8"):
-        if (major, minor) >= (8, 9):
-            return True, f"{name} has FP8 tensor cores"
-        return False, f"{need}; found {name}"
-    cuda_ok = tuple(int(v) for v in torch.version.cuda.split(".")[:2]) >= (12, 8)
-    if major < 10 or not cuda_ok:
-        return False, f"{need}; found {name}, CUDA {torch.version.cuda}"
-    from torch.utils._triton import has_triton
-    if not has_triton():
-        return False, f"{need}; Triton is missing"
-    from .torchao_layers import import_torchao   # torchao: loaded only for a low-precision recipe
-    import_torchao(precision)
-    import torchao.prototype.mx_formats.kernels  # noqa: F401  (defines torchao::mxfp8_quantize)
-    if not (hasattr(torch.ops.torchao, "mxfp8_quantize") and
-            torch._C._dispatch_has_kernel_for_dispatch_key("torchao::mxfp8_quantize", "CUDA")):
-        return False, f"{need}; torchao's mxfp8 CUDA extension is not loaded (build it for this Python)"
-    return True, f"{name} has MXFP8 tensor cores"
-
-
 def _alignment(precision: str) -> int:
     if precision == "mxfp8":
         from .torchao_layers import MX_BLOCK   # the MX layers: loaded only for MXFP8
@@ -213,7 +183,10 @@ def _skip_reason(fqn: str, module: nn.Module, precision: str, module_filter: Cal
 
 
 def _choose_kernel(precision: str, device: torch.device, kernel: str) -> tuple[str, str]:
-    ok, why = native_support(precision, device)
+    support = precision_support(precision, device)
+    ok, why = support.native, support.reason
+    if not support.runs:    # neither native nor emulated: torchao or torch lacks what the recipe needs
+        raise UsageError(f"{precision} cannot run here: {why}")
     if kernel == "native" and not ok:
         raise UsageError(f"kernel='native' for {precision}: {why}")   # the user's choice, not a bug
     if kernel == "emulated":

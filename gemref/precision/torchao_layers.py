@@ -5,6 +5,7 @@
   convert_float8   torchao Float8Linear for the chosen module names (tensorwise or rowwise recipe)
   convert_mxfp8    MXFP8Linear for the chosen module names
   import_torchao   torchao, imported only when a float8/MXFP8 precision is requested, quietly
+                   (import_torchao_quietly: the same, raising the import's own error)
 """
 from __future__ import annotations
 
@@ -57,8 +58,9 @@ _TORCHAO_MODULES = ("torchao", "torchao.float8", "torchao.quantization", "torcha
                     "torchao.prototype.moe_training.config")
 
 
-def import_torchao(precision: str):
-    """Import torchao and the modules gemref uses from it, with the import noise above silenced."""
+def import_torchao_quietly() -> None:
+    """Import torchao and the modules gemref uses from it, with the import noise above silenced;
+    an import that fails raises its own error."""
     import importlib
 
     loggers = [logging.getLogger(name) for name in _TORCHAO_IMPORT_NOISE]
@@ -68,12 +70,18 @@ def import_torchao(precision: str):
     try:
         for name in _TORCHAO_MODULES:
             importlib.import_module(name)
-    except ImportError:
-        raise ValueError(f"precision={precision!r} needs torchao (pip install --no-deps "
-                         "torchao, see requirements-nodeps.txt)") from None
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+def import_torchao(precision: str):
+    """import_torchao_quietly, with a missing torchao as a ValueError naming the precision."""
+    try:
+        import_torchao_quietly()
+    except ImportError as e:
+        raise ValueError(f"precision={precision!r} needs torchao, which does not import here ({e}; pip install "
+                         "--no-deps torchao, see requirements-nodeps.txt)") from None
 
 
 def convert_float8(model: nn.Module, fqns: set[str], precision: str, kernel: str,

@@ -2,6 +2,7 @@
 
 What a notebook imports (`from gemref.walkthrough import ...`):
     open_chapter, chapter_time, runs_on, long_history               chapter.py
+    runnable_precisions, runnable_variants ("n/a here, because ...") chapter.py
     show_table, predicted, show                                     display.py
     e2e_mfu_calculator, memory_calculator                           calculators.py
     the sentences about this run's results                          findings.py
@@ -15,9 +16,9 @@ Behind `gemref notebooks run|build`:
     static_figures.py  figures that render without a kernel
     best_rung.py       chapter 10's op-class split of the best rung
 """
-from .chapter import chapter_time, long_history, open_chapter, runs_on
+from .chapter import chapter_time, long_history, open_chapter, runnable_precisions, runnable_variants, runs_on
 from .display import predicted, show, show_table
 from .metrics import record_metrics
 
-__all__ = ["chapter_time", "long_history", "open_chapter", "predicted", "record_metrics", "runs_on", "show",
-           "show_table"]
+__all__ = ["chapter_time", "long_history", "open_chapter", "predicted", "record_metrics", "runnable_precisions",
+           "runnable_variants", "runs_on", "show", "show_table"]

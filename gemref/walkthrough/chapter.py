@@ -89,3 +89,35 @@ def long_history(preset, max_len: int | None = None, len_sigma: float | None = N
                     n_train=samples, n_eval=max(1, samples // 4), shard_rows=samples)
     name = f"{preset.name}-L{model.max_len}-s{data.len_sigma:g}"
     return override(preset, name=name, model=model, data=data)
+
+
+def _runnable(names, why_not) -> list[str]:
+    """`names` less those `why_not(name)` gives a reason for; each left out is printed with it."""
+    kept = []
+    for name in names:
+        reason = why_not(name)
+        if reason:
+            print(f"{name}: n/a here, because {reason}")
+        else:
+            kept.append(name)
+    return kept
+
+
+def runnable_precisions(precisions, device: str) -> list[str]:
+    """The precisions that run on `device` here, natively or emulated (gemref/precision/support.py's
+    gates); each that cannot is printed as "<precision>: n/a here, because <the failing gate>"."""
+    from ..env import resolve_device
+    from ..precision.support import precision_support
+
+    dev = resolve_device(device)
+    return _runnable(precisions, lambda p: None if (s := precision_support(p, dev)).runs else s.reason)
+
+
+def runnable_variants(variants, device: str) -> list[str]:
+    """Chapter 12's quality variants (gemref/measure/quality.py) that run on `device` here; each
+    that cannot is printed as "<variant>: n/a here, because <reason>"."""
+    from ..env import resolve_device
+    from ..measure.quality import variant_support
+
+    dev = resolve_device(device)
+    return _runnable(variants, lambda v: None if (s := variant_support(v, dev)).runs else s.reason)

@@ -12,8 +12,10 @@ JSON and one log.
                     shards, which also compiles every kernel the timing section needs
     timing.py       forward and backward of every variant at L = 2048, D = 128, bf16, fixed
                     and skewed lengths, beside torch's flash/cuDNN attention for softmax
-    rungs.py        the base preset's rungs 0-2 (padded, jagged, fused attention) on one small
-                    generated shard, MFU in bf16; gets whatever time is left
+    rungs.py        rungs 0-2 (padded, jagged, fused attention) in bf16, then rung 2 in row-wise
+                    float8 and rung 3 (every region compiled) on its batch, MFU of each, on the GPU preset (the base model with
+                    its tables cut to fit 80 GB) and one small generated shard; one rung alive at
+                    a time, each at the batch its memory estimate fits, halved on out of memory
 
 The variants every section runs and the correctness items are gemref.attention.testing's
 (VARIANTS, DRY_VARIANTS, correctness_items, shard_items); the rule that names the fastest

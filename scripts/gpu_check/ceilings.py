@@ -2,14 +2,16 @@
 
 bf16 GEMM of 8192^3 (2 * 8192^3 FLOPs per call; cuBLAS) in TFLOP/s, and a device-to-device
 copy of 1 GiB (read + write = 2 GiB moved per call) in GB/s, both as do_bench medians; the
-GPU's name, capability, memory and SM count; and whether the optional packages the wheels
-bring (torchao, plotly) import, with their versions. --dry-run: 256^3 and 16 MiB on CPU.
+GPU's name, capability, memory and SM count; torch's TF32 policy (common.tf32_policy); which
+low-precision recipes run here and natively, with the failing gate in words
+(gemref/precision/support.py); and whether the optional packages the wheels bring (torchao,
+plotly) import, with their versions. --dry-run: 256^3 and 16 MiB on CPU.
 """
 from __future__ import annotations
 
 import importlib
 
-from .common import Result, bench_ms, device, error_text, parse_args
+from .common import Result, bench_ms, device, error_text, parse_args, tf32_policy
 
 
 def main() -> None:
@@ -28,6 +30,10 @@ def main() -> None:
         result.data["triton"] = triton.__version__
     except ImportError as e:
         result.data["triton"] = error_text(e)
+    result.data["tf32"] = tf32_policy()
+    from gemref.precision.support import precision_support
+    result.data["precision_support"] = {p: vars(precision_support(p, dev)) for p in
+                                        ("float8_rowwise", "float8_tensorwise", "mxfp8")}
     for name in ("torchao", "plotly"):
         try:
             result.data[name] = getattr(importlib.import_module(name), "__version__", "imported")

@@ -1,5 +1,6 @@
 """What the GPU check's section children (ceilings.py, correctness.py, timing.py, rungs.py)
-share: their arguments, the incremental result file, the device, a timer, an error's text.
+share: their arguments, the incremental result file, the device, a timer, the TF32 policy,
+an error's text.
 The variants they run are gemref.attention.testing.VARIANTS."""
 from __future__ import annotations
 
@@ -62,6 +63,22 @@ def bench_ms(fn: Callable[[], object], device) -> float:
     t0 = time.perf_counter()
     fn()
     return (time.perf_counter() - t0) * 1e3
+
+
+def tf32_policy() -> dict:
+    """How this process runs fp32 GEMMs: torch's TF32 switches as they stand (gemref sets none of
+    them; its Triton GDPA kernel's fp32 dot follows torch.backends.cuda.matmul.allow_tf32), and the
+    newer per-backend fp32_precision settings where this torch has them."""
+    import torch
+
+    policy = {"float32_matmul_precision": torch.get_float32_matmul_precision(),
+              "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+              "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+              "triton_gdpa_fp32_dot": "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"}
+    for name, backend in (("cuda_matmul", torch.backends.cuda.matmul), ("cudnn", torch.backends.cudnn)):
+        if hasattr(backend, "fp32_precision"):
+            policy[f"{name}_fp32_precision"] = backend.fp32_precision
+    return policy
 
 
 def error_text(exc: BaseException) -> str:

@@ -71,9 +71,14 @@ def headline(summary: dict) -> list[str]:
     if (pick := summary.get("gdpa_default")) is not None:
         lines.append(f"GDPA default by the rule: {pick['winner']} ({pick.get('spec', pick['reason'])}); "
                      f"fwd {pick.get('fwd_winner')}, bwd {pick.get('bwd_winner')}")
-    for rung in sections.get("rungs", {}).get("result", {}).get("rungs", []):
-        mfu = f"MFU {rung['mfu']:.3f}" if rung.get("mfu") is not None else rung.get("error", (
-            f"no MFU: {rung.get('windows_kept')} of {rung.get('windows')} windows kept, "
-            f"{rung.get('contended_windows')} contended attempts"))
+    rungs = sections.get("rungs", {}).get("result", {}).get("rungs", [])
+    if measured := [r for r in rungs if r.get("mfu") is not None]:
+        best = max(measured, key=lambda r: r["mfu"])
+        lines.append(f"best rung: {best['rung']} at MFU {best['mfu']:.3f} (batch {best['batch_size']})")
+    for rung in rungs:
+        mfu = (f"MFU {rung['mfu']:.3f}" if rung.get("mfu") is not None else
+               rung.get("error", rung["status"]) if rung.get("status") != "ran" else
+               f"no MFU: {rung.get('windows_kept')} of {rung.get('windows')} windows kept, "
+               f"{rung.get('contended_windows')} contended attempts")
         lines.append(f"rung {rung.get('rung', '?'):18} batch {rung.get('batch_size', '?')} {mfu}")
     return lines

@@ -1,7 +1,7 @@
 """GPU check, section "timing": every Triton GDPA variant's forward and backward, side by side.
 
 Causal self-attention at L = 2048, D = 128, H = 16, bf16, about 16384 rows: "fixed" (8
-sequences of 2048) and "skewed" (gemref.data.batches.make_lengths: one at 2048, the others
+sequences of 2048) and "skewed" (gemref.data.lengths.make_lengths: one at 2048, the others
 2048 u^4). Forward = the gemref::gdpa_triton_fwd op alone; backward = gemref::gdpa_triton_bwd
 alone (softmax's delta included), both triton.testing.do_bench medians; rounds go over the
 variants in turn (A B C ... A B C), and the median over rounds is reported with every round.
@@ -87,7 +87,7 @@ def main() -> None:
     from gemref.attention import KERNELS, attention_model_flops
     from gemref.attention.testing import DRY_VARIANTS, VARIANTS
     from gemref.attention.triton.op import triton_executed_flops
-    from gemref.data.batches import make_lengths
+    from gemref.data.lengths import make_lengths
 
     dev = device(args.dry_run)
     L, D, H, tokens = (32, 16, 1, 48) if args.dry_run else (2048, 128, 16, 16384)
