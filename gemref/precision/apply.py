@@ -65,7 +65,7 @@ from torch import nn
 
 from ..config import PRECISION_KERNELS, PRECISIONS
 from ..errors import UsageError
-from .support import native_support, precision_support
+
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,7 @@ def _skip_reason(fqn: str, module: nn.Module, precision: str, module_filter: Cal
 
 
 def _choose_kernel(precision: str, device: torch.device, kernel: str) -> tuple[str, str]:
+    from .support import precision_support   # the gates: loaded only for a low-precision recipe
     support = precision_support(precision, device)
     ok, why = support.native, support.reason
     if not support.runs:    # neither native nor emulated: torchao or torch lacks what the recipe needs
@@ -241,7 +242,7 @@ def apply_precision(model: nn.Module, precision: str, *, device: torch.device | 
                              "high-precision model")
 
     if precision in ("fp32", "bf16"):
-        kernel_used, reason = "native", native_support(precision, device)[1]
+        kernel_used, reason = "native", f"{precision} GEMMs run natively on {torch.device(device).type}"
         autocast = torch.bfloat16 if precision == "bf16" else None
         return PrecisionReport(precision, kernel_used, reason, str(device), _RECIPES[precision], autocast)
 

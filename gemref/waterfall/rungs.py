@@ -37,7 +37,7 @@ from ..config import Preset, TrainConfig, override
 from ..data.batches import representative_batch
 from ..errors import UsageError
 from .ladder import RUNGS, RungSpec
-from ..precision.apply import native_support
+from ..precision.support import native_support
 from ..train import build_model
 
 
