@@ -24,29 +24,30 @@ Options, one per block (units: bytes, FLOPs, seconds of the profiled step):
     Not called "selective": torchtitan's selective AC ("op" mode) is op-level SAC over the
     whole model with another policy (a save list of attention and every other matmul);
   * "compressed": nothing recomputed; what the block saves is stored as FP8 / MXFP8 and
-    expanded in backward (gemref/autoac/compress.py). Approximate: gradients carry the
+    expanded in backward (gemref/activation_compression.py, a technique of its own that this
+    option applies per block; imported only when used). Approximate: gradients carry the
     E4M3 rounding of the activations (attention's saved q, k, v included).
 Plan.summary() writes one letter per block: - none, S save_matmuls, F full, C compressed.
 
-The profiler (profile.py) measures per block and option the activation bytes it frees, the
-FLOPs it recomputes (FlopCounterMode) and the seconds its recompute takes (median of a few
-steps). The solver (solver.py) picks one option per block: a multiple-choice knapsack,
+Two files: the profiler (profile.py) measures per block and option the activation bytes it
+frees, the FLOPs it recomputes (FlopCounterMode) and the seconds its recompute takes (median of
+a few steps); plan.py holds the solver and the wrapper. The solver picks one option per block,
+a multiple-choice knapsack,
 
     minimise  sum cost(block, option)  subject to  base_bytes - sum freed(block, option) <= budget
 
 solved exactly by a dynamic programme over Pareto sets. Cost is the measured recompute time
 by default (objective="time"): a FLOP of element-wise recompute is far dearer than a FLOP of
 matmul, so minimising FLOPs (objective="flops", kept for comparison) picks plans that are
-slower than they look. The FLOPs stay recorded on the plan for HFU. The wrapper (apply.py)
-puts each chosen block inside a `CheckpointedBlock` in its parent, as torchtitan's
+slower than they look. The FLOPs stay recorded on the plan for HFU. The wrapper
+(`apply_plan`) puts each chosen block inside a `CheckpointedBlock` in its parent, as torchtitan's
 checkpoint_wrapper does. PyTorch 2's `activation_memory_budget` (gemref's ac mode
 "memory_budget", torchtitan's name) decides inside compiled graphs instead; the chapter
-compares them. batch_search.py spends freed memory on a larger batch.
+compares them. The lab spends freed memory on a larger batch (gemref/measure/batch_search.py).
 """
-from .apply import (APPROXIMATE_OPTIONS, LETTERS, OPTIONS, CheckpointedBlock, applied_plan, apply_plan,
-                    plan_record, remove_plan, saved_compression)
+from .plan import (APPROXIMATE_OPTIONS, LETTERS, OPTIONS, ActivationProfile, BlockProfile, CheckpointedBlock, Plan,
+                   applied_plan, apply_plan, parse_plan, plan_of, plan_record, remove_plan, saved_compression, solve)
 from .profile import activation_bytes, auto_checkpoint, profile_blocks
-from .solver import ActivationProfile, BlockProfile, Plan, parse_plan, plan_of, solve
 
 __all__ = ["APPROXIMATE_OPTIONS", "LETTERS", "OPTIONS", "ActivationProfile", "BlockProfile", "CheckpointedBlock",
            "Plan", "activation_bytes", "applied_plan", "apply_plan", "auto_checkpoint", "parse_plan", "plan_of",

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..autoac.batch_search import gemref_activation_bytes as activation_bytes
+from .batch_search import gemref_activation_bytes as activation_bytes
 from ..balance import SAMPLER_POLICIES, SampleCost, calibrate
 from ..balance import compare, exchange_bytes, loss_divisor
 from ..config import get_preset

@@ -1,4 +1,5 @@
-"""Spend the memory AutoAC frees on a larger batch: the batch-size searches.
+"""Spend the memory AutoAC frees on a larger batch: the batch-size searches (the lab's; moved
+here from gemref/autoac/, whose technique is profile -> solve -> apply on any model).
 
 This module is GEMRef's side of AutoAC: its blocks (`GEMRef.checkpoint_blocks()`) and its step
 (gemref/step.py `forward_loss` on a JaggedBatch) handed to the generic profiler
@@ -22,16 +23,15 @@ A batch equal to the search's upper end is where the search stopped, not a measu
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
 from torch import Tensor, nn
 
-from .apply import applied_plan, apply_plan, remove_plan
-from .compress import CompressionSpec
-from .profile import forward_with_bytes, profile_blocks
-from .solver import ActivationProfile, Plan, plan_of, solve
+from ..activation_compression import CompressionSpec
+from ..autoac import ActivationProfile, Plan, applied_plan, apply_plan, plan_of, profile_blocks, remove_plan, solve
+from ..autoac.profile import forward_with_bytes
 from ..data.jagged import JaggedBatch
 from ..mfu.flops import recompute_flops
 from ..mfu.memory import track_peak_memory
@@ -40,13 +40,9 @@ from ..step import forward_loss
 SEARCH_CAP = 4      # larger_batch searches batches up to this multiple of the per-rank batch
 
 
-def batch_tensors(batch: JaggedBatch) -> list[Tensor]:
-    return [getattr(batch, f.name) for f in fields(batch) if isinstance(getattr(batch, f.name), Tensor)]
-
-
 def gemref_forward_with_bytes(model: nn.Module, batch: JaggedBatch, autocast_dtype=None) -> tuple[Tensor, int]:
     """GEMRef's training forward on `batch`; the loss and the activation bytes it leaves."""
-    return forward_with_bytes(model, lambda: forward_loss(model, batch, autocast_dtype), batch_tensors(batch))
+    return forward_with_bytes(model, lambda: forward_loss(model, batch, autocast_dtype), batch.tensors())
 
 
 def gemref_activation_bytes(model: nn.Module, batch: JaggedBatch, autocast_dtype=None) -> int:
@@ -59,7 +55,7 @@ def gemref_profile(model: nn.Module, batch: JaggedBatch, *, options=("save_matmu
                    compression: CompressionSpec | None = None, repeats: int = 3) -> ActivationProfile:
     """`profile_blocks` on GEMRef's blocks and its training step on `batch`."""
     return profile_blocks(model, model.checkpoint_blocks(), lambda: forward_loss(model, batch, autocast_dtype),
-                          options=options, repeats=repeats, compression=compression, inputs=batch_tensors(batch))
+                          options=options, repeats=repeats, compression=compression, inputs=batch.tensors())
 
 
 def step_bytes(model: nn.Module, batch: JaggedBatch, autocast_dtype=None) -> int:
