@@ -5,7 +5,7 @@ Global policies split ONE global batch's costs (gemref/balance/cost.py prices th
 index lists, minimising the largest per-rank cost. Every rank runs the same deterministic
 split from the lengths of the whole global batch (gemref's sampler: every rank draws the same
 sample order from the same length column, so nothing is exchanged; a job whose ranks each read
-only their own data must all-gather the lengths first, gemref/balance/compare.py counts those
+only their own data must all-gather the lengths first, gemref/measure/balance_compare.py counts those
 bytes). Ties go by sample index, then rank index.
 
   round_robin   sample i -> rank i % R (DistributedSampler's equal counts; ignores cost)

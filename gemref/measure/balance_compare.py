@@ -1,5 +1,6 @@
-"""The one comparison of balancing policies (chapter 06): every policy over the steps of an
-epoch, on simulated ranks. `gemref bench balance`, `gemref bench local_balance`, the scale
+"""The one comparison of balancing policies (chapter 06; the lab's, moved here from
+gemref/balance/, which holds the policies): every policy over the steps of an epoch, on
+simulated ranks. `gemref bench balance`, `gemref bench local_balance`, the scale
 projection (gemref/simulate/projection.py) and chapter 06 all read these rows.
 
 A step's time is its most loaded rank's cost (every rank waits for it at the gradient
@@ -34,8 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .cost import CostLike, check_lengths, sample_costs
-from .partition import LOCAL, POLICIES, check_policy, local_rank_batches, partition
+from ..balance import LOCAL, POLICIES, CostLike, check_lengths, check_policy, local_rank_batches, partition, sample_costs
 
 LENGTH_BYTES = 8             # one int64 history length
 
