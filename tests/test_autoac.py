@@ -14,7 +14,8 @@ from hypothesis import given, settings, strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 from gemref.autoac import (OPTIONS, ActivationProfile, BlockProfile, CheckpointedBlock, applied_plan, apply_plan,
-                           auto_checkpoint, parse_plan, plan_of, plan_record, profile_blocks, remove_plan, solve)
+                           auto_checkpoint, parse_plan, plan_of, profile_blocks, remove_plan, solve)
+from gemref.measure.run import plan_record
 from gemref.autoac.plan import PREFIX
 from gemref.measure.batch_search import (SEARCH_CAP, find_batch_size, gemref_activation_bytes,
                                         gemref_profile, larger_batch, largest_fitting)

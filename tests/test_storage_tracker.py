@@ -11,6 +11,7 @@ forward is h and r together: 512 (W.t(), a view of a parameter, never counts).
 """
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -98,3 +99,14 @@ def test_an_opaque_kernels_first_call_caches_are_no_activations():
     with track_peak_memory("cpu") as peak:      # the peak does see inside the op: its caches are memory
         forward_loss(model, batch)
     assert peak.bytes > first
+
+
+def test_a_compiled_cpu_model_is_refused_naming_why():
+    """Inductor allocates on CPU without the dispatcher: the tracker would see nothing. The lab
+    measures such a model by what it saves (gemref/measure/batch_search.py forward_with_bytes)."""
+    from gemref.compile import compile_model
+
+    model, x = setup()
+    compile_model(model, ["0"])
+    with pytest.raises(ValueError, match="compiled model allocates on CPU without the dispatcher"):
+        activation_bytes(model, lambda: model(x).sum(), [x])

@@ -1,8 +1,10 @@
 """AutoAC's plan: the solver that picks one option per block, and the wrapper that applies it
 (the idea and the options: gemref/autoac/__init__.py).
 
-Solver. Cost of a plan = the sum over its blocks of the chosen option's cost, by `objective`:
-"time" (default) the measured recompute seconds, "flops" the recomputed FLOPs; ties go to the
+Solver: minimise sum cost(block, option) subject to base_bytes - sum freed(block, option) <=
+budget. Cost, by `objective`: "time" (default) the measured recompute seconds, "flops" the
+recomputed FLOPs (kept for comparison: a FLOP of element-wise recompute is far dearer than one
+of matmul, so FLOP-minimal plans are slower than they look; FLOPs stay on the plan for HFU); ties go to the
 other measure, then to the plan that frees (so recomputes) fewer bytes. These tuples compare
 lexicographically, which is compatible with adding them, so the pruning below is exact. A
 dynamic programme keeps, after each block, the Pareto set of partial plans (bytes freed,
@@ -20,7 +22,6 @@ reads it back, `remove_plan(model)` puts every block back where its wrapper was.
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Mapping
@@ -73,23 +74,12 @@ class Plan:
     recompute_seconds: float         # on the profiled step
     objective: str = "time"
 
-    def counts(self) -> dict[str, int]:
-        return dict(Counter(self.choices.values()))
-
     def summary(self) -> str:
         """One letter per block (LETTERS), grouped by the last non-numeric part of the block's
         name: GEMRef's "layers.{i}.{kind}" give "sequence:SF interaction:-- cross:F-"."""
         return " ".join(f"{key}:" + "".join(LETTERS[self.choices.get(n, "none")] for n in names)
                         for key, names in groups(self.blocks).items())
 
-    def is_full_checkpointing(self) -> bool:
-        return bool(self.blocks) and all(self.choices.get(n) == "full" for n in self.blocks)
-
-    def as_record(self) -> dict:
-        return {"choices": dict(self.choices), "counts": self.counts(), "summary": self.summary(),
-                "budget_bytes": self.budget_bytes, "predicted_bytes": self.predicted_bytes,
-                "recompute_flops": self.recompute_flops, "recompute_seconds": self.recompute_seconds,
-                "objective": self.objective}
 
 
 def groups(blocks) -> dict[str, list[str]]:
@@ -303,7 +293,7 @@ def apply_plan(model: nn.Module, plan, *, compression=None) -> None:
             parent, child = _parent(model, name)
             setattr(parent, child, CheckpointedBlock(blocks[name], option, shared if option == "compressed" else None))
     for wrapper in wrappers(model).values():
-        wrapper.plan = plan if hasattr(plan, "choices") else None   # the solver's Plan, for plan_record
+        wrapper.plan = plan if hasattr(plan, "choices") else None   # the solver's Plan, if any
 
 
 def wrappers(model: nn.Module) -> dict[str, CheckpointedBlock]:
@@ -326,12 +316,3 @@ def remove_plan(model: nn.Module) -> None:
 def saved_compression(model: nn.Module):
     """The SavedCompression (hooks and counters) of the model's "compressed" blocks, or None."""
     return next((m.compression for m in wrappers(model).values() if m.compression is not None), None)
-
-
-def plan_record(model: nn.Module) -> dict | None:
-    """The run-record entry of the plan applied to the model (None when nothing is)."""
-    choices = applied_plan(model)
-    plan = next((m.plan for m in wrappers(model).values() if m.plan is not None), None)
-    if plan is not None and plan.choices == choices:
-        return plan.as_record()
-    return {"choices": choices, "counts": dict(Counter(choices.values()))} if choices else None

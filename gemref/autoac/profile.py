@@ -1,16 +1,10 @@
 """AutoAC's profiler: what each option of each named block frees and costs, measured on one step
-of the caller's own model (the idea: gemref/autoac/__init__.py). The caller names the blocks
-(module paths) and gives `step`, a closure that runs the forward and returns the loss; the
-profiler calls backward. Nothing about the model or its batch type is assumed.
+of the caller's own model (the idea: gemref/autoac/__init__.py). `step` runs the forward and
+returns the loss; the profiler calls backward. Nothing about the model or its batch is assumed.
 
-Activation bytes = the memory a step's forward leaves alive for its backward:
-  * CUDA: torch.cuda.memory_allocated after the forward minus before;
-  * CPU, eager: the bytes of the storages the forward created that are still alive when it
-    returns (gemref/mfu/memory.py LiveStorages, the one storage tracker);
-  * CPU, compiled (gemref's compile_model): inductor allocates without the dispatcher, so there
-    the bytes are those of the tensors saved for backward (saved_tensors_hooks, storages
-    deduplicated). That misses what a checkpoint keeps (its inputs), so it is used only where
-    nothing is checkpointed (PyTorch 2's memory_budget); on an eager step both agree (tests).
+Activation bytes = the memory a forward leaves alive for its backward: on CUDA
+torch.cuda.memory_allocated after it minus before; on CPU the bytes of the storages it created
+that are still alive (gemref/mfu/memory.py LiveStorages, the one storage tracker).
 
 The pass never runs the un-checkpointed step, so it fits wherever the fully checkpointed step
 does: (1) every block "full": reference bytes and backward FLOPs (FlopCounterMode); (2) per
@@ -78,33 +72,23 @@ def _existing(model: nn.Module, inputs: Sequence[Tensor]) -> list[Tensor]:
     return [*model.parameters(), *model.buffers(), *inputs]
 
 
-def measure_method(model: nn.Module) -> str:
-    if _device(model).type == "cuda":
-        return "cuda_memory_allocated"
-    return "cpu_saved_tensors" if compile_stats(model) is not None else "cpu_live_storages"
-
-
 def forward_with_bytes(model: nn.Module, step: Callable[[], Tensor],
                        inputs: Sequence[Tensor] = ()) -> tuple[Tensor, int]:
     """Run `step` (the forward, returning the loss); return the loss and the activation bytes it
     leaves for backward. `inputs`: tensors that existed before (the batch; never counted)."""
-    method, device = measure_method(model), _device(model)
-    if method == "cuda_memory_allocated":
+    device = _device(model)
+    if device.type == "cuda":
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
         loss = step()
         torch.cuda.synchronize(device)
         return loss, torch.cuda.memory_allocated(device) - before
-    if method == "cpu_live_storages":
-        with LiveStorages(_existing(model, inputs)) as live:
-            loss = step()
-        return loss, live.alive_bytes()
-    if applied_plan(model):
-        raise ValueError("cannot measure a checkpointed, compiled model on CPU: inductor's "
-                         "buffers are invisible there; measure the eager model instead")
-    with SavedTensors({storage_key(t) for t in _existing(model, inputs)}).active() as saved:
+    if compile_stats(model) is not None:
+        raise ValueError("a compiled model allocates on CPU without the dispatcher, so its bytes are "
+                         "invisible here: measure the eager model")
+    with LiveStorages(_existing(model, inputs)) as live:
         loss = step()
-    return loss, sum(saved.bytes_by_block().values())
+    return loss, live.alive_bytes()
 
 
 def activation_bytes(model: nn.Module, step: Callable[[], Tensor], inputs: Sequence[Tensor] = ()) -> int:
@@ -211,7 +195,8 @@ def profile_blocks(model: nn.Module, blocks: Sequence[str], step: Callable[[], T
                                      {o: at[o][1] - none_backward for o in options}, recompute_seconds(name)))
     base_bytes = reference_bytes + sum(b.freed_bytes["full"] for b in profiled)
     step_flops = reference_forward + reference_backward - sum(b.recompute_flops["full"] for b in profiled)
-    return ActivationProfile(base_bytes, tuple(profiled), tuple(options), measure_method(model), step_flops)
+    method = "cuda_memory_allocated" if device.type == "cuda" else "cpu_live_storages"
+    return ActivationProfile(base_bytes, tuple(profiled), tuple(options), method, step_flops)
 
 
 def auto_checkpoint(model: nn.Module, blocks: Sequence[str], step: Callable[[], Tensor], budget_fraction: float, *,

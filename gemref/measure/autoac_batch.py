@@ -18,7 +18,7 @@ from ..activation_compression import CompressionSpec, compressing
 from ..data.jagged import JaggedBatch
 from ..mfu.flops import step_flops
 from ..mfu.meter import mfu
-from .batch_search import find_batch_size, gemref_forward_with_bytes, step_bytes
+from .batch_search import find_batch_size, gemref_forward_with_bytes, is_full_checkpointing, step_bytes
 from .bench import Bench, Trainer, paired_steps, run_mfu, strategy_model, timed_batches
 
 GAIN_COLUMNS = ("strategy", "batch_size", "memory_mb", "recompute_pct", "step_s", "samples_per_s", "mfu", "hfu",
@@ -61,11 +61,11 @@ def batch_gain(b: Bench, memory_budget: int | None = None, max_batch: int | None
                      "samples_per_s": statistics.median(n / s for s in seconds), "mfu": run_mfu(b, timed),
                      "hfu": mfu(sum(r.executed_flops for r in timed), sum(seconds), b.peak),
                      "plan": plan_label(plan)})
-    rows[1]["strategy"] = "full" if found.plan.is_full_checkpointing() else "auto"   # credit the plan that ran
+    rows[1]["strategy"] = "full" if is_full_checkpointing(found.plan) else "auto"   # credit the plan that ran
     none, auto = rows
     return {"memory_budget_bytes": memory_budget, "measure": found.measure, "rows": rows,
             "search_cap": found.max_batch, "capped": found.capped,
-            "full_checkpointing": found.plan.is_full_checkpointing(),
+            "full_checkpointing": is_full_checkpointing(found.plan),
             "batch_ratio": auto["batch_size"] / max(none["batch_size"], 1),
             "samples_per_s_ratio": statistics.median((auto["batch_size"] / a) / (none["batch_size"] / n)
                                                      for a, n in zip(auto_s, none_s)),
@@ -94,4 +94,4 @@ def plan_label(plan) -> str:
     """The plan's summary; one that checkpoints every block fully says it is full checkpointing."""
     if plan is None:
         return ""
-    return f"{plan.summary()} (= full checkpointing)" if plan.is_full_checkpointing() else plan.summary()
+    return f"{plan.summary()} (= full checkpointing)" if is_full_checkpointing(plan) else plan.summary()

@@ -36,10 +36,9 @@ import statistics
 
 from dataclasses import replace
 
-from ..autoac.plan import saved_compression
-from .batch_search import gemref_forward_with_bytes, gemref_profile
 from ..activation_compression import CompressionSpec
-from ..autoac.plan import ActivationProfile, Plan, partial_plans, plan_of, solve
+from ..autoac.plan import ActivationProfile, Plan, partial_plans, plan_of, saved_compression, solve
+from .batch_search import gemref_forward_with_bytes, gemref_profile
 from ..mfu.flops import model_flops
 from ..config import Preset, get_preset, override
 from ..data.loader import make_loader

@@ -24,7 +24,7 @@ from dataclasses import asdict
 
 import torch
 
-from .batch_search import gemref_forward_with_bytes, gemref_profile
+from .batch_search import gemref_forward_with_bytes, gemref_profile, is_full_checkpointing
 from ..autoac.profile import backward_flops
 from ..autoac.plan import solve
 from ..mfu.flops import executed_flops, model_flops
@@ -134,7 +134,7 @@ def budget_sweep(b: Bench, budgets=DEFAULT_BUDGETS, *, memory_budget: bool = Tru
 
 
 def _label(plan) -> str:
-    return f"{plan.summary()} (= full checkpointing)" if plan.is_full_checkpointing() else plan.summary()
+    return f"{plan.summary()} (= full checkpointing)" if is_full_checkpointing(plan) else plan.summary()
 
 
 def head_to_head(b: Bench, profile, budget: float = 0.5, log=print) -> dict | None:

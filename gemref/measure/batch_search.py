@@ -12,7 +12,7 @@ found by one search (`largest_fitting`: doubling, then bisection) over `batch_of
 first n samples of one fixed order. Two questions use it:
   * `find_batch_size`: the largest batch without AutoAC and with it (every block fully
     checkpointed: the least memory any plan needs), and AutoAC's plan at the latter (which
-    may be full checkpointing itself: `Plan.is_full_checkpointing`);
+    may be full checkpointing itself: `is_full_checkpointing`);
   * `larger_batch` (the waterfall's AutoAC rung): the largest batch, up to SEARCH_CAP x the
     per-rank batch, that fits the budget of the per-rank batch, with AutoAC's plan there;
     with a compression format, every block's saved activations compressed and nothing
@@ -31,13 +31,31 @@ from torch import Tensor, nn
 
 from ..activation_compression import CompressionSpec
 from ..autoac import ActivationProfile, Plan, applied_plan, apply_plan, plan_of, profile_blocks, remove_plan, solve
-from ..autoac.profile import forward_with_bytes
+from ..autoac.profile import SavedTensors, forward_with_bytes as eager_forward_with_bytes
+from ..compile import compile_stats
 from ..data.jagged import JaggedBatch
 from ..mfu.flops import recompute_flops
-from ..mfu.memory import track_peak_memory
+from ..mfu.memory import storage_key, track_peak_memory
 from ..step import forward_loss
 
 SEARCH_CAP = 4      # larger_batch searches batches up to this multiple of the per-rank batch
+
+
+def forward_with_bytes(model: nn.Module, step: Callable[[], Tensor], inputs=()) -> tuple[Tensor, int]:
+    """AutoAC's activation bytes (gemref/autoac/profile.py), and on a compiled CPU model, where
+    inductor allocates without the dispatcher, the bytes of the tensors saved for backward
+    (saved_tensors_hooks, storages deduplicated). That misses what a checkpoint keeps (its
+    inputs), so it serves only where nothing is checkpointed (PyTorch 2's memory_budget); on an
+    eager step the two agree (tests/test_autoac.py)."""
+    if next(model.parameters()).device.type == "cuda" or compile_stats(model) is None:
+        return eager_forward_with_bytes(model, step, inputs)
+    if applied_plan(model):
+        raise ValueError("cannot measure a checkpointed, compiled model on CPU: inductor's "
+                         "buffers are invisible there; measure the eager model instead")
+    existing = {storage_key(t) for t in [*model.parameters(), *model.buffers(), *inputs]}
+    with SavedTensors(existing).active() as saved:
+        loss = step()
+    return loss, sum(saved.bytes_by_block().values())
 
 
 def gemref_forward_with_bytes(model: nn.Module, batch: JaggedBatch, autocast_dtype=None) -> tuple[Tensor, int]:
@@ -81,6 +99,10 @@ def step_bytes_under(model: nn.Module, choices: Mapping[str, str], batch: Jagged
         return step_bytes(model, batch, autocast_dtype)
     finally:
         remove_plan(model)
+
+
+def is_full_checkpointing(plan: Plan) -> bool:
+    return bool(plan.blocks) and all(plan.choices.get(n) == "full" for n in plan.blocks)
 
 
 def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int:
