@@ -16,8 +16,10 @@ counts too (gemref/attention/jagged_op.py OPAQUE_BODIES). Without `peak` such an
 (its outputs count): its body's caches (cpu_jagged's plans and tile biases, lru_cache'd on the
 first call) are no activations, and counted they would land in whichever pass ran first, the
 profiler's fully checkpointed reference, shrinking every block's "full" freed bytes by them.
-Exact and repeatable, and slow (a Python hook per op): use it in a separate measuring pass,
-never while timing.
+A storage resized in place (`untyped_storage().resize_`, as FSDP2 does with its unsharded
+parameters) changes size without the dispatcher and is not seen; FSDP2's all-gather buffers
+are. Exact and repeatable, and slow (a Python hook per op): use it in a separate measuring
+pass, never while timing.
 """
 from __future__ import annotations
 
