@@ -4,10 +4,10 @@
 Solver: minimise sum cost(block, option) subject to base_bytes - sum freed(block, option) <=
 budget. Cost, by `objective`: "time" (default) the measured recompute seconds, "flops" the
 recomputed FLOPs (kept for comparison: a FLOP of element-wise recompute is far dearer than one
-of matmul, so FLOP-minimal plans are slower than they look; FLOPs stay on the plan for HFU); ties go to the
-other measure, then to the plan that frees (so recomputes) fewer bytes. These tuples compare
-lexicographically, which is compatible with adding them, so the pruning below is exact. A
-dynamic programme keeps, after each block, the Pareto set of partial plans (bytes freed,
+of matmul, so FLOP-minimal plans are slower than they look; FLOPs stay on the plan for HFU).
+Ties go to the other measure, then to the plan that frees (so recomputes) fewer bytes. These
+tuples compare lexicographically, which is compatible with adding them, so the pruning below is
+exact. A dynamic programme keeps, after each block, the Pareto set of partial plans (bytes freed,
 capped at what the budget needs; cost), dropping one when another frees at least as much at
 no more cost: it can never complete into a better plan. Bytes are large integers, so no table
 over bytes (which would need rounding); the set stays small because blocks of one kind repeat

@@ -19,7 +19,7 @@ define (tests/my_rec.py).
 from .cost import (Calibration, CostLike, SampleCost, calibrate, check_costs, check_lengths,
                    explained_by, sample_costs)
 from .partition import (ALIASES, KK_MAX_WORK, LOCAL, POLICIES, Partition, check_int, check_policy, closest_subset,
-                        displacement, idle_fraction, imbalance, karmarkar_karp, kk_refined, local_rank_batches,
+                        imbalance, karmarkar_karp, kk_refined, local_rank_batches,
                         local_schedule, loss_divisor, lpt, partition, rank_loads, refine, round_robin, sorted_chunk)
 
 # Policies a BalancedDistributedBatchSampler takes: the global ones and "local".

@@ -237,13 +237,6 @@ def imbalance(loads) -> float:
     return float(loads.max()) / mean if mean > 0 else 1.0
 
 
-def idle_fraction(loads) -> float:
-    """Share of rank-time spent waiting for the straggler: sum_r (max - load_r) / (R * max)."""
-    loads = check_costs(loads, "loads")
-    top = float(loads.max()) if loads.size else 0.0
-    return float((top - loads).sum()) / (loads.size * top) if top > 0 else 0.0
-
-
 def loss_divisor(global_size: int, world: int = 1, grad_reduce: str = "sum") -> float:
     """What each rank divides its SUMMED per-sample loss by (module doc: the loss rule).
 
@@ -348,7 +341,3 @@ def local_rank_batches(global_batches: Sequence[np.ndarray], costs: np.ndarray, 
     plan = local_schedule([costs[share] for share in shares], target_per_sample, pool_steps)
     return [[int(shares[home][pos]) for home, pos in step] for step in plan]
 
-
-def displacement(plan: list[list[tuple[int, int]]]) -> np.ndarray:
-    """|step used - home step| of every sample of a `local_schedule` plan (the order effect)."""
-    return np.array([abs(s - home) for s, step in enumerate(plan) for home, _ in step], dtype=np.int64)
