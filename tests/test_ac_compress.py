@@ -4,9 +4,9 @@ tests/test_train.py; the compression numerics: tests/test_compress.py.)"""
 import pytest
 import torch
 
-from gemref.autoac.compress import FORMATS
+from gemref.activation_compression import FORMATS
 from gemref.autoac import applied_plan, saved_compression
-from gemref.autoac.batch_search import gemref_activation_bytes as activation_bytes
+from gemref.measure.batch_search import gemref_activation_bytes as activation_bytes
 from gemref.cli import main
 from gemref.config import AC_COMPRESSIONS, get_preset, override
 from gemref.train import sample_batch, setup
@@ -101,7 +101,7 @@ def test_compression_hooks_inside_a_compiled_function_run_eagerly():
     the hooks still compress, and the gradient is the exact one (by hand: g = d/dx x sin 2x
     = sin 2x + 2x cos 2x) within what E4M3 rounding of the saved input can move it: |dx| <=
     2^-4 |x| (blocks of near-equal values) and |g'| <= 4 + 4|x|, so |error| <= (1 + |x|)^2 / 4."""
-    from gemref.autoac.compress import CompressionSpec, SavedCompression
+    from gemref.activation_compression import CompressionSpec, SavedCompression
 
     compression = SavedCompression(CompressionSpec("mxfp8"))
 
@@ -124,7 +124,7 @@ def test_compression_hooks_inside_a_compiled_function_run_eagerly():
 
 def test_a_softmax_model_refuses_compressed_blocks():
     """A compressed block compresses everything it saves, attention's q, k, v and O included,
-    which softmax's backward amplifies (gemref/autoac/compress.py): build_model says so."""
+    which softmax's backward amplifies (gemref/activation_compression.py): build_model says so."""
     from dataclasses import replace
     from gemref.train import build_model
 

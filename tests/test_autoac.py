@@ -14,12 +14,13 @@ from hypothesis import given, settings, strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 from gemref.autoac import (OPTIONS, ActivationProfile, BlockProfile, CheckpointedBlock, applied_plan, apply_plan,
-                           auto_checkpoint, parse_plan, plan_of, plan_record, profile_blocks, remove_plan, solve)
-from gemref.autoac.apply import PREFIX
-from gemref.autoac.batch_search import (SEARCH_CAP, batch_tensors, find_batch_size, gemref_activation_bytes,
+                           auto_checkpoint, parse_plan, plan_of, profile_blocks, remove_plan, solve)
+from gemref.measure.run import plan_record
+from gemref.autoac.plan import PREFIX
+from gemref.measure.batch_search import (SEARCH_CAP, find_batch_size, gemref_activation_bytes,
                                         gemref_profile, larger_batch, largest_fitting)
 from gemref.autoac.profile import SavedTensors
-from gemref.autoac.solver import option_cost
+from gemref.autoac.plan import option_cost
 from gemref.data.batches import batch_with_lengths
 from gemref.config import get_preset, override
 from gemref.mfu.flops import executed_flops, recompute_flops
@@ -122,7 +123,7 @@ def test_each_exact_option_keeps_the_loss_and_every_gradient_of_a_foreign_model(
 
 
 def test_the_compressed_option_stays_close_on_a_foreign_model():
-    """Approximate by design (gemref/autoac/compress.py): E4M3 keeps ~29 dB of SQNR per tensor."""
+    """Approximate by design (gemref/activation_compression.py): E4M3 keeps ~29 dB of SQNR per tensor."""
     model, batch = my_model()
     _, exact = grads_of(model, lambda: my_loss(model, batch))
     apply_plan(model, {n: "compressed" for n in MY_BLOCKS})
@@ -311,7 +312,7 @@ def test_the_unmeasured_no_ac_bytes_are_predicted_and_both_cpu_instruments_agree
     that step with both CPU instruments: live storages and saved_tensors_hooks."""
     model, batch, profile = profiled
     live = activation_bytes(model, batch)
-    existing = {t.untyped_storage()._cdata for t in [*model.parameters(), *batch_tensors(batch)]}
+    existing = {t.untyped_storage()._cdata for t in [*model.parameters(), *batch.tensors()]}
     saved = SavedTensors(existing)
     with saved.active():
         loss = forward_loss(model, batch)

@@ -8,9 +8,10 @@ import pytest
 import torch
 from hypothesis import assume, given, settings, strategies as st
 
-from gemref.balance import (POLICIES, SampleCost, calibrate, explained_by, idle_fraction, imbalance, karmarkar_karp, loss_divisor,
+from gemref.balance import (POLICIES, SampleCost, calibrate, explained_by, imbalance, karmarkar_karp, loss_divisor,
                             lpt, partition, rank_loads, refine, round_robin, sample_costs, sorted_chunk)
 from gemref.balance.cost import _nnls
+from gemref.measure.balance_compare import compare, idle_fraction
 from gemref.data.sampler import BalancedDistributedBatchSampler
 
 # Heavy-tailed costs: mostly small, a few huge, ties and zeros included.

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from gemref.balance import (SampleCost, closest_subset, displacement, imbalance, local_rank_batches, local_schedule,
+from gemref.balance import (SampleCost, closest_subset, imbalance, local_rank_batches, local_schedule,
                             round_robin)
-from gemref.balance import compare, epoch_plan, exchange_bytes
+from gemref.measure.balance_compare import compare, displacement, epoch_plan, exchange_bytes
 from gemref.cli import main
 from gemref.data.sampler import BalancedDistributedBatchSampler
 from gemref.data.synthetic import draw_lengths

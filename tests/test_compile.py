@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gemref.autoac import apply_plan
-from gemref.autoac.batch_search import gemref_forward_with_bytes as forward_with_bytes
+from gemref.measure.batch_search import gemref_forward_with_bytes as forward_with_bytes
 from gemref.train import forward_loss
 from gemref.data.batches import batch_with_lengths
 from gemref.compile import compile_model, compile_stats, gemref_regions

@@ -1,4 +1,4 @@
-"""Compressed saved activations (gemref/autoac/compress.py): round-trip error against bounds derived
+"""Compressed saved activations (gemref/activation_compression.py): round-trip error against bounds derived
 from E4M3, gradients against the uncompressed ones, what the hooks leave alone, bytes saved, and
 loss parity over real training runs."""
 import math
@@ -8,10 +8,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch import nn
 
-from gemref.autoac.compress import (FORMATS, CompressionSpec, Packed, SavedCompression, compress, compressing,
+from gemref.activation_compression import (FORMATS, CompressionSpec, Packed, SavedCompression, compress, compressing,
                                     decompress, wrap_compressed)
 from gemref.autoac import apply_plan, remove_plan, saved_compression
-from gemref.autoac.batch_search import gemref_activation_bytes as activation_bytes
+from gemref.measure.batch_search import gemref_activation_bytes as activation_bytes
 from gemref.train import forward_loss
 from gemref.compile import compile_model, gemref_regions
 from gemref.config import COMPILE_REGIONS, get_preset

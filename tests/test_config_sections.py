@@ -24,7 +24,7 @@ def test_the_kernel_names_are_the_attention_registrys():
 
 
 def test_the_compression_formats_are_autoacs():
-    from gemref.autoac.compress import FORMATS
+    from gemref.activation_compression import FORMATS
 
     assert set(AC_COMPRESSIONS) == {"none", *FORMATS}
 

@@ -165,7 +165,7 @@ def test_every_rank_plans_the_same_lpt_split_alone_and_uses_every_sample_once():
 
 
 def test_exchange_depends_on_where_the_lengths_are_not_on_the_policy_name():
-    from gemref.balance import compare
+    from gemref.measure.balance_compare import compare
 
     lengths = draw_lengths("skewed", 8 * 64, 512, 40, seed=5).reshape(8, 64)
     own = {r["policy"]: r for r in compare(lengths, COST, 8, ("kk", "lpt", "local"))}

@@ -1,90 +1,50 @@
 """AutoAC's profiler: what each option of each named block frees and costs, measured on one step
-of the caller's own model (the idea: gemref/autoac/__init__.py).
+of the caller's own model (the idea: gemref/autoac/__init__.py). `step` runs the forward and
+returns the loss; the profiler calls backward. Nothing about the model or its batch is assumed.
 
-The caller names the blocks (module paths, e.g. "layers.0.sequence") and gives `step`, a
-closure that runs the forward and returns the loss; the profiler calls backward. Nothing
-about the model or its batch type is assumed.
-
-Activation bytes = the memory a step's forward leaves alive for its backward:
-  * CUDA: torch.cuda.memory_allocated after the forward minus before;
-  * CPU, eager: a TorchDispatchMode notes (weakly) every storage an op creates during the
-    forward (not an alias of one of the op's inputs, not a parameter); the bytes of those
-    still alive when it returns;
-  * CPU, compiled (gemref's compile_model): inductor allocates without the dispatcher, so
-    there the bytes are those of the tensors saved for backward (saved_tensors_hooks,
-    storages deduplicated). That misses what a checkpoint keeps (its inputs), so it is used
-    only where nothing is checkpointed (PyTorch 2's memory_budget); on an eager step the two
-    methods agree (tests).
+Activation bytes = the memory a forward leaves alive for its backward: on CUDA
+torch.cuda.memory_allocated after it minus before; on CPU the bytes of the storages it created
+that are still alive (gemref/mfu/memory.py LiveStorages, the one storage tracker).
 
 The pass never runs the un-checkpointed step, so it fits wherever the fully checkpointed step
-does (the batch search needs that): (1) every block "full": reference bytes and backward
-FLOPs (FlopCounterMode); (2) per block, that one block at "none", then at each option, every
-other block "full": bytes freed by an option = bytes at "none" - bytes at it, recompute FLOPs
-= backward FLOPs at it - backward FLOPs at "none"; at "none" the block's saved bytes and
-forward FLOPs are noted too. Recompute seconds = the time the block's runs take in a step at
-the option (its forward and, checkpointed, its rerun in backward) minus its forward at "none",
-the median over `repeats` rounds that run "none" and every option in turn (after one warm-up
-round), floored at 0 ("compressed": the compression in forward;
-the expansion in backward is not counted). Blocks share only their inputs and outputs, alive
-under any plan, so bytes add: a plan's bytes = base - sum(freed), base = reference + sum of
-what "full" frees (tests check both against measured steps).
+does: (1) every block "full": reference bytes and backward FLOPs (FlopCounterMode); (2) per
+block, that block at "none", then at each option, every other block "full": bytes freed by an
+option = bytes at "none" - bytes at it, recompute FLOPs = backward FLOPs at it - at "none"; at
+"none" the block's saved bytes and forward FLOPs are noted too. Recompute seconds = the time
+the block's runs take in a step at the option (its forward and, checkpointed, its rerun in
+backward) minus its forward at "none", the median over `repeats` rounds that run "none" and
+every option in turn (after one warm-up round), floored at 0 ("compressed": the compression in
+forward; the expansion in backward is not counted). Blocks share only their inputs and
+outputs, alive under any plan, so bytes add: a plan's bytes = base - sum(freed), base =
+reference + sum of what "full" frees (tests check both against measured steps).
 """
 from __future__ import annotations
 
 import statistics
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..compile import compile_stats
-from .apply import APPROXIMATE_OPTIONS, OPTIONS, applied_plan, apply_plan, find_blocks, remove_plan
-from .compress import CompressionSpec
-from .solver import ActivationProfile, BlockProfile, Plan, solve
+from ..mfu.memory import LiveStorages, storage_key
+from .plan import APPROXIMATE_OPTIONS, OPTIONS, ActivationProfile, BlockProfile, Plan, applied_plan, apply_plan, \
+    find_blocks, remove_plan, solve
 
-
-def _cdata(t: Tensor) -> int:
-    return StorageWeakRef(t.untyped_storage()).cdata
-
-
-class StorageBirths(TorchDispatchMode):
-    """Remembers, weakly, every storage an op returns that is neither one of its inputs' nor in
-    `existing` (parameters): the activations a forward creates."""
-
-    def __init__(self, existing: set[int]):
-        super().__init__()
-        self.existing = existing
-        self.born: dict[int, tuple[StorageWeakRef, int]] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {_cdata(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
-        for t in tree_leaves(out):
-            if isinstance(t, Tensor) and t.device.type == "cpu":
-                storage = t.untyped_storage()
-                ref = StorageWeakRef(storage)
-                known = self.born.get(ref.cdata)
-                if ref.cdata not in self.existing | inputs and (known is None or known[0].expired()):
-                    self.born[ref.cdata] = (ref, storage.nbytes())
-        return out
-
-    def alive_bytes(self) -> int:
-        return sum(n for ref, n in self.born.values() if not ref.expired())
+if TYPE_CHECKING:
+    from ..activation_compression import CompressionSpec
 
 
 class SavedTensors:
     """saved_tensors_hooks that note each saved storage once, with the block that saved it first."""
 
     def __init__(self, existing: set[int]):
-        self.existing = existing
+        self.existing, self.current = existing, "outside"
         self.saved: dict[int, tuple[StorageWeakRef, int, str]] = {}
-        self.current = "outside"
 
     def _pack(self, t: Tensor) -> Tensor:
         ref = StorageWeakRef(t.untyped_storage())
@@ -108,35 +68,27 @@ def _device(model: nn.Module) -> torch.device:
     return next(iter(model.parameters()), torch.empty(0)).device
 
 
-def measure_method(model: nn.Module) -> str:
-    if _device(model).type == "cuda":
-        return "cuda_memory_allocated"
-    return "cpu_saved_tensors" if compile_stats(model) is not None else "cpu_live_storages"
+def _existing(model: nn.Module, inputs: Sequence[Tensor]) -> list[Tensor]:
+    return [*model.parameters(), *model.buffers(), *inputs]
 
 
 def forward_with_bytes(model: nn.Module, step: Callable[[], Tensor],
                        inputs: Sequence[Tensor] = ()) -> tuple[Tensor, int]:
     """Run `step` (the forward, returning the loss); return the loss and the activation bytes it
     leaves for backward. `inputs`: tensors that existed before (the batch; never counted)."""
-    method, device = measure_method(model), _device(model)
-    if method == "cuda_memory_allocated":
+    device = _device(model)
+    if device.type == "cuda":
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
         loss = step()
         torch.cuda.synchronize(device)
         return loss, torch.cuda.memory_allocated(device) - before
-    existing = {_cdata(t) for t in [*model.parameters(), *model.buffers(), *inputs]}
-    if method == "cpu_saved_tensors":
-        if applied_plan(model):
-            raise ValueError("cannot measure a checkpointed, compiled model on CPU: inductor's "
-                             "buffers are invisible there; measure the eager model instead")
-        saved = SavedTensors(existing)
-        with saved.active():
-            loss = step()
-        return loss, sum(saved.bytes_by_block().values())
-    with StorageBirths(existing) as births:
+    if compile_stats(model) is not None:
+        raise ValueError("a compiled model allocates on CPU without the dispatcher, so its bytes are "
+                         "invisible here: measure the eager model")
+    with LiveStorages(_existing(model, inputs)) as live:
         loss = step()
-    return loss, births.alive_bytes()
+    return loss, live.alive_bytes()
 
 
 def activation_bytes(model: nn.Module, step: Callable[[], Tensor], inputs: Sequence[Tensor] = ()) -> int:
@@ -183,7 +135,7 @@ def profile_blocks(model: nn.Module, blocks: Sequence[str], step: Callable[[], T
         """Bytes, forward FLOPs and backward FLOPs of one step; the watched ("none") block's
         saved bytes and forward FLOPs."""
         apply_plan(model, choices, compression=compression)
-        existing = {_cdata(t) for t in [*model.parameters(), *model.buffers(), *inputs]}
+        existing = {storage_key(t) for t in _existing(model, inputs)}
         saved, counter, at, hooks = SavedTensors(existing), FlopCounterMode(display=False), [0, 0], []
         if watch is not None:
             block = model.get_submodule(watch)
@@ -243,7 +195,8 @@ def profile_blocks(model: nn.Module, blocks: Sequence[str], step: Callable[[], T
                                      {o: at[o][1] - none_backward for o in options}, recompute_seconds(name)))
     base_bytes = reference_bytes + sum(b.freed_bytes["full"] for b in profiled)
     step_flops = reference_forward + reference_backward - sum(b.recompute_flops["full"] for b in profiled)
-    return ActivationProfile(base_bytes, tuple(profiled), tuple(options), measure_method(model), step_flops)
+    method = "cuda_memory_allocated" if device.type == "cuda" else "cpu_live_storages"
+    return ActivationProfile(base_bytes, tuple(profiled), tuple(options), method, step_flops)
 
 
 def auto_checkpoint(model: nn.Module, blocks: Sequence[str], step: Callable[[], Tensor], budget_fraction: float, *,

@@ -7,7 +7,8 @@ any callable), split each global batch so that every rank's summed cost is the s
 (`partition.py`: LPT, Karmarkar-Karp refined by local search, or "local", which only reorders
 each rank's own samples across nearby steps and exchanges nothing), and divide every rank's
 summed loss by the same `loss_divisor` so the gradient is the global batch's, whatever the
-per-rank counts. `compare.py` puts the policies side by side.
+per-rank counts. The lab puts the policies side by side (gemref/measure/balance_compare.py,
+the one comparison).
 
 To copy it into a trainer: build `gemref.data.sampler.BalancedDistributedBatchSampler(lengths,
 global_batch_size, cost, rank=, world_size=, policy="kk")` as the DataLoader's batch_sampler;
@@ -15,12 +16,11 @@ compute `loss = per_sample_loss.sum() / loss_divisor(sampler.global_size(step), 
 grad_reduce)` on every rank. tests/test_balance.py does exactly that on a model gemref did not
 define (tests/my_rec.py).
 """
-from .compare import compare, epoch_plan, exchange_bytes
 from .cost import (Calibration, CostLike, SampleCost, calibrate, check_costs, check_lengths,
                    explained_by, sample_costs)
-from .partition import (ALIASES, KK_MAX_WORK, LOCAL, POLICIES, Partition, check_policy, closest_subset, displacement,
-                        idle_fraction, imbalance, karmarkar_karp, kk_refined, local_rank_batches, local_schedule,
-                        loss_divisor, lpt, partition, rank_loads, refine, round_robin, sorted_chunk)
+from .partition import (ALIASES, KK_MAX_WORK, LOCAL, POLICIES, Partition, check_int, check_policy, closest_subset,
+                        imbalance, karmarkar_karp, kk_refined, local_rank_batches,
+                        local_schedule, loss_divisor, lpt, partition, rank_loads, refine, round_robin, sorted_chunk)
 
 # Policies a BalancedDistributedBatchSampler takes: the global ones and "local".
 SAMPLER_POLICIES = (*POLICIES, LOCAL)

@@ -5,7 +5,7 @@ Global policies split ONE global batch's costs (gemref/balance/cost.py prices th
 index lists, minimising the largest per-rank cost. Every rank runs the same deterministic
 split from the lengths of the whole global batch (gemref's sampler: every rank draws the same
 sample order from the same length column, so nothing is exchanged; a job whose ranks each read
-only their own data must all-gather the lengths first, gemref/balance/compare.py counts those
+only their own data must all-gather the lengths first, gemref/measure/balance_compare.py counts those
 bytes). Ties go by sample index, then rank index.
 
   round_robin   sample i -> rank i % R (DistributedSampler's equal counts; ignores cost)
@@ -39,31 +39,34 @@ from .cost import check_costs
 Partition = list[list[int]]
 
 
-def _check_ranks(ranks: int) -> None:
-    if isinstance(ranks, bool) or not isinstance(ranks, (int, np.integer)) or ranks < 1:
-        raise ValueError(f"ranks must be an integer >= 1, got {ranks!r}")
+def check_int(name: str, value, low: int) -> None:
+    """ValueError unless `value` is an integer (not a bool) >= low."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _checked(costs, ranks: int) -> np.ndarray:
+    c = check_costs(costs)
+    check_int("ranks", ranks, 1)
+    return c
 
 
 def round_robin(costs, ranks: int) -> Partition:
     """The naive split (what DistributedSampler does): sample i goes to rank i % R, ignoring cost."""
-    n = len(check_costs(costs))
-    _check_ranks(ranks)
+    n = len(_checked(costs, ranks))
     return [list(range(r, n, ranks)) for r in range(ranks)]
 
 
 def sorted_chunk(costs, ranks: int) -> Partition:
     """Sort by cost, cut R equal-count chunks (length bucketing): the last rank gets every long sample."""
-    c = check_costs(costs)
-    _check_ranks(ranks)
-    order = np.argsort(c, kind="stable")
+    order = np.argsort(_checked(costs, ranks), kind="stable")
     return [sorted(chunk.tolist()) for chunk in np.array_split(order, ranks)]
 
 
 def lpt(costs, ranks: int) -> Partition:
     """Each sample, dearest first, onto the least-loaded rank; Graham (1969): max load <= (4/3 - 1/(3R))
     x optimum. Ties go to the rank with fewer samples, then the lower index (n >= R: none empty)."""
-    c = check_costs(costs)
-    _check_ranks(ranks)
+    c = _checked(costs, ranks)
     heap = [(0.0, 0, r) for r in range(ranks)]  # (load, n_samples, rank)
     parts: Partition = [[] for _ in range(ranks)]
     for i in np.argsort(-c, kind="stable").tolist():
@@ -77,8 +80,7 @@ def karmarkar_karp(costs, ranks: int) -> Partition:
     """Largest differencing method (Karmarkar & Karp 1982), R-way: every sample starts as a partial
     solution of R subsets (itself and R-1 empty); the two with the largest spread (max - min sum)
     are merged, largest subset of one with smallest of the other, until one is left."""
-    c = check_costs(costs)
-    _check_ranks(ranks)
+    c = _checked(costs, ranks)
     # A partial solution: R (sum, members) pairs, sums descending; members is a tree (None, a
     # sample, or a pair of trees), so merging is O(R). Heap entry: (-spread, tie, solution).
     heap = [(-ci, i, [(ci, i)] + [(0.0, None)] * (ranks - 1)) for i, ci in enumerate(c.tolist())]
@@ -99,7 +101,7 @@ def karmarkar_karp(costs, ranks: int) -> Partition:
 
 def _members(tree) -> list[int]:
     out, stack = [], [tree]
-    while stack:
+    while stack:                       # iterative: a tree is as deep as the merges that made it
         t = stack.pop()
         if isinstance(t, int):
             out.append(t)
@@ -217,11 +219,9 @@ def partition(costs, ranks: int, policy: str = "kk", min_per_rank: int = 0) -> P
     forward pass); a batch of fewer than min_per_rank * R samples is then a ValueError. Short
     ranks are filled by the moves that keep the max load lowest, before "kk"'s refinement.
     """
-    c = check_costs(costs)
-    _check_ranks(ranks)
+    c = _checked(costs, ranks)
     check_policy(policy, tuple(POLICIES))
-    if isinstance(min_per_rank, bool) or not isinstance(min_per_rank, (int, np.integer)) or min_per_rank < 0:
-        raise ValueError(f"min_per_rank must be an integer >= 0, got {min_per_rank!r}")
+    check_int("min_per_rank", min_per_rank, 0)
     if len(c) < min_per_rank * ranks:
         raise ValueError(f"a batch of {len(c)} samples cannot give {ranks} ranks at least "
                          f"min_per_rank={min_per_rank} sample(s) each")
@@ -237,13 +237,6 @@ def imbalance(loads) -> float:
     return float(loads.max()) / mean if mean > 0 else 1.0
 
 
-def idle_fraction(loads) -> float:
-    """Share of rank-time spent waiting for the straggler: sum_r (max - load_r) / (R * max)."""
-    loads = check_costs(loads, "loads")
-    top = float(loads.max()) if loads.size else 0.0
-    return float((top - loads).sum()) / (loads.size * top) if top > 0 else 0.0
-
-
 def loss_divisor(global_size: int, world: int = 1, grad_reduce: str = "sum") -> float:
     """What each rank divides its SUMMED per-sample loss by (module doc: the loss rule).
 
@@ -251,9 +244,8 @@ def loss_divisor(global_size: int, world: int = 1, grad_reduce: str = "sum") -> 
     `global_size(step)`); grad_reduce="sum" (all-reduce SUM, gemref's DDP and FSDP): N;
     "mean" (gradients averaged over `world` ranks, plain DDP): N / world.
     """
-    for name, value in (("global_size", global_size), ("world", world)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    check_int("global_size", global_size, 1)
+    check_int("world", world, 1)
     if grad_reduce == "sum":
         return int(global_size)
     if grad_reduce == "mean":
@@ -274,11 +266,6 @@ def loss_divisor(global_size: int, world: int = 1, grad_reduce: str = "sum") -> 
 # Every sample is used exactly once: a step takes exactly its count; the pool always holds at
 # least that many; the forced samples of step s all have home s-k+1, at most a step's count;
 # and the counts add up, so the last step's leftover is exactly its count. k = 1 is round_robin.
-
-
-def _check_pool_steps(pool_steps) -> None:
-    if isinstance(pool_steps, bool) or not isinstance(pool_steps, (int, np.integer)) or pool_steps < 1:
-        raise ValueError(f"pool_steps must be an integer >= 1, got {pool_steps!r}")
 
 
 def closest_subset(values: np.ndarray, k: int, aim: float, max_rounds: int | None = None) -> np.ndarray:
@@ -314,7 +301,7 @@ def local_schedule(share_costs: Sequence, target_per_sample: float, pool_steps: 
     """One rank's plan for an epoch from ITS OWN samples (the rules above). `share_costs[s]`: the
     costs of its round_robin share of global batch s (equal counts; the last may hold fewer).
     Per step, the samples to use as sorted (home step, position in that share) pairs."""
-    _check_pool_steps(pool_steps)
+    check_int("pool_steps", pool_steps, 1)
     if not (np.isfinite(target_per_sample) and target_per_sample >= 0):
         raise ValueError(f"target_per_sample must be finite and >= 0, got {target_per_sample}")
     shares = [check_costs(c, f"share_costs[{s}]") for s, c in enumerate(share_costs)]
@@ -354,7 +341,3 @@ def local_rank_batches(global_batches: Sequence[np.ndarray], costs: np.ndarray, 
     plan = local_schedule([costs[share] for share in shares], target_per_sample, pool_steps)
     return [[int(shares[home][pos]) for home, pos in step] for step in plan]
 
-
-def displacement(plan: list[list[tuple[int, int]]]) -> np.ndarray:
-    """|step used - home step| of every sample of a `local_schedule` plan (the order effect)."""
-    return np.array([abs(s - home) for s, step in enumerate(plan) for home, _ in step], dtype=np.int64)

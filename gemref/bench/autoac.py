@@ -5,7 +5,7 @@ four strategies side by side on the same batches (jagged histories, the auto att
   none  nothing checkpointed: the reference (the same row at every budget)
   full  every block fully checkpointed: the classic recipe (the same row at every budget)
   auto  AutoAC: the plan of least measured recompute time that fits the budget
-        (gemref/autoac/solver.py, objective "time")
+        (gemref/autoac/plan.py, objective "time")
   memory_budget  torch.compile with torch._functorch.config.activation_memory_budget = the budget
 The measurement is gemref/measure/autoac_sweep.py (and autoac_batch.py for --find-batch).
 Columns: activation bytes on the first batch (gemref/autoac/profile.py; with --compile on CPU the

@@ -4,15 +4,15 @@
    save_matmuls / full / compressed options, bytes measured as in gemref/autoac/profile.py). At
    every budget (a fraction of the no-AC activation bytes) three strategies:
      uniform   one fraction for every region (PyTorch 2's activation_memory_budget style)
-     joint     per-region budgets solved together (AutoAC, gemref/autoac/solver.py)
+     joint     per-region budgets solved together (AutoAC, gemref/autoac/plan.py)
      joint+C   the same with "compressed" as a fourth option per region
    with predicted activation bytes and recompute FLOPs in % of the step's model FLOPs; the
    record holds each strategy's whole Pareto front (bytes, FLOPs, plan).
 2. memory: per format, activation bytes of a step with every block compressed (measured)
    against none, and the hooks' own count (bytes of compressed tensors, bytes stored).
 3. batch: the largest batch whose activations fit the no-AC bytes of --batch-size, without
-   and with compression (`autoac.batch_search.find_batch_size` called on the plain model and on
-   the model under `autoac.compress.compressing`, which compresses the whole forward,
+   and with compression (`measure.batch_search.find_batch_size` called on the plain model and on
+   the model under `activation_compression.compressing`, which compresses the whole forward,
    attention's saved tensors included: right for the pointwise attention of every preset).
 4. step time: training steps of the plain model and of every-block-compressed models,
    interleaved on the same batches (gemref/measure/bench.py paired_steps), medians and ratios.
@@ -29,7 +29,7 @@ from dataclasses import asdict
 
 import torch
 
-from ..autoac.compress import FORMATS, CompressionSpec
+from ..activation_compression import FORMATS, CompressionSpec
 from ..data.folder import dataset_preset
 from ..env import versions
 from ..errors import UsageError

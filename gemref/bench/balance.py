@@ -9,7 +9,7 @@ batch with each policy and report, per policy, the medians over batches of
               the straggler at the gradient all-reduce
   plan_ms   = time of the partitioner itself (it runs on every rank, every step)
   lower_bound = max(dearest sample, mean) / mean: no partition of that batch can do better
-(gemref/balance/compare.py `compare`, the one comparison, computes them).
+(gemref/measure/balance_compare.py `compare`, the one comparison, computes them).
 
 --measure: R one-thread gloo ranks run the real GEM training step on each global batch split
 by round_robin and by kk in turn, the gradient all-reduce timed apart; the split prices samples

@@ -147,7 +147,7 @@ def compile_model(model: nn.Module, regions: Sequence[str], *, activation_memory
     a loss function to compile as one more region, "loss" (`loss_function(model)` returns it).
     GEMRef's path names its regions explicitly (`gemref_regions(model, kinds)`,
     gemref/train/compose.py). Apply after activation checkpointing and before FSDP: a region named
-    by a block that AutoAC wrapped (gemref/autoac/apply.py `CheckpointedBlock`) is the block inside
+    by a block that AutoAC wrapped (gemref/autoac/plan.py `CheckpointedBlock`) is the block inside
     the wrapper, so the checkpoint stays eager around the compiled block.
     """
     if model in _STATS:

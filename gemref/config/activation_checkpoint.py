@@ -12,10 +12,10 @@ from ..errors import UsageError
 from .section import Section, switch
 
 AC_MODES = ("none", "full", "auto", "memory_budget")
-# Saved activations stored compressed (gemref/autoac/compress.py FORMATS; a test keeps them equal):
+# Saved activations stored compressed (gemref/activation_compression.py FORMATS; a test keeps them equal):
 # with ac "none" every block's dense regions, with ac "auto" one more option AutoAC weighs per block.
 AC_COMPRESSIONS = ("none", "fp8_tensor", "fp8_block", "mxfp8")
-# autoac.solver.Plan.summary() of GEMRef's blocks (GEMRef.checkpoint_blocks(), grouped by kind)
+# autoac.plan.Plan.summary() of GEMRef's blocks (GEMRef.checkpoint_blocks(), grouped by kind)
 AC_PLAN_PATTERN = r"sequence:[-SFC]+ interaction:[-SFC]+ cross:[-SFC]+"
 
 

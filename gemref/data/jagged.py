@@ -143,6 +143,10 @@ class JaggedBatch:
     def lengths(self) -> Tensor:
         return offsets_to_lengths(self.offsets)
 
+    def tensors(self) -> list[Tensor]:
+        """The six tensors (TENSOR_FIELDS): what existed before a forward (AutoAC's `inputs`)."""
+        return [getattr(self, name) for name in TENSOR_FIELDS]
+
     def _check_layout(self, F: int, n_dense: int) -> None:
         """Shapes and dtypes (no host sync)."""
         for name in TENSOR_FIELDS:

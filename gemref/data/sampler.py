@@ -30,7 +30,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ..balance import (LOCAL, SAMPLER_POLICIES, CostLike, check_lengths, check_policy, local_rank_batches,
+from ..balance import (LOCAL, SAMPLER_POLICIES, CostLike, check_int, check_lengths, check_policy, local_rank_batches,
                        partition, sample_costs)
 
 
@@ -148,8 +148,7 @@ class BalancedDistributedBatchSampler:
         self.costs = sample_costs(cost, self.lengths)
         self.rank, self.world_size = _dist_rank_world(rank, world_size)
         check_policy(policy, SAMPLER_POLICIES)
-        if isinstance(pool_steps, bool) or not isinstance(pool_steps, (int, np.integer)) or pool_steps < 1:
-            raise ValueError(f"pool_steps must be an integer >= 1, got {pool_steps!r}")
+        check_int("pool_steps", pool_steps, 1)
         if target_per_sample is not None and not (np.isfinite(target_per_sample) and target_per_sample >= 0):
             raise ValueError(f"target_per_sample must be finite and >= 0, got {target_per_sample}")
         if min_per_rank < 1:

@@ -1,7 +1,7 @@
 """What a memory budget buys in batch size: without and with AutoAC, and with compressed saved activations.
 
 `batch_gain`: the largest batch that fits one memory budget without and with AutoAC
-(gemref/autoac/batch_search.py `find_batch_size`; CPU: activation bytes, CUDA: peak device
+(gemref/measure/batch_search.py `find_batch_size`; CPU: activation bytes, CUDA: peak device
 memory), then both timed side by side (gemref/measure/bench.py paired_steps): what the freed
 memory bought in samples/s and MFU. `batch_search`: the same search with every block's saved
 activations compressed. Batches are the first n samples of one fixed order of the bench's
@@ -14,12 +14,11 @@ from typing import Callable
 
 import numpy as np
 
-from ..autoac.batch_search import find_batch_size, step_bytes
-from ..autoac.compress import CompressionSpec, compressing
-from ..autoac.batch_search import gemref_forward_with_bytes
+from ..activation_compression import CompressionSpec, compressing
 from ..data.jagged import JaggedBatch
 from ..mfu.flops import step_flops
 from ..mfu.meter import mfu
+from .batch_search import find_batch_size, gemref_forward_with_bytes, is_full_checkpointing, step_bytes
 from .bench import Bench, Trainer, paired_steps, run_mfu, strategy_model, timed_batches
 
 GAIN_COLUMNS = ("strategy", "batch_size", "memory_mb", "recompute_pct", "step_s", "samples_per_s", "mfu", "hfu",
@@ -62,11 +61,11 @@ def batch_gain(b: Bench, memory_budget: int | None = None, max_batch: int | None
                      "samples_per_s": statistics.median(n / s for s in seconds), "mfu": run_mfu(b, timed),
                      "hfu": mfu(sum(r.executed_flops for r in timed), sum(seconds), b.peak),
                      "plan": plan_label(plan)})
-    rows[1]["strategy"] = "full" if found.plan.is_full_checkpointing() else "auto"   # credit the plan that ran
+    rows[1]["strategy"] = "full" if is_full_checkpointing(found.plan) else "auto"   # credit the plan that ran
     none, auto = rows
     return {"memory_budget_bytes": memory_budget, "measure": found.measure, "rows": rows,
             "search_cap": found.max_batch, "capped": found.capped,
-            "full_checkpointing": found.plan.is_full_checkpointing(),
+            "full_checkpointing": is_full_checkpointing(found.plan),
             "batch_ratio": auto["batch_size"] / max(none["batch_size"], 1),
             "samples_per_s_ratio": statistics.median((auto["batch_size"] / a) / (none["batch_size"] / n)
                                                      for a, n in zip(auto_s, none_s)),
@@ -76,7 +75,7 @@ def batch_gain(b: Bench, memory_budget: int | None = None, max_batch: int | None
 def batch_search(b: Bench, spec: CompressionSpec, max_batch: int) -> dict:
     """The largest batch whose activations fit the no-AC bytes of the bench's batch size,
     without and with every block's saved activations compressed (the whole forward under
-    `autoac.compress.compressing`, attention's saved tensors included: right for the pointwise
+    `activation_compression.compressing`, attention's saved tensors included: right for the pointwise
     attention of every preset), each without AC and fully checkpointed, and AutoAC's plan."""
     batch_of = first_samples(b)
     plain = strategy_model(b, "none", compiled=False)
@@ -95,4 +94,4 @@ def plan_label(plan) -> str:
     """The plan's summary; one that checkpoints every block fully says it is full checkpointing."""
     if plan is None:
         return ""
-    return f"{plan.summary()} (= full checkpointing)" if plan.is_full_checkpointing() else plan.summary()
+    return f"{plan.summary()} (= full checkpointing)" if is_full_checkpointing(plan) else plan.summary()

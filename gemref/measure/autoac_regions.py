@@ -4,7 +4,7 @@
               compressed options, gemref/autoac/profile.py). At every budget (a fraction of the no-AC
               activation bytes) three strategies: uniform (one fraction for every region,
               PyTorch 2's activation_memory_budget style), joint (per-region budgets solved
-              together: AutoAC, gemref/autoac/solver.py, here by FLOPs) and joint+C (the same with
+              together: AutoAC, gemref/autoac/plan.py, here by FLOPs) and joint+C (the same with
               "compressed" as a fourth option per region), with predicted activation bytes and
               recompute FLOPs in % of the step's model FLOPs, and each strategy's whole
               Pareto front (bytes, FLOPs, plan).
@@ -36,10 +36,9 @@ import statistics
 
 from dataclasses import replace
 
-from ..autoac.apply import saved_compression
-from ..autoac.batch_search import gemref_forward_with_bytes, gemref_profile
-from ..autoac.compress import CompressionSpec
-from ..autoac.solver import ActivationProfile, Plan, partial_plans, plan_of, solve
+from ..activation_compression import CompressionSpec
+from ..autoac.plan import ActivationProfile, Plan, partial_plans, plan_of, saved_compression, solve
+from .batch_search import gemref_forward_with_bytes, gemref_profile
 from ..mfu.flops import model_flops
 from ..config import Preset, get_preset, override
 from ..data.loader import make_loader

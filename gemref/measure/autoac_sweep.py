@@ -5,7 +5,7 @@ four strategies side by side on the bench's batches (gemref/measure/bench.py):
   none  nothing checkpointed: the reference (the same row at every budget)
   full  every block fully checkpointed: the classic recipe (the same row at every budget)
   auto  AutoAC: the plan of least measured recompute time that fits the budget
-        (gemref/autoac/solver.py, objective "time")
+        (gemref/autoac/plan.py, objective "time")
   memory_budget  torch.compile with torch._functorch.config.activation_memory_budget = the budget
 Activation bytes are measured on the first batch (gemref/autoac/profile.py; compiled and
 checkpointed on CPU: on the eager twin), recompute FLOPs are backward FLOPs minus the eager
@@ -24,9 +24,9 @@ from dataclasses import asdict
 
 import torch
 
-from ..autoac.batch_search import gemref_forward_with_bytes, gemref_profile
+from .batch_search import gemref_forward_with_bytes, gemref_profile, is_full_checkpointing
 from ..autoac.profile import backward_flops
-from ..autoac.solver import solve
+from ..autoac.plan import solve
 from ..mfu.flops import executed_flops, model_flops
 from ..mfu.timing import interleaved
 from ..step import forward_loss
@@ -134,7 +134,7 @@ def budget_sweep(b: Bench, budgets=DEFAULT_BUDGETS, *, memory_budget: bool = Tru
 
 
 def _label(plan) -> str:
-    return f"{plan.summary()} (= full checkpointing)" if plan.is_full_checkpointing() else plan.summary()
+    return f"{plan.summary()} (= full checkpointing)" if is_full_checkpointing(plan) else plan.summary()
 
 
 def head_to_head(b: Bench, profile, budget: float = 0.5, log=print) -> dict | None:

@@ -1,7 +1,7 @@
 """Partition policies across data-parallel ranks: projected on drawn batches, and the GEM step measured on gloo ranks.
 
 Projected (`projected_rows`): each global batch of history lengths priced by a SampleCost and
-split by every policy: gemref/balance/compare.py `compare` over those batches as the steps of an
+split by every policy: gemref/measure/balance_compare.py `compare` over those batches as the steps of an
 epoch (it states the columns), the columns of one step's split kept.
 
 Measured (`measure_policies`): R one-thread gloo ranks (gemref.parallel.launch) run the real
@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..balance import POLICIES, Calibration, SampleCost, calibrate, compare, loss_divisor, partition
+from ..balance import POLICIES, Calibration, SampleCost, calibrate, loss_divisor, partition
+from .balance_compare import compare
 from ..config import get_preset, override
 from ..data.batches import batch_with_lengths
 from ..parallel.launch import cpu_ranks, launch, to_rank0

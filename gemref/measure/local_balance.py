@@ -4,7 +4,7 @@ Policy "none" of `gemref train --balance` is round_robin here (equal counts, the
 DistributedSampler). Exchange is counted for ranks that each read only their own data (lpt and
 kk then all-gather the lengths; gemref's sampler, which gives every rank every length, needs none). `simulate`: for every rank count, an epoch of global batches of
 per_rank_batch x R history lengths drawn from the preset's skewed profile, priced in model
-FLOPs (gemref/mfu/flops.py), split by each policy (gemref/balance/compare.py `compare` states every
+FLOPs (gemref/mfu/flops.py), split by each policy (gemref/measure/balance_compare.py `compare` states every
 column): imbalance, share of the optimum's throughput (against a lower bound on the best
 split, and against kk where kk runs: up to kk_max_ranks, since kk costs ~20 s per step at 1024
 ranks), bytes each rank receives per step to balance, how far samples move from their home
@@ -27,9 +27,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..autoac.batch_search import gemref_activation_bytes as activation_bytes
+from .batch_search import gemref_activation_bytes as activation_bytes
 from ..balance import SAMPLER_POLICIES, SampleCost, calibrate
-from ..balance import compare, exchange_bytes, loss_divisor
+from ..balance import loss_divisor
+from .balance_compare import compare, exchange_bytes
 from ..config import get_preset
 from ..data.batches import batch_with_lengths
 from ..data.sampler import BalancedDistributedBatchSampler

@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Callable, TypeVar
 
 import torch
 
-from ..autoac import plan_record, saved_compression
+from ..autoac import applied_plan, saved_compression
+from ..autoac.plan import wrappers
 from ..compile import compile_stats
 from ..config import Preset, TrainConfig
 from ..data.jagged import JaggedBatch
@@ -91,6 +93,20 @@ def batch_that_fits(preset: Preset, train: TrainConfig, device: str, *, log: Cal
 
 
 COMPRESSION_COUNTS = ("tensors", "bytes", "compressed", "compressed_bytes", "stored_bytes", "kept_bytes")
+
+
+def plan_record(model) -> dict | None:
+    """The run-record entry of the AutoAC plan applied to the model (None when nothing is): the
+    solver's Plan when one made it, else the choices read off the model."""
+    choices = applied_plan(model)
+    counts = dict(Counter(choices.values()))
+    plan = next((m.plan for m in wrappers(model).values() if m.plan is not None), None)
+    if plan is not None and plan.choices == choices:
+        return {"choices": dict(choices), "counts": counts, "summary": plan.summary(),
+                "budget_bytes": plan.budget_bytes, "predicted_bytes": plan.predicted_bytes,
+                "recompute_flops": plan.recompute_flops, "recompute_seconds": plan.recompute_seconds,
+                "objective": plan.objective}
+    return {"choices": choices, "counts": counts} if choices else None
 
 
 class CompressionCounts(LoopHooks):

@@ -18,7 +18,7 @@ the same two factors the waterfall measures (gemref/waterfall/stats.py).
 * scaling ratio: from the model, what survives the imbalance and the exposed communication.
 * imbalance: max/mean per-rank model FLOPs of global batches of W x b lengths drawn from
   the preset's length profile, priced with `sample_cost_coefficients` and split with the
-  rung's policy by gemref/balance/compare.py `compare` (the one comparison): round robin (equal counts) before the load-balance
+  rung's policy by gemref/measure/balance_compare.py `compare` (the one comparison): round robin (equal counts) before the load-balance
   rung, kk after it (lpt when n x R > KK_WORK: kk's extra seconds buy < 1e-5 there). A
   padded sample costs the same whatever its length: only counts can differ.
 * comm: every collective of one rank's step (gemref/parallel/volume.py, history events per
@@ -62,7 +62,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..balance import SampleCost, compare
+from ..balance import SampleCost
+from ..measure.balance_compare import compare
 from ..config import MeshShape, Preset
 from ..data.synthetic import draw_lengths
 from ..waterfall.ladder import RUNGS

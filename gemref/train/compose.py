@@ -142,12 +142,11 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     compression = None
     if wraps_blocks(train):   # AutoAC: loaded only when a run turns it on
         from ..autoac import apply_plan, auto_checkpoint, parse_plan
-        from ..autoac.batch_search import batch_tensors
-        from ..autoac.compress import CompressionSpec
+        from ..activation_compression import CompressionSpec
         compression = CompressionSpec(ac.compress) if ac.compress != "none" else None
     if compression is not None and cfg.activation == "softmax":   # a compressed block compresses its attention too
         raise UsageError("ac_compress stores attention's saved q, k, v and O in E4M3, which softmax attention's "
-                         "backward amplifies (gemref/autoac/compress.py): use a pointwise activation or "
+                         "backward amplifies (gemref/activation_compression.py): use a pointwise activation or "
                          "ac_compress none")
     blocks = model.checkpoint_blocks()          # AutoAC's candidates: GEMRef names its own blocks
     if ac.mode == "full":
@@ -160,7 +159,7 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
         options = ("full",) if train.compilation.enabled else ("save_matmuls", "full")
         auto_checkpoint(model, blocks, lambda: forward_loss(model, batch, report.autocast_dtype), ac.budget,
                         options=options + (("compressed",) if compression else ()), compression=compression,
-                        inputs=batch_tensors(batch))
+                        inputs=batch.tensors())
     elif compression is not None:   # no checkpointing: every block keeps its saved activations compressed
         apply_plan(model, {name: "compressed" for name in blocks}, compression=compression)
     if train.compilation.enabled:

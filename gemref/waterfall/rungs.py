@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from ..autoac.batch_search import larger_batch, step_bytes
+from ..measure.batch_search import larger_batch, step_bytes
 from ..compile.plan import plan_gemref_regions
 from ..config import Preset, TrainConfig, override
 from ..data.batches import representative_batch
@@ -148,7 +148,7 @@ def _compile(train: TrainConfig, ctx: Context) -> TrainConfig | str:
 def _autoac(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     """Keep the activation memory the previous rung's step used at the batch each rank runs,
     let AutoAC checkpoint just enough that a larger batch fits in it
-    (gemref/autoac/batch_search.py `larger_batch`), and hand the ranks the plan it solved there
+    (gemref/measure/batch_search.py `larger_batch`), and hand the ranks the plan it solved there
     (ac_plan: planned once, here, not again on every rank). With `compressed_ac`: saved
     activations compressed decide the batch, and "compressed" is one more option per block
     (module doc)."""

@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..autoac import plan_record
 from ..config import Preset, TrainConfig
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches
@@ -44,7 +43,7 @@ from ..parallel.memory import projected_rank_bytes
 from ..parallel.mesh import local_device
 from ..report.records import precision_label
 from ..train import Setup, resolve_precision, setup
-from ..measure.run import measure_step_memory
+from ..measure.run import measure_step_memory, plan_record
 from . import schedule
 from .schedule import Window
 

@@ -27,7 +27,7 @@ One opaque op (jagged_op.py). Forward and backward are torch.library custom ops
 (gemref::cpu_jagged_fwd, gemref::cpu_jagged_bwd) with fake implementations and FlopCounterMode
 formulas, like the Triton kernel: dispatch-level tools see one op, not the tens of aten ops inside. So
 torch.compile traces around it, FlopCounterMode counts its executed FLOPs (the formula
-replays the plan), and AutoAC's save_matmuls checkpointing (gemref/autoac/apply.py) saves its
+replays the plan), and AutoAC's save_matmuls checkpointing (gemref/autoac/plan.py) saves its
 output instead of recomputing the forward (the workspace it reuses holds no activations).
 The plan depends only on the offsets; it is cached by them, so forward, backward and every
 layer of a step build it once. gemref.mfu.memory's CPU tracker is let into the op

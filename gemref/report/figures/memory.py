@@ -15,7 +15,7 @@ def length_histogram_figure(lengths, title: str = "history lengths") -> go.Figur
 
 
 def rank_loads_figure(rows: list[dict], title: str = "cost per rank, one global batch") -> go.Figure:
-    """Grouped bars of per-rank cost for each policy (rows from gemref.balance.compare: `loads`, the first step's)."""
+    """Grouped bars of per-rank cost for each policy (rows from gemref.measure.balance_compare: `loads`, the first step's)."""
     fig = go.Figure([go.Bar(name=r["policy"], x=[f"rank {i}" for i in range(len(r["loads"]))], y=r["loads"])
                      for r in rows])
     fig.update_layout(barmode="group", title=title, yaxis_title="model FLOPs", template=TEMPLATE)

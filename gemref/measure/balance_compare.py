@@ -1,5 +1,6 @@
-"""The one comparison of balancing policies (chapter 06): every policy over the steps of an
-epoch, on simulated ranks. `gemref bench balance`, `gemref bench local_balance`, the scale
+"""The one comparison of balancing policies (chapter 06; the lab's, moved here from
+gemref/balance/, which holds the policies): every policy over the steps of an epoch, on
+simulated ranks. `gemref bench balance`, `gemref bench local_balance`, the scale
 projection (gemref/simulate/projection.py) and chapter 06 all read these rows.
 
 A step's time is its most loaded rank's cost (every rank waits for it at the gradient
@@ -34,8 +35,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .cost import CostLike, check_lengths, sample_costs
-from .partition import LOCAL, POLICIES, check_policy, local_rank_batches, partition
+from ..balance import (LOCAL, POLICIES, CostLike, check_costs, check_lengths, check_policy, local_rank_batches,
+                       partition, sample_costs)
 
 LENGTH_BYTES = 8             # one int64 history length
 
@@ -44,6 +45,18 @@ def exchange_bytes(policy: str, ranks: int, per_rank_batch: int, lengths_on_ever
     """Bytes each rank receives per step to balance (module doc)."""
     free = lengths_on_every_rank or policy in ("round_robin", LOCAL)
     return 0 if free else ranks * per_rank_batch * LENGTH_BYTES
+
+
+def idle_fraction(loads) -> float:
+    """Share of rank-time spent waiting for the straggler: sum_r (max - load_r) / (R * max)."""
+    loads = check_costs(loads, "loads")
+    top = float(loads.max()) if loads.size else 0.0
+    return float((top - loads).sum()) / (loads.size * top) if top > 0 else 0.0
+
+
+def displacement(plan: list[list[tuple[int, int]]]) -> np.ndarray:
+    """|step used - home step| of every sample of a `local_schedule` plan (the order effect)."""
+    return np.array([abs(s - home) for s, step in enumerate(plan) for home, _ in step], dtype=np.int64)
 
 
 def epoch_plan(lengths_steps, cost: CostLike, ranks: int, policy: str, *, pool_steps: int = 8,

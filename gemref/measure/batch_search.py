@@ -1,4 +1,5 @@
-"""Spend the memory AutoAC frees on a larger batch: the batch-size searches.
+"""Spend the memory AutoAC frees on a larger batch: the batch-size searches (the lab's; moved
+here from gemref/autoac/, whose technique is profile -> solve -> apply on any model).
 
 This module is GEMRef's side of AutoAC: its blocks (`GEMRef.checkpoint_blocks()`) and its step
 (gemref/step.py `forward_loss` on a JaggedBatch) handed to the generic profiler
@@ -11,7 +12,7 @@ found by one search (`largest_fitting`: doubling, then bisection) over `batch_of
 first n samples of one fixed order. Two questions use it:
   * `find_batch_size`: the largest batch without AutoAC and with it (every block fully
     checkpointed: the least memory any plan needs), and AutoAC's plan at the latter (which
-    may be full checkpointing itself: `Plan.is_full_checkpointing`);
+    may be full checkpointing itself: `is_full_checkpointing`);
   * `larger_batch` (the waterfall's AutoAC rung): the largest batch, up to SEARCH_CAP x the
     per-rank batch, that fits the budget of the per-rank batch, with AutoAC's plan there;
     with a compression format, every block's saved activations compressed and nothing
@@ -22,31 +23,44 @@ A batch equal to the search's upper end is where the search stopped, not a measu
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
 from torch import Tensor, nn
 
-from .apply import applied_plan, apply_plan, remove_plan
-from .compress import CompressionSpec
-from .profile import forward_with_bytes, profile_blocks
-from .solver import ActivationProfile, Plan, plan_of, solve
+from ..activation_compression import CompressionSpec
+from ..autoac import ActivationProfile, Plan, applied_plan, apply_plan, plan_of, profile_blocks, remove_plan, solve
+from ..autoac.profile import SavedTensors, forward_with_bytes as eager_forward_with_bytes
+from ..compile import compile_stats
 from ..data.jagged import JaggedBatch
 from ..mfu.flops import recompute_flops
-from ..mfu.memory import track_peak_memory
+from ..mfu.memory import storage_key, track_peak_memory
 from ..step import forward_loss
 
 SEARCH_CAP = 4      # larger_batch searches batches up to this multiple of the per-rank batch
 
 
-def batch_tensors(batch: JaggedBatch) -> list[Tensor]:
-    return [getattr(batch, f.name) for f in fields(batch) if isinstance(getattr(batch, f.name), Tensor)]
+def forward_with_bytes(model: nn.Module, step: Callable[[], Tensor], inputs=()) -> tuple[Tensor, int]:
+    """AutoAC's activation bytes (gemref/autoac/profile.py), and on a compiled CPU model, where
+    inductor allocates without the dispatcher, the bytes of the tensors saved for backward
+    (saved_tensors_hooks, storages deduplicated). That misses what a checkpoint keeps (its
+    inputs), so it serves only where nothing is checkpointed (PyTorch 2's memory_budget); on an
+    eager step the two agree (tests/test_autoac.py)."""
+    if next(model.parameters()).device.type == "cuda" or compile_stats(model) is None:
+        return eager_forward_with_bytes(model, step, inputs)
+    if applied_plan(model):
+        raise ValueError("cannot measure a checkpointed, compiled model on CPU: inductor's "
+                         "buffers are invisible there; measure the eager model instead")
+    existing = {storage_key(t) for t in [*model.parameters(), *model.buffers(), *inputs]}
+    with SavedTensors(existing).active() as saved:
+        loss = step()
+    return loss, sum(saved.bytes_by_block().values())
 
 
 def gemref_forward_with_bytes(model: nn.Module, batch: JaggedBatch, autocast_dtype=None) -> tuple[Tensor, int]:
     """GEMRef's training forward on `batch`; the loss and the activation bytes it leaves."""
-    return forward_with_bytes(model, lambda: forward_loss(model, batch, autocast_dtype), batch_tensors(batch))
+    return forward_with_bytes(model, lambda: forward_loss(model, batch, autocast_dtype), batch.tensors())
 
 
 def gemref_activation_bytes(model: nn.Module, batch: JaggedBatch, autocast_dtype=None) -> int:
@@ -59,7 +73,7 @@ def gemref_profile(model: nn.Module, batch: JaggedBatch, *, options=("save_matmu
                    compression: CompressionSpec | None = None, repeats: int = 3) -> ActivationProfile:
     """`profile_blocks` on GEMRef's blocks and its training step on `batch`."""
     return profile_blocks(model, model.checkpoint_blocks(), lambda: forward_loss(model, batch, autocast_dtype),
-                          options=options, repeats=repeats, compression=compression, inputs=batch_tensors(batch))
+                          options=options, repeats=repeats, compression=compression, inputs=batch.tensors())
 
 
 def step_bytes(model: nn.Module, batch: JaggedBatch, autocast_dtype=None) -> int:
@@ -85,6 +99,10 @@ def step_bytes_under(model: nn.Module, choices: Mapping[str, str], batch: Jagged
         return step_bytes(model, batch, autocast_dtype)
     finally:
         remove_plan(model)
+
+
+def is_full_checkpointing(plan: Plan) -> bool:
+    return bool(plan.blocks) and all(plan.choices.get(n) == "full" for n in plan.blocks)
 
 
 def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int:

@@ -10,7 +10,7 @@ an op saves a tensor for backward, `unpack` when backward needs it. Formats (`FO
               rule (never saturates): 1 + 1/block bytes per value
 Against float32 that is ~4x fewer bytes, against bf16 ~2x.
 
-Where: AutoAC's "compressed" option (gemref/autoac/apply.py CheckpointedBlock) runs the whole
+Where: AutoAC's "compressed" option (gemref/autoac/plan.py CheckpointedBlock) runs the whole
 block under the hooks, attention's saved q, k, v (and, for softmax, its output O) included.
 That is fine for pointwise attention; softmax attention's backward recomputes
 P = softmax(q k^T) and subtracts rowsum(dO * O): an E4M3 error in q or k moves every score by
@@ -50,7 +50,7 @@ import torch
 from torch import Tensor, nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..precision.mx_reference import from_mx, to_mx
+from .precision.mx_reference import from_mx, to_mx
 
 FORMATS = ("fp8_tensor", "fp8_block", "mxfp8")
 E4M3 = torch.float8_e4m3fn
@@ -245,7 +245,7 @@ def compressing(model: nn.Module, spec: CompressionSpec | None = None) -> Iterat
 
     Everything the forward saves qualifies, attention's q, k, v included: fine for pointwise
     (silu) attention, refused for softmax (module docstring). Installed as an instance
-    `forward`, so a checkpoint plan applied inside (gemref/autoac/apply.py) still works: a
+    `forward`, so a checkpoint plan applied inside (gemref/autoac/plan.py) still works: a
     checkpointed block's own hooks are innermost and win, so its saved tensors are dropped and
     recomputed, not compressed. Yields the hooks (counters).
     """

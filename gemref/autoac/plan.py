@@ -1,0 +1,318 @@
+"""AutoAC's plan: the solver that picks one option per block, and the wrapper that applies it
+(the idea and the options: gemref/autoac/__init__.py).
+
+Solver: minimise sum cost(block, option) subject to base_bytes - sum freed(block, option) <=
+budget. Cost, by `objective`: "time" (default) the measured recompute seconds, "flops" the
+recomputed FLOPs (kept for comparison: a FLOP of element-wise recompute is far dearer than one
+of matmul, so FLOP-minimal plans are slower than they look; FLOPs stay on the plan for HFU).
+Ties go to the other measure, then to the plan that frees (so recomputes) fewer bytes. These
+tuples compare lexicographically, which is compatible with adding them, so the pruning below is
+exact. A dynamic programme keeps, after each block, the Pareto set of partial plans (bytes freed,
+capped at what the budget needs; cost), dropping one when another frees at least as much at
+no more cost: it can never complete into a better plan. Bytes are large integers, so no table
+over bytes (which would need rounding); the set stays small because blocks of one kind repeat
+with near-equal figures. Options that free nothing are never chosen.
+
+Apply. Each chosen block is replaced, in its parent, by a `CheckpointedBlock` that holds it as
+`_checkpoint_wrapped_module` (the name of torch's own checkpoint_wrapper, torchtitan's AC), so
+torch.distributed.checkpoint's state dicts, and `state_dict()` (hooks below), drop it from
+parameter names: a checkpoint written with one plan loads under another or none
+(`named_parameters()` does show it). The plan lives on the wrappers: `applied_plan(model)`
+reads it back, `remove_plan(model)` puts every block back where its wrapper was.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Mapping
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts, noop_context_fn
+from torch.utils.flop_counter import flop_registry
+
+OPTIONS = ("none", "save_matmuls", "full")  # exact: gradients unchanged bit for bit
+APPROXIMATE_OPTIONS = ("compressed",)       # gradients within the compression format's error
+LETTERS = {"none": "-", "save_matmuls": "S", "full": "F", "compressed": "C"}   # Plan.summary()
+OBJECTIVES = ("time", "flops")
+PREFIX = "_checkpoint_wrapped_module."
+
+
+@dataclass(frozen=True)
+class BlockProfile:
+    """One block's figures on the profiled step (bytes, FLOPs, seconds)."""
+
+    name: str                        # the block's module path (fqn)
+    saved_bytes: int                 # bytes it saves for backward, storages deduplicated
+    forward_flops: int               # FLOPs of its forward (FlopCounterMode)
+    freed_bytes: dict[str, int] = field(default_factory=dict)          # option -> bytes freed
+    recompute_flops: dict[str, int] = field(default_factory=dict)      # option -> FLOPs recomputed
+    recompute_seconds: dict[str, float] = field(default_factory=dict)  # option -> seconds (median)
+
+
+@dataclass(frozen=True)
+class ActivationProfile:
+    base_bytes: int                  # activation bytes of a step with nothing checkpointed
+    blocks: tuple[BlockProfile, ...]
+    options: tuple[str, ...]         # options measured (besides "none")
+    method: str                      # how bytes were measured (gemref/autoac/profile.py)
+    step_flops: int                  # FLOPs of the profiled step, forward + backward, no recompute
+
+    @property
+    def min_bytes(self) -> int:
+        """The least activation memory any plan reaches."""
+        return self.base_bytes - sum(max([0, *b.freed_bytes.values()]) for b in self.blocks)
+
+
+@dataclass(frozen=True)
+class Plan:
+    choices: dict[str, str]          # block fqn -> option (blocks left out: "none")
+    blocks: tuple[str, ...]          # every profiled block, in forward order
+    budget_bytes: int | None
+    predicted_bytes: int             # base_bytes - freed
+    recompute_flops: int             # on the profiled step (HFU counts them)
+    recompute_seconds: float         # on the profiled step
+    objective: str = "time"
+
+    def summary(self) -> str:
+        """One letter per block (LETTERS), grouped by the last non-numeric part of the block's
+        name: GEMRef's "layers.{i}.{kind}" give "sequence:SF interaction:-- cross:F-"."""
+        return " ".join(f"{key}:" + "".join(LETTERS[self.choices.get(n, "none")] for n in names)
+                        for key, names in groups(self.blocks).items())
+
+
+
+def groups(blocks) -> dict[str, list[str]]:
+    """Block names grouped by their last non-numeric part ("layers.3.cross" -> "cross"; a name
+    with none, e.g. "stack.0", by its first part), in order of first appearance."""
+    out: dict[str, list[str]] = {}
+    for name in blocks:
+        out.setdefault(([p for p in name.split(".") if not p.isdigit()] or [name])[-1], []).append(name)
+    return out
+
+
+def parse_plan(text: str, blocks) -> dict[str, str]:
+    """Plan.summary() text -> {block fqn: option} of the blocks it wraps, for the blocks in
+    forward order (`blocks`); ValueError naming what is wrong."""
+    letters = {v: k for k, v in LETTERS.items()}
+    expected = groups(blocks)
+    parts = dict(part.split(":", 1) for part in text.split() if ":" in part)
+    if sorted(parts) != sorted(expected) or len(text.split()) != len(expected):
+        raise ValueError(f"plan {text!r}: expected one 'group:letters' per block group "
+                         f"({', '.join(expected)}), e.g. {' '.join(k + ':' + '-' * len(v) for k, v in expected.items())!r}")
+    choices = {}
+    for key, row in parts.items():
+        if len(row) != len(expected[key]) or any(c not in letters for c in row):
+            raise ValueError(f"plan {text!r}: {key} needs {len(expected[key])} letters of "
+                             f"{''.join(letters)} (one per block), got {row!r}")
+        choices.update({n: letters[c] for n, c in zip(expected[key], row) if letters[c] != "none"})
+    return choices
+
+
+def plan_of(profile: ActivationProfile, choices: Mapping[str, str], budget_bytes: int | None = None,
+            objective: str = "time") -> Plan:
+    """The Plan (predicted bytes, recompute FLOPs and seconds) of given choices, from the profile."""
+    by_name = {b.name: b for b in profile.blocks}
+    picked = {n: o for n, o in choices.items() if o != "none"}
+    if unknown := [n for n in picked if n not in by_name]:
+        raise ValueError(f"blocks {unknown} are not in the profile ({', '.join(by_name)})")
+    return Plan(picked, tuple(by_name), budget_bytes,
+                profile.base_bytes - sum(by_name[n].freed_bytes[o] for n, o in picked.items()),
+                sum(by_name[n].recompute_flops[o] for n, o in picked.items()),
+                sum(by_name[n].recompute_seconds[o] for n, o in picked.items()), objective)
+
+
+def solve(profile: ActivationProfile, budget_bytes: int, objective: str = "time") -> Plan:
+    """The least-cost plan (module docstring) whose activation bytes fit `budget_bytes`. A budget
+    at or above `profile.base_bytes` gives the empty plan; one below `profile.min_bytes` (every
+    block at its most memory-saving option) is a ValueError."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective={objective!r}; valid: {', '.join(OBJECTIVES)}")
+    if budget_bytes <= 0:
+        raise ValueError(f"budget_bytes must be > 0, got {budget_bytes}")
+    if budget_bytes < profile.min_bytes:
+        raise ValueError(f"activation budget {budget_bytes:,} bytes is below the minimum achievable "
+                         f"{profile.min_bytes:,} bytes (every block at its most memory-saving option; "
+                         f"{profile.base_bytes:,} bytes with no checkpointing)")
+    need = profile.base_bytes - budget_bytes
+    if need <= 0:
+        return plan_of(profile, {}, budget_bytes, objective)
+    _, _, choices = min((s for s in partial_plans(profile, need, objective) if s[0] >= need), key=lambda s: s[1])
+    plan = plan_of(profile, dict(zip((b.name for b in profile.blocks), choices)), budget_bytes, objective)
+    assert plan.predicted_bytes <= budget_bytes
+    return plan
+
+
+def option_cost(block: BlockProfile, option: str, objective: str = "time") -> tuple:
+    """The lexicographic cost of one block's option (module docstring)."""
+    if option == "none":
+        return (0, 0, 0)
+    seconds, flops = block.recompute_seconds[option], block.recompute_flops[option]
+    return ((seconds, flops) if objective == "time" else (flops, seconds)) + (block.freed_bytes[option],)
+
+
+def partial_plans(profile: ActivationProfile, need: int, objective: str = "time") -> list[tuple]:
+    """The dynamic programme: the undominated plans as (bytes freed capped at `need`, cost, one
+    option per block). With need above every plan's bytes freed nothing is capped, and the list
+    holds every plan on the Pareto front of bytes freed vs cost."""
+    states: list[tuple] = [(0, (0, 0, 0), ())]
+    for block in profile.blocks:
+        useful = [(o, block.freed_bytes[o], option_cost(block, o, objective)) for o in profile.options
+                  if block.freed_bytes[o] > 0]
+        grown = [(cap, cost, ch + ("none",)) for cap, cost, ch in states]
+        grown += [(min(cap + f, need), tuple(a + b for a, b in zip(cost, c)), ch + (o,))
+                  for cap, cost, ch in states for o, f, c in useful]
+        grown.sort(key=lambda s: (-s[0], s[1]))         # keep a state only if cheaper than all freeing more
+        states, best = [], None
+        for s in grown:
+            if best is None or s[1] < best:
+                states.append(s)
+                best = s[1]
+    return states
+
+
+def saves_output(op) -> bool:
+    """The save_matmuls policy: keep the output of ops that cost FLOPs or whose cost is unknown:
+    priced by FlopCounterMode (matmul family, convolution, attention), any other aten op named
+    *attention* / *scaled_dot_product*, and non-aten ops (custom kernels such as
+    gemref::cpu_jagged_fwd: the policy sees them as one op, so their FLOPs are never
+    recomputed). Aten ops that write into a tensor they are given (`out=` variants, in-place)
+    are never saved: what they write may be a reused workspace, not an activation."""
+    if op.namespace != "aten":
+        return True
+    name = op.overloadpacket.__name__
+    return not op._schema.is_mutable and (op.overloadpacket in flop_registry or "attention" in name
+                                          or "scaled_dot_product" in name)
+
+
+def _save_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if saves_output(op) else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _strip_prefix(module, state_dict, prefix, local_metadata):
+    for key in [k for k in state_dict if k.startswith(prefix + PREFIX)]:
+        state_dict[prefix + key[len(prefix + PREFIX):]] = state_dict.pop(key)
+    return state_dict
+
+
+def _add_prefix(state_dict, prefix, *args):
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(prefix + PREFIX)]:
+        state_dict[prefix + PREFIX + key[len(prefix):]] = state_dict.pop(key)
+
+
+class CheckpointedBlock(nn.Module):
+    """One block run under one option: "full" or "save_matmuls" through torch.utils.checkpoint
+    (non-reentrant), "compressed" under `compression`'s saved_tensors_hooks
+    (gemref/activation_compression.py SavedCompression). Without grad (evaluation) the block
+    runs as it is. `clock`, when set (the profiler), is called with "start" / "stop" around
+    every run of the block, the recompute in backward included."""
+
+    def __init__(self, block: nn.Module, option: str, compression=None):
+        super().__init__()
+        if option not in OPTIONS[1:] + APPROXIMATE_OPTIONS:
+            raise ValueError(f"unknown checkpoint option {option!r}; valid: {', '.join(OPTIONS + APPROXIMATE_OPTIONS)}")
+        if (option == "compressed") != (compression is not None):
+            raise ValueError("a 'compressed' block needs its SavedCompression (and only it does)")
+        self._checkpoint_wrapped_module = block
+        self.option, self.compression, self.clock = option, compression, None
+        self.plan = None      # the Plan this wrapper belongs to (apply_plan), if a solver made one
+        self._register_state_dict_hook(_strip_prefix)
+        self._register_load_state_dict_pre_hook(_add_prefix)
+
+    def _run(self, *args, **kwargs):
+        if self.clock is None:
+            return self._checkpoint_wrapped_module(*args, **kwargs)
+        self.clock("start")
+        try:
+            return self._checkpoint_wrapped_module(*args, **kwargs)
+        finally:
+            self.clock("stop")
+
+    # Under torch.compile of a caller's whole model the hooks must run eagerly around what is
+    # compiled (a traced pack fails: inductor's CPU backend has no E8M0), so skip this frame.
+    @torch.compiler.disable(recursive=False)
+    def _compressed(self, *args, **kwargs):
+        with self.compression.hooks(self._checkpoint_wrapped_module):
+            return self._run(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            return self._checkpoint_wrapped_module(*args, **kwargs)
+        if self.option == "compressed":
+            return self._compressed(*args, **kwargs)
+        context = (partial(create_selective_checkpoint_contexts, _save_matmuls_policy)
+                   if self.option == "save_matmuls" else noop_context_fn)
+        return checkpoint(self._run, *args, use_reentrant=False, context_fn=context, **kwargs)
+
+
+def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    parent_name, _, child = name.rpartition(".")
+    try:
+        return model.get_submodule(parent_name), child
+    except AttributeError:
+        raise ValueError(f"no block {name!r} in the model (no module {parent_name!r})") from None
+
+
+def find_blocks(model: nn.Module, blocks) -> dict[str, nn.Module]:
+    """{name: module} of the blocks named by module path (`model.get_submodule`); ValueError
+    naming the first that is missing or is the model itself."""
+    found = {}
+    for name in blocks:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"block names are module paths such as 'layers.0', got {name!r}")
+        parent, child = _parent(model, name)
+        if (module := parent._modules.get(child)) is None:
+            where = repr(name.rpartition(".")[0]) if "." in name else "the model"
+            raise ValueError(f"no block {name!r} in the model: {where} has no submodule {child!r}")
+        found[name] = module
+    return found
+
+
+def apply_plan(model: nn.Module, plan, *, compression=None) -> None:
+    """Wrap each block of `plan` (a Plan or {block fqn: option}; "none" and blocks left out stay
+    as they are) in a CheckpointedBlock placed where the block was. "compressed" blocks share
+    one SavedCompression in `compression`'s format (a CompressionSpec, default mxfp8); its
+    counters: `saved_compression(model).stats`. Apply before torch.compile and FSDP."""
+    choices = dict(getattr(plan, "choices", plan))
+    blocks = find_blocks(model, choices)
+    for name, option in choices.items():
+        if option not in OPTIONS + APPROXIMATE_OPTIONS:
+            raise ValueError(f"unknown checkpoint option {option!r} for {name}; "
+                             f"valid: {', '.join(OPTIONS + APPROXIMATE_OPTIONS)}")
+        if isinstance(blocks[name], CheckpointedBlock):
+            raise ValueError(f"{name} is already checkpointed ({blocks[name].option}); remove_plan first")
+    shared = saved_compression(model)
+    if "compressed" in choices.values():      # imported on use: the exact options need nothing of it
+        from ..activation_compression import CompressionSpec, SavedCompression
+        spec = compression or (shared.spec if shared is not None else CompressionSpec())
+        if shared is not None and shared.spec != spec:
+            raise ValueError(f"the model already compresses with {shared.spec}; remove_plan first")
+        shared = shared or SavedCompression(spec)
+    for name, option in choices.items():
+        if option != "none":
+            parent, child = _parent(model, name)
+            setattr(parent, child, CheckpointedBlock(blocks[name], option, shared if option == "compressed" else None))
+    for wrapper in wrappers(model).values():
+        wrapper.plan = plan if hasattr(plan, "choices") else None   # the solver's Plan, if any
+
+
+def wrappers(model: nn.Module) -> dict[str, CheckpointedBlock]:
+    """{module path: wrapper} of every wrapped block, in module order (a path passes through
+    the wrappers above it, if blocks are nested)."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, CheckpointedBlock)}
+
+
+def applied_plan(model: nn.Module) -> dict[str, str]:
+    """{block fqn: option} of the wrapped blocks, read off the model."""
+    return {name.replace(PREFIX, ""): m.option for name, m in wrappers(model).items()}
+
+
+def remove_plan(model: nn.Module) -> None:
+    """Undo `apply_plan`: every wrapped block goes back in its parent's place."""
+    for name, wrapper in sorted(wrappers(model).items(), key=lambda kv: -kv[0].count(".")):
+        setattr(*_parent(model, name), wrapper._checkpoint_wrapped_module)
+
+
+def saved_compression(model: nn.Module):
+    """The SavedCompression (hooks and counters) of the model's "compressed" blocks, or None."""
+    return next((m.compression for m in wrappers(model).values() if m.compression is not None), None)
