@@ -174,3 +174,65 @@ def test_missing_or_wrong_modules_are_named():
         apply_fsdp(model, None, ["stack.0", "stack.2"], torch.device("cpu"))
     with pytest.raises(ValueError, match="needs the names of the layers"):
         apply_fsdp(model, None, [], torch.device("cpu"))
+
+
+# ----------------------------------------------------------------------------- FSDP's dtype follows the run
+
+
+def test_mixed_precision_policy_follows_the_gemm_dtype():
+    """An fp32 run gathers fp32 parameters (no mixed precision), on any device; bf16 gathers bf16
+    and reduces gradients in fp32; a dtype that is not floating point is refused."""
+    from gemref.parallel.fsdp import mixed_precision_policy
+
+    for fp32 in (None, torch.float32):
+        policy = mixed_precision_policy(fp32)
+        assert policy.param_dtype is None and policy.reduce_dtype is None
+    policy = mixed_precision_policy(torch.bfloat16)
+    assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32
+    with pytest.raises(ValueError, match="floating-point"):
+        mixed_precision_policy(torch.int64)
+
+
+def test_a_runs_fsdp_dtype_is_its_gemm_dtype_on_cuda():
+    """fp32 -> fp32 (an fp32 run with a mesh computed in bf16 on CUDA before, its MFU divided by the
+    fp32 peak); bf16 and float8 (bf16 autocast around the float8 GEMMs) -> bf16; CPU -> fp32."""
+    from gemref.precision.apply import apply_precision
+    from gemref.train.compose import fsdp_param_dtype
+
+    cuda = torch.device("cuda")        # only the device's type is read: no GPU needed
+    for precision, expected in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        report = apply_precision(nn.Sequential(), precision, device=cuda)
+        assert fsdp_param_dtype(report, cuda) == expected, precision
+        assert fsdp_param_dtype(report, torch.device("cpu")) == torch.float32, precision
+    float8 = apply_precision(nn.Sequential(), "float8_rowwise", device=cuda, kernel="emulated")
+    assert fsdp_param_dtype(float8, cuda) == torch.bfloat16
+
+
+def _gathered_dtypes(rank, world):
+    from gemref.config import parse_mesh
+    from gemref.parallel.mesh import build_mesh
+
+    mesh = build_mesh(parse_mesh("1x2"), "cpu")
+    out = {}
+    for dtype in (None, torch.bfloat16):
+        model = _model("sum")
+        shard_tables(model, mesh, TABLES, "row")
+        apply_fsdp(model, mesh, LAYERS, torch.device("cpu"), param_dtype=dtype)
+        seen = []
+        model.get_submodule(LAYERS[0]).register_forward_pre_hook(
+            lambda m, _: seen.append({str(p.dtype) for p in m.parameters()}))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):   # as a bf16 run computes
+            loss = _loss(model, _slice(_global_batch(0), CUTS[2][rank], CUTS[2][rank + 1]), len(LENGTHS))
+        loss.backward()
+        out[str(dtype)] = (seen[0], {str(p.grad.dtype) for p in model.get_submodule(LAYERS[0]).parameters()},
+                           {str(p.dtype) for p in model.get_submodule(LAYERS[0]).parameters()})
+    return out
+
+
+@pytest.mark.multiproc
+def test_fsdp_computes_in_the_runs_dtype():
+    """An fp32 run's layers compute with fp32 parameters (before: bf16 on every CUDA run); a bf16
+    run's with bf16 ones; both keep fp32 shards and fp32 gradients for the optimizer."""
+    for r in spawn(_gathered_dtypes, 2, timeout_s=120):
+        assert r["None"] == ({"torch.float32"}, {"torch.float32"}, {"torch.float32"}), r["None"]
+        assert r["torch.bfloat16"] == ({"torch.bfloat16"}, {"torch.float32"}, {"torch.float32"}), r["torch.bfloat16"]

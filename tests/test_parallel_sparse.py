@@ -136,3 +136,103 @@ def test_sharded_embedding_bags_match_nn_embedding_bag_forward_and_backward():
     results = spawn(_bags_rank, 2, timeout_s=120)
     assert all(len(r) >= len(BAGS) * 2 for r in results)
     assert max(float(r.max()) for r in results) < 1e-12
+
+
+# ----------------------------------------------------------------------------- host syncs
+
+# Ops whose result the host must wait for on a GPU (a scalar read, or an output sized by the data).
+SYNC_OPS = ("aten._local_scalar_dense", "aten.equal", "aten.nonzero", "aten.masked_select", "aten.bincount",
+            "aten.repeat_interleave.Tensor", "aten._unique", "aten.unique", "aten.is_nonzero")
+
+
+def _count_syncs(fn):
+    """Run fn() and count its host syncs: `.tolist()` calls and the SYNC_OPS it dispatches (CPU has no
+    sync to catch, so the ops that would be one on a GPU are counted by name)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: dict[str, int] = {}
+
+    class Counter(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func)
+            if name.startswith(SYNC_OPS) and not (name.startswith("aten.repeat_interleave")
+                                                  and (kwargs or {}).get("output_size") is not None):
+                counts[name] = counts.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    original = torch.Tensor.tolist
+
+    def tolist(self):
+        counts["tolist"] = counts.get("tolist", 0) + 1
+        return original(self)
+
+    torch.Tensor.tolist = tolist
+    try:
+        with Counter():
+            fn()
+    finally:
+        torch.Tensor.tolist = original
+    return counts
+
+
+def _syncs_rank(rank, world):
+    from gemref.config import MeshShape
+    from gemref.parallel.mesh import build_mesh
+    from gemref.parallel.sparse import fuse_lookups, shard_tables
+
+    mesh = build_mesh(MeshShape(1, 2), "cpu")
+    out = {}
+    for mode in ("row", "table"):
+        holder = nn.Module()
+        holder.tables = _dense_tables()
+        torch.manual_seed(0)
+        holder.bag = nn.EmbeddingBag(11, DIM, mode="mean", dtype=torch.float64)
+        ids, weights = _case(4, rank)
+        bag_ids, bag_offsets, _ = _bag_inputs(rank, False, False, False)
+
+        def forward(ids, bag_ids, bag_offsets):
+            x = sum((holder.tables[n](ids[n]) * weights[n]).sum() for n in TABLES)
+            return x + holder.tables["big"](ids["mid"]).sum() + holder.bag(bag_ids, bag_offsets).sum()
+
+        holder.forward = forward
+        tables = shard_tables(holder, mesh, [f"tables.{n}" for n in TABLES] + ["bag"], mode)
+        fuse_lookups(holder, tables, lambda ids, bag_ids, bag_offsets: {f"tables.{n}": [i] for n, i in ids.items()}
+                     | {"tables.big": [ids["big"], ids["mid"]], "bag": [bag_ids]})
+        out[mode] = _count_syncs(lambda: holder(ids, bag_ids, bag_offsets).backward())
+    return out
+
+
+@pytest.mark.multiproc
+def test_a_fused_lookup_step_has_one_host_sync():
+    """Forward and backward of a fused lookup of five tables (one looked up twice, one an
+    EmbeddingBag), row- and table-wise: one host sync, the `.tolist()` of the all-to-all's split
+    sizes; no scalar read, no data-sized op (nonzero, bincount, repeat_interleave), no torch.equal."""
+    for r in spawn(_syncs_rank, 2, timeout_s=120):
+        assert r["row"] == {"tolist": 1}, r["row"]
+        assert r["table"] == {"tolist": 1}, r["table"]
+
+
+def _bad_ids_rank(rank, world):
+    from gemref.config import MeshShape
+    from gemref.parallel.mesh import build_mesh
+    from gemref.parallel.sparse import shard_tables
+
+    mesh = build_mesh(MeshShape(1, 2), "cpu")
+    holder = nn.Module()
+    holder.tables = _dense_tables()
+    shard_tables(holder, mesh, [f"tables.{n}" for n in TABLES], "row")
+    ids = torch.tensor([0, 36] if rank == 0 else [3, 37, 40])      # rank 1 asks for rows "big" lacks
+    try:
+        holder.tables["big"](ids)
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.multiproc
+def test_out_of_range_ids_are_refused_on_every_rank_of_the_group():
+    """The rank with bad ids names the table and their range; the others name that rank, and none
+    is left waiting in an all-to-all (the bad count travels with the split sizes)."""
+    first, second = spawn(_bad_ids_rank, 2, timeout_s=60)
+    assert "shard rank(s) [1]" in first, first
+    assert "table 'tables.big': ids must lie in [0, 37), got 3..40" in second, second

@@ -31,7 +31,8 @@ def _train_configs(rank, world):
     out = {}
     for name, changes in CONFIGS.items():
         r = run(TINY, override(TRAIN, **changes), device="cpu", progress=False, measure_memory=False)
-        out[name] = _jsonable({k: r[k] for k in ("loss_curve", "memory_per_rank", "comm", "ranks")})
+        out[name] = _jsonable({k: r[k] for k in ("loss_curve", "memory_per_rank", "comm", "ranks", "parallel",
+                                                         "mfu_basis_dtype")})
     return out if rank == 0 else None
 
 
@@ -95,6 +96,14 @@ def test_rank_times_are_recorded(four_ranks):
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
     assert all(r["step_s"] > 0 and 0 < r["compute_cpu_s"] and r["wait_s"] >= 0 for r in ranks)
     assert sum(r["samples"] for r in ranks) == TRAIN.batch_size
+
+
+def test_an_fp32_run_records_fp32_fsdp_parameters(four_ranks):
+    """The record names the dtype FSDP gathered parameters in, the GEMMs' dtype its MFU divides by."""
+    for name in CONFIGS:
+        record = four_ranks[name]
+        assert record["mfu_basis_dtype"] == "fp32", name
+        assert record["parallel"]["fsdp_param_dtype"] == (None if name == "replicated_4x1" else "float32"), name
 
 
 # ----------------------------------------------------------------------------- load balancing

@@ -480,6 +480,17 @@ def test_with_torchrec_shards_rung_6s_tables_with_torchrec_instead_of_gemrefs_ro
     assert (torchrec.embedding_tables.engine, torchrec.parallelism.sparse_sharding, torchrec.parallelism.mesh) == ("torchrec", "none", "1x2")
 
 
+def test_rung_6_runs_a_2d_mesh_where_the_ranks_allow_and_says_1d_where_not():
+    from gemref.waterfall.rows import row_title
+
+    fsdp = {rung.key: rung for rung in LADDER}["fsdp_2d"]
+    cpu = torch.device("cpu")
+    meshes = {n: fsdp.configure(TINY.train, Context(TINY, cpu, n)).parallelism.mesh for n in (2, 3, 4, 6, 8)}
+    assert meshes == {2: "1x2", 3: "1x3", 4: "2x2", 6: "2x3", 8: "2x4"}
+    assert row_title(fsdp, {"mesh": "2x2"}) == "6 + FSDP/2D sparse, 2x2"
+    assert row_title(fsdp, {"mesh": "1x2"}) == "6 + FSDP/sharded tables, 1x2 (1D: 2D needs 4+ ranks)"
+
+
 def test_with_window_sets_a_quarter_of_max_len_on_every_rung():
     assert TINY.model.window is None
     assert preset_with(TINY, ("window",)).model.window == TINY.model.max_len // 4 == 16

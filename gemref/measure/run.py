@@ -151,7 +151,10 @@ def parallel_record(s: Setup, batch: JaggedBatch, timed: list[StepResult]) -> Pa
                        [r.work.samples for r in timed])
     layout = tc.parallelism
     return {"parallel": {"world": par.world, "mesh": layout.mesh, "backend": par.backend, "balance": tc.balancing.policy,
-                         "sparse_sharding": layout.sparse_sharding, "reshard_after_forward": layout.reshard_after_forward},
+                         "sparse_sharding": layout.sparse_sharding,
+                         "reshard_after_forward": layout.reshard_after_forward,
+                         "fsdp_param_dtype": str(par.fsdp_param_dtype).removeprefix("torch.")
+                         if par.fsdp_param_dtype else None},
             "ranks": times, "memory_per_rank": memory, "comm": comm}
 
 

@@ -14,6 +14,8 @@ about parallelism. Two switches change how it runs, not what it computes:
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -66,11 +68,19 @@ class GEMRef(nn.Module):
         return [f"layers.{i}.{kind}" for i in range(len(self.layers)) for kind in ("sequence", "interaction", "cross")]
 
     def layout(self, batch: JaggedBatch) -> SequenceLayout:
-        """The batch's layout, sized from host-side facts (no device sync): its longest history
-        as the loader read it, and its rows (values.shape[0], which check_model_inputs holds to
-        offsets[-1])."""
-        return SequenceLayout.build(batch.offsets, self.cfg.max_len, padded=not self.jagged, kernel=self.kernel,
-                                    longest=batch.host_max_length, total=batch.num_tokens)
+        """The batch's layout, built once per batch and sized from host-side facts (no device
+        sync): its longest history as the loader read it, and its rows (values.shape[0], which
+        check_model_inputs holds to offsets[-1]). The sharded tables' fused features
+        (gemref/train/compose.py) and then the forward get the same one, so the position ids they
+        name are the same tensor (checked for free, gemref/parallel/sparse.py)."""
+        key = (self.cfg.max_len, self.jagged, self.kernel)
+        last = self.__dict__.get("_last_layout")
+        if last is not None and last[0]() is batch and last[1] == key:
+            return last[2]
+        layout = SequenceLayout.build(batch.offsets, self.cfg.max_len, padded=not self.jagged, kernel=self.kernel,
+                                      longest=batch.host_max_length, total=batch.num_tokens)
+        self.__dict__["_last_layout"] = (weakref.ref(batch), key, layout)
+        return layout
 
     def embed(self, batch: JaggedBatch, layout: SequenceLayout) -> tuple[Tensor, Tensor]:
         """History tokens x (rows, d) and non-sequence tokens z (B, N, d)."""

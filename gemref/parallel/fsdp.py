@@ -7,8 +7,9 @@ sharding (parallel/sparse.py) and stays out of FSDP. A unit's parameters are sto
 shards (dim 0 padded to a multiple of S), all-gathered around its forward and backward; its
 gradients are reduce-scattered over "shard" and, with R > 1 (HSDP), all-reduced over "replicate".
 
-  * mixed precision: on CUDA parameters are gathered and computed in bf16, gradients reduced
-    in fp32 (MixedPrecisionPolicy); on CPU everything stays fp32;
+  * mixed precision follows the run (`param_dtype`, the dtype its GEMMs compute in): None or
+    fp32 gathers and computes fp32 parameters; bf16 gathers them in bf16 and reduces gradients
+    in fp32 (MixedPrecisionPolicy); the sharded parameters and the optimizer stay fp32 either way;
   * reshard_after_forward=True frees gathered parameters after forward and gathers them
     again for backward (ZeRO-3: least memory, one more all-gather per unit); False keeps
     them (ZeRO-2-like). The root unit is never resharded after forward;
@@ -40,11 +41,15 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from .sparse import ShardedEmbedding
 
 
-def mixed_precision_policy(device: torch.device) -> MixedPrecisionPolicy:
-    """bf16 parameters with fp32 gradient reduction on CUDA; plain fp32 on CPU."""
-    if torch.device(device).type == "cuda":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
+def mixed_precision_policy(param_dtype: torch.dtype | None = None) -> MixedPrecisionPolicy:
+    """FSDP2's policy for a run whose GEMMs compute in `param_dtype`: None or fp32, parameters
+    gathered in fp32 (no mixed precision); bf16 or fp16, gathered in it and gradients reduced in
+    fp32 (ValueError for a dtype that is not floating point)."""
+    if param_dtype is None or param_dtype == torch.float32:
+        return MixedPrecisionPolicy()
+    if not isinstance(param_dtype, torch.dtype) or not param_dtype.is_floating_point:
+        raise ValueError(f"param_dtype must be a floating-point torch.dtype (the GEMMs' dtype), got {param_dtype!r}")
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
 
 
 def dense_mesh(mesh: DeviceMesh) -> DeviceMesh:
@@ -70,14 +75,15 @@ def find_layers(model: nn.Module, layers: Sequence[str]) -> list[nn.Module]:
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, layers: Sequence[str], device: torch.device, *,
                reshard_after_forward: bool = True, ignored_params: Iterable[nn.Parameter] = (),
-               prefetch: bool = True) -> list[FSDPModule]:
+               prefetch: bool = True, param_dtype: torch.dtype | None = None) -> list[FSDPModule]:
     """fully_shard each module named in `layers`, then the root; return the FSDP units (root last).
     `layers`: fully qualified names, in forward order, each run once per forward (prefetch
     gathers the next one early). The parameters of every ShardedEmbedding in the model, and
-    `ignored_params` (e.g. tables another library shards), stay out of FSDP."""
+    `ignored_params` (e.g. tables another library shards), stay out of FSDP. `param_dtype`: the
+    dtype the run's GEMMs compute in (`mixed_precision_policy`; None: fp32)."""
     units = find_layers(model, layers)
     m = dense_mesh(mesh)
-    policy = mixed_precision_policy(device)
+    policy = mixed_precision_policy(param_dtype)
     ignored = set(ignored_params) | {p for t in model.modules() if isinstance(t, ShardedEmbedding)
                                      for p in t.parameters()}
     for layer in units:

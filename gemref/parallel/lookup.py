@@ -11,7 +11,11 @@ features of a KeyedJaggedTensor:
 
 so a step costs 1 ids and 1 rows all-to-all (plus the small counts one) forward and 1 backward,
 whatever the number of tables. Sent ids are ordered by (owner, request), each request keeping its
-own order, so both sides can unpack without sending any index.
+own order, so both sides can unpack without sending any index: the buffers are cut into segments
+(rank s, request k) whose sizes the counts give, so each table is looked up once and its rows
+concatenated, with no scatter into a shared buffer. The host waits for the device once per
+exchange, for the counts (the all-to-alls' split sizes); nothing else reads a value or sizes an
+output by the data (tests/test_parallel_sparse.py counts it).
 
 Row gradients arrive, in backward, at the owner as (local row ids, gradient rows). A table with a
 `row_optimizer` (gemref/parallel/rowwise.py) is looked up in its detached weight and gets them
@@ -34,8 +38,9 @@ class _RowsAllToAll(torch.autograd.Function):
     way and hands the served rows' gradients to the tables' row optimizers."""
 
     @staticmethod
-    def forward(ctx, served: Tensor, out_splits: list[int], in_splits: list[int], group, route, *anchor):
-        ctx.splits, ctx.group, ctx.route = (out_splits, in_splits), group, route
+    def forward(ctx, served: Tensor, out_splits: list[int], in_splits: list[int], group, route,
+                segments: list[int], *anchor):
+        ctx.splits, ctx.group, ctx.route, ctx.segments = (out_splits, in_splits), group, route, segments
         out = served.new_empty(sum(out_splits))
         dist.all_to_all_single(out, served.contiguous(), out_splits, in_splits, group=group)
         return out
@@ -45,27 +50,36 @@ class _RowsAllToAll(torch.autograd.Function):
         out_splits, in_splits = ctx.splits
         grad_served = grad.new_empty(sum(in_splits))
         dist.all_to_all_single(grad_served, grad.contiguous(), in_splits, out_splits, group=ctx.group)
-        for table, local_ids, positions in ctx.route:
-            if table.row_optimizer is not None:
-                rows = grad_served[positions].view(local_ids.numel(), table.embedding_dim)
+        k = len(ctx.route)
+        pieces = grad_served.split(ctx.segments) if any(t.row_optimizer is not None for t, _ in ctx.route) else ()
+        for i, (table, local_ids) in enumerate(ctx.route):
+            if table.row_optimizer is not None:   # its rows' gradients: segments (source s, request i)
+                rows = torch.cat(pieces[i::k]).view(local_ids.numel(), table.embedding_dim)
                 table.row_optimizer.stash(table, local_ids, rows)
             else:
                 table.unsynced = table.replicas > 1
-        return (grad_served, None, None, None, None) + (None,) * (len(ctx.needs_input_grad) - 5)
+        return (grad_served,) + (None,) * (len(ctx.needs_input_grad) - 1)
 
 
-def _offsets(dims: Tensor) -> Tensor:
-    """Exclusive cumulative sum: where each element's row starts in a flat buffer."""
-    return torch.cumsum(dims, 0) - dims
-
-
-def _positions(starts: Tensor, dim: int) -> Tensor:
-    return (starts[:, None] + torch.arange(dim, device=starts.device)).reshape(-1)
+def _out_of_range(tables, flat, sources: list[int], own_bad: bool) -> str:
+    """The error of an exchange in which some rank of the shard group asked for rows that do not exist."""
+    if own_bad:
+        for table, f in zip(tables, flat):
+            if f.numel() and (int(f.min()) < 0 or int(f.max()) >= table.num_embeddings):
+                return (f"table {table.plan.name!r}: ids must lie in [0, {table.num_embeddings}), got "
+                        f"{int(f.min())}..{int(f.max())}")
+    return (f"exchange: shard rank(s) {sources} of this shard group looked up ids outside their tables "
+            f"(that rank names the table); no rows were exchanged")
 
 
 def exchange(requests: Sequence[tuple[object, Tensor]]) -> list[Tensor]:
     """Rows (n_k, d_k) for each request (table, 1D ids), the tables sharing one shard group: one
-    counts, one ids and one rows all-to-all (module doc)."""
+    counts, one ids and one rows all-to-all (module doc).
+
+    One host sync: the counts' `.tolist()` (the all-to-alls' split sizes; every other size is
+    derived from them on the host). Ids outside a table are counted on the device and travel
+    with the counts, so every rank of the group raises the ValueError together (none is left
+    waiting in the next all-to-all)."""
     if not requests:
         return []
     tables = [t for t, _ in requests]
@@ -77,53 +91,57 @@ def exchange(requests: Sequence[tuple[object, Tensor]]) -> list[Tensor]:
         raise ValueError(f"exchange: tables of one exchange need one dtype, got {dtypes}")
     shards, k, group = first.shards, len(requests), first.group
     flat = [ids.reshape(-1) for _, ids in requests]
-    for table, f in zip(tables, flat):
-        if f.numel() and (int(f.min()) < 0 or int(f.max()) >= table.num_embeddings):
-            raise ValueError(f"table {table.plan.name!r}: ids must lie in [0, {table.num_embeddings}), got "
-                             f"{int(f.min())}..{int(f.max())}")
+    sizes, dims = [f.numel() for f in flat], [t.embedding_dim for t in tables]
     device = flat[0].device
-    sizes = torch.tensor([f.numel() for f in flat], device=device)
-    dims = torch.tensor([t.embedding_dim for t in tables], device=device)
-    label = torch.repeat_interleave(torch.arange(k, device=device), sizes)
-    owner = torch.cat([t.plan.owner_of(f, shards) for t, f in zip(tables, flat)])
-    perm = torch.argsort(owner * k + label, stable=True)
-    send = torch.bincount(owner * k + label, minlength=shards * k)
+    ids = torch.cat(flat)
+    label = torch.cat([torch.full((n,), i, dtype=torch.int64, device=device) for i, n in enumerate(sizes)])
+    bad = torch.stack([((f < 0) | (f >= t.num_embeddings)).sum() for t, f in zip(tables, flat)]).sum()
+    owner = torch.cat([t.plan.owner_of(f, shards) for t, f in zip(tables, flat)]).clamp(0, shards - 1)
+    key = owner * k + label
+    perm = torch.argsort(key, stable=True)                    # owner-major, request-minor, stable
+    send = key.new_zeros(shards * k).index_add_(0, key, torch.ones_like(key)).view(shards, k)
+    send = torch.cat([send, bad.reshape(1, 1).expand(shards, 1)], 1)   # each destination: K counts, bad ids
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
-    send_ids, recv_ids = send.view(shards, k).sum(1).tolist(), recv.view(shards, k).sum(1).tolist()
-    served_ids = torch.cat(flat).new_empty(sum(recv_ids))
-    dist.all_to_all_single(served_ids, torch.cat(flat)[perm], recv_ids, send_ids, group=group)
+    counts = torch.cat([send, recv]).tolist()                 # the one host sync (split sizes)
+    send_n, recv_n = [row[:k] for row in counts[:shards]], [row[:k] for row in counts[shards:]]
+    sources = [s for s, row in enumerate(counts[shards:]) if row[k]]
+    if sources:
+        raise ValueError(_out_of_range(tables, flat, sources, bool(counts[0][k])))
+    served_ids = ids.new_empty(sum(map(sum, recv_n)))
+    dist.all_to_all_single(served_ids, ids[perm], [sum(r) for r in recv_n], [sum(r) for r in send_n], group=group)
 
-    # serve: received ids are source-major, request-minor; every row lands in one flat buffer
-    served_label = torch.repeat_interleave(torch.arange(k, device=device).repeat(shards), recv)
-    served_start = _offsets(dims[served_label])
-    served = torch.zeros(int(dims[served_label].sum()), dtype=first.dtype, device=device)
+    # serve: received ids come in segments (source s, request i), source-major; each request's
+    # segments are looked up at once and the rows laid out in the same segment order, flattened
+    id_segments = served_ids.split([n for row in recv_n for n in row])
+    row_segments: list[Tensor] = [served_ids.new_empty(0, dtype=first.dtype)] * (shards * k)
     route = []
     for i, table in enumerate(tables):
-        idx = torch.nonzero(served_label == i).flatten()
         weight = table.local_weight()
+        served = [recv_n[s][i] for s in range(shards)]
         if weight is None:    # table-wise, not the owner: serves nothing, but joins the exchange
-            if idx.numel():
+            if sum(served):
                 raise ValueError(f"table {table.plan.name!r}: ids were routed to a rank that holds none of its rows")
-            route.append((table, served_ids.new_empty(0), served_ids.new_empty(0)))
+            route.append((table, served_ids.new_empty(0)))
             continue
-        local = served_ids[idx] - table.row_start   # looked up even when empty: the weight gets a gradient
+        local = torch.cat(id_segments[i::k]) - table.row_start   # looked up even when empty: the weight gets a gradient
         rows = F.embedding(local, weight.detach() if table.row_optimizer is not None else weight)
-        positions = _positions(served_start[idx], table.embedding_dim)
-        served = served.index_put((positions,), rows.reshape(-1))
-        route.append((table, local, positions))
-    elems_out = (send.view(shards, k) * dims).sum(1).tolist()     # rows this rank asked for, in elements
-    elems_in = (recv.view(shards, k) * dims).sum(1).tolist()      # rows it serves
+        for s, part in enumerate(rows.split(served)):
+            row_segments[s * k + i] = part.reshape(-1)
+        route.append((table, local))
+    elems_out = [sum(n * d for n, d in zip(row, dims)) for row in send_n]   # rows this rank asked for, in elements
+    elems_in = [sum(n * d for n, d in zip(row, dims)) for row in recv_n]    # rows it serves
     anchor = (torch.zeros(0, requires_grad=True),) if torch.is_grad_enabled() else ()
-    rows_flat = _RowsAllToAll.apply(served, elems_out, elems_in, group, route, *anchor)
+    rows_flat = _RowsAllToAll.apply(torch.cat(row_segments), elems_out, elems_in, group, route,
+                                    [n * d for row in recv_n for n, d in zip(row, dims)], *anchor)
 
-    # unpack: rows arrive in the order the ids were sent (owner-major, request-minor, stable)
-    sent_label = label[perm]
-    sent_start = _offsets(dims[sent_label])
-    request_start = _offsets(sizes)
-    out = []
-    for i, table in enumerate(tables):
-        js = torch.nonzero(sent_label == i).flatten()
-        rows = rows_flat[_positions(sent_start[js], table.embedding_dim)].view(js.numel(), table.embedding_dim)
-        out.append(rows[torch.argsort(perm[js] - request_start[i])])
+    # unpack: rows arrive in the order the ids were sent, in segments (owner s, request i); a
+    # request's segments hold its rows sorted by owner (stable), put back in request order
+    segments = rows_flat.split([n * d for row in send_n for n, d in zip(row, dims)])
+    by_request = perm[torch.argsort(label[perm], stable=True)].split(sizes)   # request-major, owner order
+    out, start = [], 0
+    for i, (table, order) in enumerate(zip(tables, by_request)):
+        rows = torch.cat(segments[i::k]).view(sizes[i], dims[i])
+        out.append(rows.new_empty(rows.shape).index_copy(0, order - start, rows))
+        start += sizes[i]
     return out

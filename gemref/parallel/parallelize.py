@@ -40,6 +40,7 @@ class ParallelState:
     backend: str
     train: TrainConfig
     tables: dict[str, ShardedEmbedding] = field(default_factory=dict)   # what `parallelize` sharded
+    fsdp_param_dtype: torch.dtype | None = None   # the dtype FSDP gathers parameters in; None: FSDP not applied
 
     def finish_backward(self, model: nn.Module) -> None:
         """Gradient syncs FSDP does not do itself: the replicas of the (AdamW) tables `parallelize` sharded."""
@@ -78,7 +79,8 @@ def parallel_state(train: TrainConfig, device: torch.device) -> tuple[ParallelSt
 
 def parallelize(model: nn.Module, train: TrainConfig, state: ParallelState, device: torch.device, *,
                 layers: Sequence[str], tables: Sequence[str] = (), ignored: nn.Module | None = None,
-                features: Callable[..., Mapping[str, Sequence[Tensor]]] | None = None) -> None:
+                features: Callable[..., Mapping[str, Sequence[Tensor]]] | None = None,
+                param_dtype: torch.dtype | None = None) -> None:
     """The last thing applied to the model. `layers`: fully qualified names of the modules FSDP
     shards as units (forward order); `tables`: those of the nn.Embedding / nn.EmbeddingBag
     modules sparse_sharding shards. Replicated (mesh Rx1, tables not sharded): DDP's bucketed
@@ -86,7 +88,9 @@ def parallelize(model: nn.Module, train: TrainConfig, state: ParallelState, devi
     must ignore them; kept in `state.tables` for finish_backward), then FSDP. `ignored`: a
     module sharded and updated by someone else (TorchRec's tables), left out of DDP and FSDP.
     `features(*forward args)` -> {table name: [ids of each call]}: all the tables' lookups of a
-    forward in one exchange (sparse.py `fuse_lookups`); None: one exchange per lookup."""
+    forward in one exchange (sparse.py `fuse_lookups`); None: one exchange per lookup.
+    `param_dtype`: the dtype the run's GEMMs compute in, which FSDP gathers parameters in
+    (fsdp.py `mixed_precision_policy`; None: fp32), kept in `state.fsdp_param_dtype`."""
     # DDP, FSDP and the sharded tables: loaded only by a run with a process group, when it applies them
     from .fsdp import apply_fsdp
     from .replicate import apply_replicate
@@ -98,4 +102,5 @@ def parallelize(model: nn.Module, train: TrainConfig, state: ParallelState, devi
     if state.tables and features is not None:
         fuse_lookups(model, state.tables, features)
     apply_fsdp(model, state.mesh, layers, device, reshard_after_forward=train.parallelism.reshard_after_forward,
-               ignored_params=ignored.parameters() if ignored is not None else ())
+               ignored_params=ignored.parameters() if ignored is not None else (), param_dtype=param_dtype)
+    state.fsdp_param_dtype = param_dtype or torch.float32

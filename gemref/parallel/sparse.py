@@ -38,7 +38,6 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
@@ -138,19 +137,20 @@ class ShardedEmbedding(nn.Module):
         w = self.weight
         return w.to_local() if isinstance(w, DTensor) else w
 
-    def lookup(self, flat: Tensor) -> Tensor:
-        """Rows (N, d) of the 1D ids `flat`, served by their owners: the rows `fuse_lookups` fetched
-        for this call (checked equal to `flat`), or one exchange of this table alone."""
+    def lookup(self, ids: Tensor) -> Tensor:
+        """Rows (N, d) of the ids (any shape, N of them), served by their owners: the rows
+        `fuse_lookups` fetched for this call (checked: the same ids, module doc), or one exchange
+        of this table alone."""
         if self.prefetched:
-            ids, rows = self.prefetched.pop(0)
-            if not torch.equal(ids, flat):
+            named, rows = self.prefetched.pop(0)
+            if not _same_ids(named, ids):
                 raise ValueError(f"table {self.plan.name!r}: called with other ids than fuse_lookups' features "
                                  f"named for this call (a features function must list each table's calls in order)")
             return rows
         if self.fused:
             raise ValueError(f"table {self.plan.name!r} is looked up inside a fused model forward, but "
                              f"fuse_lookups' features named no (more) ids for it")
-        return exchange([(self, flat)])[0]
+        return exchange([(self, ids.reshape(-1))])[0]
 
     def forward(self, ids: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None) -> Tensor:
         if self.unsynced and torch.is_grad_enabled():
@@ -160,8 +160,8 @@ class ShardedEmbedding(nn.Module):
         if self.bag is None:
             if offsets is not None or per_sample_weights is not None:
                 raise ValueError(f"table {self.plan.name!r} is an nn.Embedding: it takes no offsets or weights")
-            return self.lookup(ids.reshape(-1)).view(*ids.shape, self.embedding_dim)
-        rows = self.lookup(ids.reshape(-1))
+            return self.lookup(ids).view(*ids.shape, self.embedding_dim)
+        rows = self.lookup(ids)
         if per_sample_weights is not None:
             if self.bag != "sum":
                 raise ValueError(f"table {self.plan.name!r}: per_sample_weights need mode='sum', not {self.bag!r}")
@@ -170,13 +170,16 @@ class ShardedEmbedding(nn.Module):
             if offsets is not None:
                 raise ValueError(f"table {self.plan.name!r}: 2D ids are fixed-size bags and take no offsets")
             lengths = ids.new_full((ids.shape[0],), ids.shape[1])
+            starts = torch.arange(ids.shape[0], device=ids.device) * ids.shape[1]
         else:
             if offsets is None:
                 raise ValueError(f"table {self.plan.name!r} is an nn.EmbeddingBag: 1D ids need offsets")
             ends = offsets[1:] if self.include_last_offset else \
-                torch.cat([offsets[1:], offsets.new_tensor([ids.numel()])])
-            lengths = ends - offsets[:ends.numel()]
-        bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=rows.device), lengths)
+                torch.cat([offsets[1:], offsets.new_full((1,), ids.numel())])
+            starts = offsets[:ends.numel()]
+            lengths = ends - starts
+        # each row's bag: the last one starting at or before it (empty bags start where the next does)
+        bag = torch.searchsorted(starts, torch.arange(rows.shape[0], device=rows.device), right=True) - 1
         pooled = rows.new_zeros(lengths.numel(), self.embedding_dim).index_add(0, bag, rows)
         return pooled / lengths.clamp(min=1)[:, None].to(pooled.dtype) if self.bag == "mean" else pooled
 
@@ -184,6 +187,16 @@ class ShardedEmbedding(nn.Module):
         start, stop = self.plan.row_range(self.shard_index, self.shards)
         kind = f", bag {self.bag}" if self.bag else ""
         return f"{self.num_embeddings}, {self.embedding_dim}{kind}, {self.plan.mode}-wise, rows [{start}, {stop})"
+
+
+def _same_ids(named: Tensor, ids: Tensor) -> bool:
+    """Whether a lookup's `ids` are those its features `named`: the same view of the same memory
+    (free, no host sync: GEMRef's features pass the forward's own views), else compared by value
+    (torch.equal: on a GPU, a host sync)."""
+    if named is ids or (named.shape == ids.shape and named.stride() == ids.stride() and named.dtype == ids.dtype
+                        and named.device == ids.device and named.data_ptr() == ids.data_ptr()):
+        return True
+    return named.numel() == ids.numel() and torch.equal(named.reshape(-1), ids.reshape(-1))
 
 
 def shard_tables(model: nn.Module, mesh: DeviceMesh, tables: Sequence[str], mode: str) -> dict[str, ShardedEmbedding]:
@@ -278,9 +291,10 @@ def fuse_lookups(model: nn.Module, tables: Mapping[str, ShardedEmbedding],
         if left:
             raise ValueError(f"fuse_lookups: the last forward did not make every lookup its features named "
                              f"(tables {left})")
-        requests = [(tables[n], ids.reshape(-1)) for n in tables for ids in wanted.get(n, ())]
-        for (table, ids), rows in zip(requests, exchange(requests)):
-            table.prefetched.append((ids, rows))
+        named = [(tables[n], ids) for n in tables for ids in wanted.get(n, ())]
+        rows = exchange([(table, ids.reshape(-1)) for table, ids in named])
+        for (table, ids), r in zip(named, rows):
+            table.prefetched.append((ids, r))
 
     for t in tables.values():
         t.fused = True

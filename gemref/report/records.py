@@ -60,7 +60,8 @@ class StepLog(TypedDict):
 class ParallelRecord(TypedDict):
     """What a multi-rank run adds (gemref/parallel/parallelize.py)."""
 
-    parallel: dict[str, Any]      # world, mesh, backend, balance, sparse_sharding, reshard_after_forward
+    parallel: dict[str, Any]      # world, mesh, backend, balance, sparse_sharding, reshard_after_forward,
+    #                               fsdp_param_dtype (the dtype FSDP gathered parameters in; None: no FSDP)
     ranks: list[dict[str, float]]             # per rank: samples, step_s, compute_cpu_s, wait_s
     memory_per_rank: list[dict[str, Any]]     # per rank: parameter, gradient, optimizer bytes
     comm: dict[str, Any]                      # one measured step's collectives vs the analytic volume

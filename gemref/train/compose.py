@@ -173,8 +173,16 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
     if parallel is not None:
         parallelize(model, train, parallel, device, layers=[f"layers.{i}" for i in range(len(model.layers))],
                     tables=[f"tables.{name}" for name in model.tables] if tables.engine != "torchrec" else (),
-                    ignored=model.tables if tables.engine == "torchrec" else None, features=_gem_lookups(model))
+                    ignored=model.tables if tables.engine == "torchrec" else None, features=_gem_lookups(model),
+                    param_dtype=fsdp_param_dtype(report, device))
     return model, kernel, report
+
+
+def fsdp_param_dtype(report: PrecisionReport, device: torch.device) -> torch.dtype:
+    """The dtype FSDP gathers parameters in: on CUDA the one the GEMMs compute in (bf16 under bf16 or
+    float8's autocast, fp32 in an fp32 run); on CPU fp32 (autocast, or the bf16 GEMM path of
+    precision/fast_linear.py, casts the fp32 weights itself)."""
+    return (report.autocast_dtype or torch.float32) if torch.device(device).type == "cuda" else torch.float32
 
 
 def _gem_lookups(model: GEMRef):

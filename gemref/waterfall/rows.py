@@ -28,7 +28,14 @@ FORMAT_NAMES = {"bf16": "bf16 autocast", "float8_rowwise": "float8 row-wise", "f
 def row_title(rung, info: dict) -> str:
     """A ran rung's label: its ladder title, except that the low-precision rung names the format
     it ran in ("7 + bf16 autocast" on a CPU whose bf16 GEMMs win, "7 + MXFP8" on a Blackwell GPU),
-    so a table never calls a bf16 run float8. info: the rank's resolved switches (runner.py)."""
+    so a table never calls a bf16 run float8, and the FSDP rung names its mesh, saying so when it had
+    no replicate dim ("6 + FSDP/sharded tables, 1x2 (1D: 2D needs 4+ ranks)"). info: the rank's
+    resolved switches (runner.py)."""
+    if rung.key == "fsdp_2d" and info.get("mesh"):
+        mesh = info["mesh"]
+        if mesh.startswith("1x"):
+            return f"{rung.spec.number} + FSDP/sharded tables, {mesh} (1D: 2D needs 4+ ranks)"
+        return f"{rung.title}, {mesh}"
     if rung.key != "low_precision":
         return rung.title
     return f"{rung.spec.number} + {FORMAT_NAMES[info['resolved']['precision']]}"

@@ -167,6 +167,14 @@ def _autoac(train: TrainConfig, ctx: Context) -> TrainConfig | str:
                     ac_plan=found.plan.summary(), batch_size=found.batch * ctx.ranks)
 
 
+def fsdp_mesh(ranks: int) -> str:
+    """Rung 6's mesh "RxS": a 2D mesh where the ranks allow one, 2 replicas x ranks/2 shards (HSDP,
+    each table sharded within a replica and its gradient summed across replicas) from 4 ranks on,
+    when they split evenly; else 1xN, FSDP and the tables sharded over every rank with no replicate
+    dim, which the rung's title then says (rows.py `row_title`). With --with torchrec: 1xN."""
+    return f"2x{ranks // 2}" if ranks >= 4 and ranks % 2 == 0 else f"1x{ranks}"
+
+
 def _needs_ranks(configure):
     """A data-parallel rung: n/a on one rank."""
     def rung(train: TrainConfig, ctx: Context) -> TrainConfig | str:
@@ -185,7 +193,7 @@ CONFIGURE: dict[str, Callable[[TrainConfig, Context], "TrainConfig | str"]] = {
     "autoac": _autoac,
     "load_balance": _needs_ranks(lambda t, c: override(t, balance=next((p for p in ("local", "lpt") if p in c.options),
                                                                        "kk"))),
-    "fsdp_2d": _needs_ranks(lambda t, c: override(t, mesh=f"1x{c.ranks}", sparse_sharding="row")
+    "fsdp_2d": _needs_ranks(lambda t, c: override(t, mesh=fsdp_mesh(c.ranks), sparse_sharding="row")
                             if "torchrec" not in c.options else override(t, mesh=f"1x{c.ranks}", embeddings="torchrec")),
     "low_precision": _low_precision,
 }

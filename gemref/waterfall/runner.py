@@ -127,10 +127,11 @@ class Rung:
         return measure_step_memory(self.s, next(self.batches).to(self.s.device))
 
     def info(self) -> dict:
-        """What the rung's config resolved to on this rank: kernel, precision, the applied AC plan."""
+        """What the rung's config resolved to on this rank: kernel, precision, the applied AC plan, the mesh."""
         s = self.s
         return {"resolved": {"kernel": s.kernel, "precision": s.precision.precision},
-                "dtype": precision_label(s.precision), "ac_plan": plan_record(s.model)}
+                "dtype": precision_label(s.precision), "ac_plan": plan_record(s.model),
+                "mesh": s.train.parallelism.mesh}
 
 
 def _everyone(obj) -> list:
