@@ -12,16 +12,15 @@ import functools
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from ..balance.config import BalanceConfig
 from ..errors import UsageError
+from ..parallel.config import EmbeddingConfig, ParallelConfig
+from ..precision.config import PrecisionConfig
 from .activation_checkpoint import ActivationCheckpointConfig
 from .attention import AttentionConfig
-from .balance import BalanceConfig
 from .checkpoint import CheckpointConfig
 from .checks import at_least, check_seed, positive
 from .compile import CompileConfig
-from .embeddings import EmbeddingConfig
-from .parallel import ParallelConfig
-from .precision import PrecisionConfig
 from .section import Section, flag_of
 from .values import check_field_types, field_types
 

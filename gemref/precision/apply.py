@@ -62,8 +62,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from ..config import PRECISION_KERNELS, PRECISIONS
 from ..errors import UsageError
+from .config import PRECISION_KERNELS, PRECISIONS
 from .torchao_layers import MX_BLOCK, MXFP8Linear, convert_float8, convert_mxfp8, import_torchao
 
 log = logging.getLogger(__name__)
