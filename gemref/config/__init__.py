@@ -10,8 +10,6 @@ never a silent clamp. One module per thing:
 
     train.py        TrainConfig: the optimiser's settings and one section per technique,
                     the flat switch names, `with_switches`
-    model.py        ModelConfig (the architecture's shape), DataConfig (the synthetic data)
-    dataset.py      DatasetFolder (a dataset folder as a preset's data)
     attention.py, compile.py, activation_checkpoint.py, checkpoint.py
                     the sections still here, each with its valid values and its own rules
     section.py      what the sections share (`switch` fields: flag, help, choices)
@@ -20,48 +18,31 @@ never a silent clamp. One module per thing:
     override.py     `override`: change fields by name, checked
     checks.py, values.py   range checks; typed values (parse text by a field's type)
 
-This file imports nothing: `from gemref.config import X` loads X's module on first use, so a
-section module (which imports section.py, hence runs this file) never finds this package
-half-built, and `import gemref.config` stays cheap.
+This file imports none of them: `from gemref.config import X` loads X's module on first use
+(gemref/runtime/lazy.py), so a section module (which imports section.py, hence runs this file)
+never finds this package half-built, and `import gemref.config` stays cheap.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..runtime.lazy import lazy_exports
 
 # The sections that sit beside their technique: {module: names it defines}.
 SECTIONS = {
     "gemref.balance.config": ("BALANCE_POLICIES", "BalanceConfig"),
+    "gemref.data.config": ("LENGTH_PROFILES", "DataConfig", "DatasetFolder"),
+    "gemref.model.config": ("ATTENTION_ACTIVATIONS", "ModelConfig"),
     "gemref.parallel.config": ("BACKENDS", "EMBEDDING_ENGINES", "SPARSE_SHARDINGS", "TABLE_OPTIMIZERS",
                                "TORCHREC_SHARDINGS", "EmbeddingConfig", "MeshShape", "ParallelConfig", "parse_mesh"),
     "gemref.precision.config": ("PRECISIONS", "PRECISION_KERNELS", "PrecisionConfig"),
 }
-_HERE = {
+__all__, __getattr__, __dir__ = lazy_exports(__name__, SECTIONS | {
     ".activation_checkpoint": ("AC_COMPRESSIONS", "AC_MODES", "AC_PLAN_PATTERN", "ActivationCheckpointConfig"),
     ".attention": ("KERNEL_NAMES", "AttentionConfig"),
     ".checkpoint": ("CheckpointConfig",),
     ".checks": ("MAX_SEED",),
     ".compile": ("COMPILE_REGIONS", "CompileConfig", "parse_compile_regions"),
-    ".dataset": ("DatasetFolder",),
-    ".model": ("ATTENTION_ACTIVATIONS", "LENGTH_PROFILES", "DataConfig", "ModelConfig"),
     ".override": ("override",),
     ".presets": ("DATA_FIELDS", "PRESETS", "Preset", "get_preset", "preset_on_dataset"),
     ".record": ("RECORD_VERSION", "record_version", "train_as_record", "train_from_record"),
     ".train": ("TrainConfig", "switch_names", "switch_values", "with_switches"),
-}
-_MODULE_OF = {name: module for table in (SECTIONS, _HERE) for module, names in table.items() for name in names}
-
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str) -> Any:
-    """`gemref.config.X`: X from the module that defines it (imported on first use)."""
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module 'gemref.config' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_MODULE_OF[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+})
