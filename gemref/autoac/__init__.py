@@ -41,13 +41,14 @@ slower than they look. The FLOPs stay recorded on the plan for HFU. The wrapper 
 puts each chosen block inside a `CheckpointedBlock` in its parent, as torchtitan's
 checkpoint_wrapper does. PyTorch 2's `activation_memory_budget` (gemref's ac mode
 "memory_budget", torchtitan's name) decides inside compiled graphs instead; the chapter
-compares them. batch_search.py spends freed memory on a larger batch.
+compares them. batch_search.py spends freed memory on a larger batch. config.py holds the
+switches (ActivationCheckpointConfig: --ac, --ac-budget, --ac-plan, --ac-compress).
 """
-from .apply import (APPROXIMATE_OPTIONS, LETTERS, OPTIONS, CheckpointedBlock, applied_plan, apply_plan,
-                    plan_record, remove_plan, saved_compression)
-from .profile import activation_bytes, auto_checkpoint, profile_blocks
-from .solver import ActivationProfile, BlockProfile, Plan, parse_plan, plan_of, solve
+from ..runtime.lazy import lazy_exports
 
-__all__ = ["APPROXIMATE_OPTIONS", "LETTERS", "OPTIONS", "ActivationProfile", "BlockProfile", "CheckpointedBlock",
-           "Plan", "activation_bytes", "applied_plan", "apply_plan", "auto_checkpoint", "parse_plan", "plan_of",
-           "plan_record", "profile_blocks", "remove_plan", "saved_compression", "solve"]
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    ".apply": ("APPROXIMATE_OPTIONS", "LETTERS", "OPTIONS", "CheckpointedBlock", "applied_plan", "apply_plan",
+               "plan_record", "remove_plan", "saved_compression"),
+    ".config": ("AC_COMPRESSIONS", "AC_MODES", "AC_PLAN_PATTERN", "ActivationCheckpointConfig"),
+    ".profile": ("activation_bytes", "auto_checkpoint", "profile_blocks"),
+    ".solver": ("ActivationProfile", "BlockProfile", "Plan", "parse_plan", "plan_of", "solve")})

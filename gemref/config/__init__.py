@@ -10,8 +10,7 @@ never a silent clamp. One module per thing:
 
     train.py        TrainConfig: the optimiser's settings and one section per technique,
                     the flat switch names, `with_switches`
-    attention.py, compile.py, activation_checkpoint.py, checkpoint.py
-                    the sections still here, each with its valid values and its own rules
+    attention.py    the one section still here (AttentionConfig), its valid values and rules
     section.py      what the sections share (`switch` fields: flag, help, choices)
     presets.py      Preset, PRESETS, preset_on_dataset
     record.py       a TrainConfig in a record and back (RECORD_VERSION; old flat records load)
@@ -28,7 +27,10 @@ from ..runtime.lazy import lazy_exports
 
 # The sections that sit beside their technique: {module: names it defines}.
 SECTIONS = {
+    "gemref.autoac.config": ("AC_COMPRESSIONS", "AC_MODES", "AC_PLAN_PATTERN", "ActivationCheckpointConfig"),
     "gemref.balance.config": ("BALANCE_POLICIES", "BalanceConfig"),
+    "gemref.checkpoint.config": ("CheckpointConfig",),
+    "gemref.compile.config": ("COMPILE_REGIONS", "CompileConfig", "parse_compile_regions"),
     "gemref.data.config": ("LENGTH_PROFILES", "DataConfig", "DatasetFolder"),
     "gemref.model.config": ("ATTENTION_ACTIVATIONS", "ModelConfig"),
     "gemref.parallel.config": ("BACKENDS", "EMBEDDING_ENGINES", "SPARSE_SHARDINGS", "TABLE_OPTIMIZERS",
@@ -36,11 +38,8 @@ SECTIONS = {
     "gemref.precision.config": ("PRECISIONS", "PRECISION_KERNELS", "PrecisionConfig"),
 }
 __all__, __getattr__, __dir__ = lazy_exports(__name__, SECTIONS | {
-    ".activation_checkpoint": ("AC_COMPRESSIONS", "AC_MODES", "AC_PLAN_PATTERN", "ActivationCheckpointConfig"),
     ".attention": ("KERNEL_NAMES", "AttentionConfig"),
-    ".checkpoint": ("CheckpointConfig",),
     ".checks": ("MAX_SEED",),
-    ".compile": ("COMPILE_REGIONS", "CompileConfig", "parse_compile_regions"),
     ".override": ("override",),
     ".presets": ("DATA_FIELDS", "PRESETS", "Preset", "get_preset", "preset_on_dataset"),
     ".record": ("RECORD_VERSION", "record_version", "train_as_record", "train_from_record"),

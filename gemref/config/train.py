@@ -12,15 +12,15 @@ import functools
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from ..autoac.config import ActivationCheckpointConfig
 from ..balance.config import BalanceConfig
+from ..checkpoint.config import CheckpointConfig
+from ..compile.config import CompileConfig
 from ..errors import UsageError
 from ..parallel.config import EmbeddingConfig, ParallelConfig
 from ..precision.config import PrecisionConfig
-from .activation_checkpoint import ActivationCheckpointConfig
 from .attention import AttentionConfig
-from .checkpoint import CheckpointConfig
 from .checks import at_least, check_seed, positive
-from .compile import CompileConfig
 from .section import Section, flag_of
 from .values import check_field_types, field_types
 
