@@ -128,7 +128,7 @@ def test_no_import_circles():
 # or gemref.config for what assembles a run. A reader copying a technique finds its settings
 # beside its code (docs/design.md, "Where config lives"); this table keeps them from drifting back.
 CONFIG_HOMES = {
-    "ActivationCheckpointConfig": "gemref.autoac", "AttentionConfig": "gemref.config",
+    "ActivationCheckpointConfig": "gemref.autoac", "AttentionConfig": "gemref.attention",
     "BalanceConfig": "gemref.balance", "CheckpointConfig": "gemref.checkpoint", "CompileConfig": "gemref.compile",
     "DataConfig": "gemref.data", "DatasetFolder": "gemref.data", "EmbeddingConfig": "gemref.parallel",
     "MeshShape": "gemref.parallel", "ModelConfig": "gemref.model", "ParallelConfig": "gemref.parallel",

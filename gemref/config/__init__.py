@@ -10,7 +10,6 @@ never a silent clamp. One module per thing:
 
     train.py        TrainConfig: the optimiser's settings and one section per technique,
                     the flat switch names, `with_switches`
-    attention.py    the one section still here (AttentionConfig), its valid values and rules
     section.py      what the sections share (`switch` fields: flag, help, choices)
     presets.py      Preset, PRESETS, preset_on_dataset
     record.py       a TrainConfig in a record and back (RECORD_VERSION; old flat records load)
@@ -27,6 +26,7 @@ from ..runtime.lazy import lazy_exports
 
 # The sections that sit beside their technique: {module: names it defines}.
 SECTIONS = {
+    "gemref.attention.config": ("KERNEL_NAMES", "AttentionConfig"),
     "gemref.autoac.config": ("AC_COMPRESSIONS", "AC_MODES", "AC_PLAN_PATTERN", "ActivationCheckpointConfig"),
     "gemref.balance.config": ("BALANCE_POLICIES", "BalanceConfig"),
     "gemref.checkpoint.config": ("CheckpointConfig",),
@@ -38,7 +38,6 @@ SECTIONS = {
     "gemref.precision.config": ("PRECISIONS", "PRECISION_KERNELS", "PrecisionConfig"),
 }
 __all__, __getattr__, __dir__ = lazy_exports(__name__, SECTIONS | {
-    ".attention": ("KERNEL_NAMES", "AttentionConfig"),
     ".checks": ("MAX_SEED",),
     ".override": ("override",),
     ".presets": ("DATA_FIELDS", "PRESETS", "Preset", "get_preset", "preset_on_dataset"),
