@@ -189,6 +189,25 @@ def test_each_config_class_is_defined_in_its_techniques_package():
     assert {name: module for name, module in where.items() if not (module + ".").startswith(home(name))} == {}
 
 
+LAZY_PACKAGES = ("gemref.config", "gemref.attention", "gemref.autoac", "gemref.checkpoint", "gemref.compile",
+                 "gemref.data", "gemref.model")
+
+
+def test_every_name_a_lazy_package_exports_is_defined_where_it_says():
+    """A package that loads its names on first use (gemref/runtime/lazy.py) names, for each, the
+    module that defines it: each one resolves, and a name it does not export is an AttributeError."""
+    import importlib
+
+    import pytest
+
+    for package in LAZY_PACKAGES:
+        module = importlib.import_module(package)
+        assert [n for n in module.__all__ if getattr(module, n) is None] == []
+        assert set(module.__all__) <= set(dir(module))
+        with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+            getattr(module, "no_such_name")
+
+
 def test_a_technique_config_module_imports_only_configs_helpers():
     edges = graph()
     assert {m: sorted(edges[m] - CONFIG_MODULE_IMPORTS) for m in config_modules()
