@@ -1,8 +1,9 @@
 """The package's shape (docs/design.md, Layers): no import circles between modules (imports inside
 functions count) nor between packages (every module folded into its first-level package), the
-layers hold (model/ sees only model, attention, data and config; nothing below the entry points
-imports them; nothing but the entry points imports a bench module), and the top level stays
-small: at most MAX_TOP_LEVEL modules beside the packages."""
+layers hold (model/ sees only model, attention, data, config and the foundations' errors and
+lazy exports; nothing below the entry points imports them; nothing but the entry points imports
+a bench module), each config dataclass is defined in its technique's package, and the top level
+stays small: at most MAX_TOP_LEVEL modules beside the packages."""
 from __future__ import annotations
 
 import ast
@@ -123,10 +124,36 @@ def test_no_import_circles():
     assert circles(graph()) == []
 
 
+# Where each config dataclass is defined: its technique's package (in `<package>/config.py`),
+# or gemref.config for what assembles a run. A reader copying a technique finds its settings
+# beside its code (docs/design.md, "Where config lives"); this table keeps them from drifting back.
+CONFIG_HOMES = {
+    "ActivationCheckpointConfig": "gemref.autoac", "AttentionConfig": "gemref.attention",
+    "BalanceConfig": "gemref.balance", "CheckpointConfig": "gemref.checkpoint", "CompileConfig": "gemref.compile",
+    "DataConfig": "gemref.data", "DatasetFolder": "gemref.data", "EmbeddingConfig": "gemref.parallel",
+    "MeshShape": "gemref.parallel", "ModelConfig": "gemref.model", "ParallelConfig": "gemref.parallel",
+    "PrecisionConfig": "gemref.precision", "Preset": "gemref.config", "TrainConfig": "gemref.config",
+}
+# A technique's config module is a foundation (layer 1, with gemref.config, which gathers it):
+# it imports only these (test_a_technique_config_module_imports_only_configs_helpers).
+CONFIG_MODULE_IMPORTS = {"gemref.errors", "gemref.config.checks", "gemref.config.section", "gemref.config.values"}
+
+
+def config_modules() -> set[str]:
+    """The technique packages' config modules (gemref.<package>.config)."""
+    return {f"{home}.config" for home in CONFIG_HOMES.values() if home != "gemref.config"}
+
+
+def first_level(module: str) -> str:
+    """The first-level package a module belongs to: gemref.attention.cpu_fused.op ->
+    gemref.attention; a technique's config module -> gemref.config (layer 1, whichever folder
+    holds it); top-level modules stay themselves."""
+    return "gemref.config" if module in config_modules() else ".".join(module.split(".")[:2])
+
+
 def packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
-    """The module graph folded into first-level packages (gemref.attention.cpu_fused.op ->
-    gemref.attention); top-level modules stay themselves."""
-    fold = lambda m: ".".join(m.split(".")[:2])  # noqa: E731
+    """The module graph folded into first-level packages (`first_level`)."""
+    fold = first_level
     out: dict[str, set[str]] = {}
     for module, targets in edges.items():
         out.setdefault(fold(module), set()).update(fold(t) for t in targets if fold(t) != fold(module))
@@ -152,13 +179,63 @@ def test_top_level_is_small():
     assert len(top) <= MAX_TOP_LEVEL, top
 
 
+def test_each_config_class_is_defined_in_its_techniques_package():
+    import gemref.config
+    from gemref.config.train import sections
+
+    assert sorted({cls.__name__ for cls in sections().values()} - set(CONFIG_HOMES)) == []   # a new section names its home
+    where = {name: getattr(gemref.config, name).__module__ for name in CONFIG_HOMES}
+    home = lambda name: CONFIG_HOMES[name] + ("." if CONFIG_HOMES[name] == "gemref.config" else ".config")  # noqa: E731
+    assert {name: module for name, module in where.items() if not (module + ".").startswith(home(name))} == {}
+
+
+LAZY_PACKAGES = ("gemref.config", "gemref.attention", "gemref.autoac", "gemref.checkpoint", "gemref.compile",
+                 "gemref.data", "gemref.model")
+
+
+def test_every_name_a_lazy_package_exports_is_defined_where_it_says():
+    """A package that loads its names on first use (gemref/runtime/lazy.py) names, for each, the
+    module that defines it: each one resolves, and a name it does not export is an AttributeError."""
+    import importlib
+
+    import pytest
+
+    for package in LAZY_PACKAGES:
+        module = importlib.import_module(package)
+        assert [n for n in module.__all__ if getattr(module, n) is None] == []
+        assert set(module.__all__) <= set(dir(module))
+        with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+            getattr(module, "no_such_name")
+
+
+def test_a_technique_config_module_imports_only_configs_helpers():
+    edges = graph()
+    assert {m: sorted(edges[m] - CONFIG_MODULE_IMPORTS) for m in config_modules()
+            if edges[m] - CONFIG_MODULE_IMPORTS} == {}
+
+
+def test_importing_the_config_loads_no_torch_and_nothing_above_the_foundations():
+    """TrainConfig and every section load without torch (`gemref train --help` stays cheap): of a
+    package above layer 1, only the __init__ of one holding a section loads, and it imports nothing heavy."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, gemref.config as c; [getattr(c, n) for n in c.__all__]; "
+             "print(' '.join(m for m in sys.modules if m == 'torch' or m.startswith('gemref.')))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    layers, inits = design_layers(), set(CONFIG_HOMES.values())
+    assert "torch" not in loaded
+    assert [m for m in loaded if m.startswith("gemref.") and m not in inits and layer(m, layers) > 1] == []
+
+
 def test_circle_finder_finds_a_planted_circle():
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(edges) == [["a", "b", "c"]]
 
 
 def test_model_imports_only_what_is_below_it():
-    allowed = ("gemref.model", "gemref.attention", "gemref.data", "gemref.config")
+    allowed = ("gemref.model", "gemref.attention", "gemref.data", "gemref.config", "gemref.errors",
+               "gemref.runtime.lazy")
     bad = [(m, t) for m, targets in graph().items() if m.startswith("gemref.model")
            for t in targets if not t.startswith(allowed)]
     assert bad == []
@@ -166,7 +243,7 @@ def test_model_imports_only_what_is_below_it():
 
 def layer(module: str, layers: dict[str, int]) -> int:
     """The layer of a module: that of its first-level package (or of itself, at the top level)."""
-    return layers[".".join(module.split(".")[:2])] if module != "gemref" else 1
+    return layers[first_level(module)] if module != "gemref" else 1
 
 
 def test_the_design_layer_table_names_every_package_and_top_level_module():
@@ -247,7 +324,7 @@ def test_the_technique_table_check_finds_a_moved_package():
             "switches (command line, `override`) | chapter | benchmark | tests |\n"
             "|---|---|---|---|---|---|---|\n| compile | `gemref/compile.py` | `compiling` (`gemref/config/compiling.py`) "
             "| `compile_mode` | `04_compile` | `compiled` | `tests/test_compile.py` |\n"
-            "| balance | `gemref/balance/` | `balancing` (`gemref/config/balance.py`) | `ac` | | | `tests/test_balance.py` |\n")
+            "| balance | `gemref/balance/` | `balancing` (`gemref/balance/config.py`) | `ac` | | | `tests/test_balance.py` |\n")
     assert missing_in_technique_table(design_techniques(text)) == [
         "compile: gemref/compile.py", "compile: gemref/config/compiling.py", "compile: chapter 04_compile",
         "compile: bench compiled", "compile: section compiling", "compile: switch compile_mode",

@@ -9,15 +9,26 @@ use), "cpu_fused_amx" (the same in bf16 with its products on Intel AMX tiles).
 flash_attn (if installed), else sdpa (fp16/bf16), else triton; pointwise goes to triton. On
 CPU softmax goes to sdpa and pointwise to cpu_fused_amx (bf16 on an AMX CPU), else cpu_fused, else cpu_jagged (both run on CPU only, so
 the Triton interpreter is never an automatic choice).
+The switches (AttentionConfig: --jagged, --kernel) are in config.py, which loads no torch.
 """
-from . import cpu_fused, cpu_jagged, flash_attn, sdpa, triton  # noqa: F401  (each registers its kernel)
-from .api import AUTO_ORDER, KERNELS, gdpa, kernel_names, register_kernel, resolve_kernel, resolve_model_kernel
-from .flops import AttentionTally, attention_model_flops, counting_attention
-from .reference import ACTIVATIONS, POINTWISE, gdpa_padded, gdpa_reference
+from typing import Any
 
-AUTO_ORDER[:] = ["flash_attn", "sdpa", "cpu_fused_amx", "cpu_fused", "cpu_jagged", "triton", "reference"]
+from ..runtime.lazy import lazy_exports
 
-__all__ = ["gdpa", "gdpa_padded", "gdpa_reference", "kernel_names", "resolve_kernel",
-           "register_kernel", "resolve_model_kernel", "attention_model_flops", "counting_attention",
-           "AttentionTally", "KERNELS", "AUTO_ORDER", "ACTIVATIONS",
-           "POINTWISE"]
+__all__, _export, __dir__ = lazy_exports(__name__, {
+    ".api": ("AUTO_ORDER", "KERNELS", "gdpa", "kernel_names", "register_kernel", "resolve_kernel",
+             "resolve_model_kernel"),
+    ".config": ("KERNEL_NAMES", "AttentionConfig"),
+    ".flops": ("AttentionTally", "attention_model_flops", "counting_attention"),
+    ".reference": ("ACTIVATIONS", "POINTWISE", "gdpa_padded", "gdpa_reference")})
+
+
+def __getattr__(name: str) -> Any:
+    """A name of the package, imported on first use; reading one of __all__ registers every kernel
+    first (api.load_kernels), so KERNELS is whole wherever it is read. A submodule (`from ..
+    import bucketing`) is only imported, and config.py alone loads no torch."""
+    if name in __all__:
+        from .api import load_kernels
+
+        load_kernels()
+    return _export(name)

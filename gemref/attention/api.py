@@ -17,6 +17,7 @@ is noted too, so the meter can set the kernel's executed work aside (`flops.coun
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 from dataclasses import dataclass
@@ -58,8 +59,28 @@ class Kernel:
 
 KERNELS: dict[str, Kernel] = {}
 # Preference order for kernel="auto": fastest first; "reference" always works.
-AUTO_ORDER: list[str] = ["reference"]
+AUTO_ORDER: list[str] = ["flash_attn", "sdpa", "cpu_fused_amx", "cpu_fused", "cpu_jagged", "triton", "reference"]
+# The modules that register the other kernels when imported (each calls register_kernel), and
+# the order KERNELS lists gemref's kernels in, whichever module was imported first.
+KERNEL_MODULES = ("cpu_fused", "cpu_jagged", "flash_attn", "sdpa", "triton")
+KERNEL_ORDER = ("reference", "cpu_jagged", "cpu_fused", "cpu_fused_amx", "sdpa", "flash_attn", "triton")
+_kernels_loaded = False
 _auto_logged: set[tuple] = set()
+
+
+def load_kernels() -> dict[str, Kernel]:
+    """KERNELS with every kernel registered: imports each of KERNEL_MODULES once (gemref/attention/
+    loads its names on first use, so nothing else guarantees they ran)."""
+    global _kernels_loaded
+    if not _kernels_loaded:
+        _kernels_loaded = True     # first: a kernel module reading gemref.attention while it loads must not restart
+        try:
+            for name in KERNEL_MODULES:
+                importlib.import_module(f"{__package__}.{name}")
+        except BaseException:
+            _kernels_loaded = False
+            raise
+    return KERNELS
 
 
 def register_kernel(name: str, fn: KernelFn,
@@ -67,6 +88,9 @@ def register_kernel(name: str, fn: KernelFn,
                     executed_flops: ExecutedFlops,
                     auto_skip: Callable[[Tensor, str, bool, int | None], str | None] | None = None) -> None:
     KERNELS[name] = Kernel(name, fn, unavailable, executed_flops, auto_skip)
+    rank = {name: i for i, name in enumerate(KERNEL_ORDER)}
+    for known in sorted(KERNELS, key=lambda n: rank.get(n, len(rank))):   # a caller's own kernels last
+        KERNELS[known] = KERNELS.pop(known)
 
 
 def padded_executed_flops(q_lengths: Tensor, kv_lengths: Tensor, heads: int, head_dim: int,
@@ -84,11 +108,13 @@ register_kernel("reference", gdpa_reference, lambda q, act, causal, window: None
 
 
 def kernel_names() -> tuple[str, ...]:
-    return ("auto",) + tuple(KERNELS)
+    return ("auto",) + tuple(load_kernels())
 
 
 def resolve_kernel(kernel: str, q: Tensor, activation: str, causal: bool, window: int | None) -> str:
     """The kernel that will run: `kernel` itself if it can, the auto choice for "auto"."""
+    if not _kernels_loaded:
+        load_kernels()
     if kernel == "auto":
         for name in AUTO_ORDER:
             if KERNELS[name].auto_choice(q, activation, causal, window):
@@ -113,6 +139,7 @@ def resolve_model_kernel(kernel: str, device: torch.device | str, dtype: torch.d
     `window`, and cross attention): `kernel` if it runs both, for "auto" the first of
     AUTO_ORDER that runs both. Resolved once, when the model is built (gemref/train/compose.py); the
     model then passes the concrete name to every gdpa call."""
+    load_kernels()
     probe = torch.empty(0, heads, head_dim, device=device, dtype=dtype)
     cases = ((True, window), (False, None))
     if kernel != "auto":

@@ -28,8 +28,14 @@ recomputed; plan.py solves the multiple-choice knapsack (least recompute time, o
 bytes fit the budget; exact) and wraps each chosen block in a `CheckpointedBlock`, as
 torchtitan's checkpoint_wrapper does. PyTorch 2's `activation_memory_budget` (ac mode
 "memory_budget", torchtitan's name) decides inside compiled graphs instead; the chapter compares
-them. The lab spends freed memory on a larger batch (gemref/measure/batch_search.py).
+them. config.py holds the switches (ActivationCheckpointConfig: --ac, --ac-budget, --ac-plan,
+--ac-compress). The lab spends freed memory on a larger batch (gemref/measure/batch_search.py).
 """
-from .plan import (APPROXIMATE_OPTIONS, LETTERS, OPTIONS, ActivationProfile, BlockProfile, CheckpointedBlock, Plan,
-                   applied_plan, apply_plan, parse_plan, plan_of, remove_plan, saved_compression, solve)
-from .profile import activation_bytes, auto_checkpoint, profile_blocks
+from ..runtime.lazy import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    ".plan": ("APPROXIMATE_OPTIONS", "LETTERS", "OPTIONS", "ActivationProfile", "BlockProfile", "CheckpointedBlock",
+              "Plan", "applied_plan", "apply_plan", "parse_plan", "plan_of", "remove_plan", "saved_compression",
+              "solve"),
+    ".config": ("AC_COMPRESSIONS", "AC_MODES", "AC_PLAN_PATTERN", "ActivationCheckpointConfig"),
+    ".profile": ("activation_bytes", "auto_checkpoint", "profile_blocks")})

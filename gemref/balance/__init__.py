@@ -8,7 +8,8 @@ any callable), split each global batch so that every rank's summed cost is the s
 each rank's own samples across nearby steps and exchanges nothing), and divide every rank's
 summed loss by the same `loss_divisor` so the gradient is the global batch's, whatever the
 per-rank counts. The lab puts the policies side by side (gemref/measure/balance_compare.py,
-the one comparison).
+the one comparison); `config.py` holds the switch (BalanceConfig: `--balance` and its valid
+policies).
 
 To copy it into a trainer: build `gemref.data.sampler.BalancedDistributedBatchSampler(lengths,
 global_batch_size, cost, rank=, world_size=, policy="kk")` as the DataLoader's batch_sampler;

@@ -8,13 +8,17 @@
                 the ones that win; plan_gemref_regions: GEMRef's kinds; call_overhead: a compiled
                 call's fixed cost
     inspect.py  the fused kernels and library GEMMs inductor generated for each region
+    config.py   the switches (CompileConfig: --compile, --compile-regions, and the region kinds)
 
-The package exports what a trainer calls (apply.py, regions.py); planning and inspecting measure
-what compile made, so they are imported from their modules (`from gemref.compile.plan import
-plan_regions`) and `import gemref.train` does not load them.
+Names load on first use (runtime/lazy.py): `import gemref.train` loads apply.py and regions.py,
+what a trainer calls; planning and inspecting measure what compile made and load only when used.
 """
-from .apply import CompiledRegion, CompileStats, compile_model, compile_stats, inductor_backend, loss_function
-from .regions import REGION_KINDS, Region, gemref_regions, resolve_regions
+from ..runtime.lazy import lazy_exports
 
-__all__ = ["REGION_KINDS", "CompiledRegion", "CompileStats", "compile_model", "compile_stats", "inductor_backend",
-           "loss_function", "Region", "gemref_regions", "resolve_regions"]
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    ".apply": ("CompiledRegion", "CompileStats", "compile_model", "compile_stats", "inductor_backend", "loss_function"),
+    ".config": ("COMPILE_REGIONS", "CompileConfig", "parse_compile_regions"),
+    ".inspect": ("fused_kernels", "generated_kernels"),
+    ".plan": ("PLAN_MARGIN", "PLAN_REPS", "RegionPlan", "call_overhead", "eager_vs_compiled", "plan_gemref_regions",
+              "plan_regions", "region_inputs", "run_region"),
+    ".regions": ("REGION_KINDS", "Region", "gemref_regions", "resolve_regions")})

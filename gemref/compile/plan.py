@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..config import COMPILE_REGIONS
+from .config import COMPILE_REGIONS
 from ..model import ranking_loss
 from .apply import CompiledRegion, CompileStats, inductor_backend
 from .regions import gemref_regions, resolve_regions

@@ -16,7 +16,7 @@ would trace one compiled function inside another.
 
 A block AutoAC has wrapped keeps its name: the region is the block inside the wrapper.
 GEMRef's own path names its regions explicitly: `gemref_regions(model, kinds)` maps the
-`compile_regions` kinds (gemref/config/compile.py) to these names for every layer.
+`compile_regions` kinds (gemref/compile/config.py) to these names for every layer.
 """
 from __future__ import annotations
 

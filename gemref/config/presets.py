@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..data.config import DataConfig, DatasetFolder
 from ..errors import UsageError
-from .dataset import DatasetFolder
-from .model import DataConfig, ModelConfig
+from ..model.config import ModelConfig
 from .train import TrainConfig
 
 DATA_FIELDS = ("item_vocab", "action_vocab", "time_buckets", "sparse_vocab", "n_dense")   # a dataset's, in a ModelConfig

@@ -1,8 +1,8 @@
 """TrainConfig: the optimiser's settings and one section per technique.
 
-The sections (one module each under gemref/config/) hold the switches of the ladder
-(docs/design.md); each checks its own fields when built, and TrainConfig keeps only the rules
-that span sections. A switch keeps one flat name everywhere a user writes it: the command line
+The sections (each in its technique's config.py: gemref/autoac/config.py, ...) hold the
+switches of the ladder (docs/design.md); each checks its own fields when built, and TrainConfig
+keeps only the rules that span sections. A switch keeps one flat name everywhere a user writes it: the command line
 (`--ac-budget`), `--set ac_budget=...` and `override(train, ac_budget=...)`; `SWITCHES` maps
 each name to its section and field, and `switch_values` gives the flat view a table prints.
 """
@@ -12,16 +12,15 @@ import functools
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from ..attention.config import AttentionConfig
+from ..autoac.config import ActivationCheckpointConfig
+from ..balance.config import BalanceConfig
+from ..checkpoint.config import CheckpointConfig
+from ..compile.config import CompileConfig
 from ..errors import UsageError
-from .activation_checkpoint import ActivationCheckpointConfig
-from .attention import AttentionConfig
-from .balance import BalanceConfig
-from .checkpoint import CheckpointConfig
+from ..parallel.config import EmbeddingConfig, ParallelConfig
+from ..precision.config import PrecisionConfig
 from .checks import at_least, check_seed, positive
-from .compile import CompileConfig
-from .embeddings import EmbeddingConfig
-from .parallel import ParallelConfig
-from .precision import PrecisionConfig
 from .section import Section, flag_of
 from .values import check_field_types, field_types
 

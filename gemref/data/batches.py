@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..config import DatasetFolder, ModelConfig, Preset
+from ..config import ModelConfig, Preset
+from .config import DatasetFolder
 from .jagged import JaggedBatch, lengths_to_offsets
 from .synthetic import draw_lengths
 

@@ -14,7 +14,7 @@ Every dataset folder's manifest.json (gemref/data/manifest.py) carries, beside i
                 "conversion": {...}}                                   (optional, how it was made)
 
 `check_section` validates it (a UsageError naming the manifest and the field); `open_dataset`
-checks a folder's manifest and returns its `DatasetFolder` (gemref/config/dataset.py), which
+checks a folder's manifest and returns its `DatasetFolder` (gemref/data/config.py), which
 `dataset_preset` puts under a preset's architecture. The folder is only read, never written:
 its shards are verified against the manifest without caching the digests in it
 (gemref/train/compose.py `setup`), and `check_unchanged` refuses a manifest that changed since
@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import DatasetFolder, ModelConfig, Preset, TrainConfig, get_preset, preset_on_dataset
+from ..config import ModelConfig, Preset, TrainConfig, get_preset, preset_on_dataset
 from ..errors import UsageError
+from .config import DatasetFolder
 from .manifest import MANIFEST, load_manifest, read_manifest_bytes, sha256_file
 
 SECTION = "dataset"

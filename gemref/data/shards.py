@@ -26,9 +26,10 @@ import numpy as np
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from ..config import DataConfig, ModelConfig, Preset
+from ..config import ModelConfig, Preset
 from ..env import env_folder
 from ..errors import UsageError
+from .config import DataConfig
 from .manifest import load_manifest, verified_shards, write_manifest
 from .schema import SCHEMA_VERSION, samples_to_table
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import LENGTH_PROFILES, DataConfig, ModelConfig
+from ..config import ModelConfig
+from .config import LENGTH_PROFILES, DataConfig
 
 TEACHER_DIM = 8          # width of the hidden vectors
 N_CATEGORIES = 64        # item categories (item id % N_CATEGORIES)

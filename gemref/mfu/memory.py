@@ -52,8 +52,9 @@ _let_in: set = set()     # the opaque ops whose bodies the tracker already runs 
 
 
 def _let_opaque_ops_in() -> None:
-    """Run the body of every opaque CPU attention op inside the tracker's mode."""
-    from ..attention import KERNELS  # noqa: F401  (importing the package registers every kernel's ops)
+    """Run the body of every opaque CPU attention op inside the tracker's mode, so the tensors
+    the op allocates internally count too (gemref/attention/jagged_op.py OPAQUE_BODIES)."""
+    from ..attention import KERNELS  # noqa: F401  (reading a name of the package registers every kernel's ops)
     from ..attention.jagged_op import OPAQUE_BODIES
 
     for op, body in OPAQUE_BODIES.items():

@@ -1,5 +1,6 @@
 """The GEM-like ranking model."""
-from .gem import TASKS, GEMRef, ranking_loss
-from .layout import SequenceLayout
+from ..runtime.lazy import lazy_exports
 
-__all__ = ["GEMRef", "ranking_loss", "SequenceLayout", "TASKS"]
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {".config": ("ModelConfig",),
+                                                        ".gem": ("TASKS", "GEMRef", "ranking_loss"),
+                                                        ".layout": ("SequenceLayout",)})

@@ -7,7 +7,7 @@
   tokens (a compressed FM: every token dotted with k learned mixtures of the tokens, then an
   MLP back to tokens) plus a linear-compression branch.
 * CrossBlock: InterFormer-style exchange: the non-sequence tokens attend to the history
-  (cross GDPA, always the whole history: `cfg.window` does not apply, see gemref/config/model.py), and a
+  (cross GDPA, always the whole history: `cfg.window` does not apply, see gemref/model/config.py), and a
   summary of the non-sequence side joins every history token.
 
 History tokens are (rows, d) in the layout of `SequenceLayout`; non-sequence tokens are
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.profiler import record_function
 
-from ..config import ModelConfig
+from .config import ModelConfig
 from .layout import SequenceLayout
 
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.profiler import record_function
 
-from ..config import ModelConfig
+from .config import ModelConfig
 from ..data.jagged import JaggedBatch
 from .blocks import GEMLayer
 from .layout import SequenceLayout

@@ -18,8 +18,9 @@ order), `sync_replica_grads(tables, mesh)` after every backward (AdamW tables), 
 replicas averaged every N steps; `row_state_dict(model)` for a checkpoint), `fuse_lookups(model, tables, features)` for one exchange per forward. A missing or wrong name, or
 an R > 1 mesh whose tables are never synced, is a ValueError. Units: ranks, rows, bytes.
 
-    mesh.py         the 2D DeviceMesh ("replicate", "shard") over the process group (the RxS
-                    spec itself, MeshShape/parse_mesh, lives in gemref/config/)
+    config.py       the switches: ParallelConfig (mesh, resharding, tables, backend), the RxS
+                    spec (MeshShape, parse_mesh), EmbeddingConfig (native or TorchRec tables)
+    mesh.py         the 2D DeviceMesh ("replicate", "shard") over the process group
     replicate.py    replicated data parallelism (mesh Rx1): DDP's bucketed all-reduce, overlapped
     fsdp.py         dense: FSDP2 fully_shard per named layer and on the root (FSDP 1D / HSDP 2D)
     sparse.py       named Embedding/EmbeddingBag tables sharded row- or table-wise over "shard",

@@ -9,7 +9,7 @@ import importlib.util
 import torch
 import torch.distributed as dist
 
-from ..config import BACKENDS
+from .config import BACKENDS
 
 NCCLX_INSTALL = ("pip install --pre torchcomms --index-url https://download.pytorch.org/whl/nightly/cu128 "
                  "(see https://github.com/meta-pytorch/torchcomms; needs CUDA GPUs)")

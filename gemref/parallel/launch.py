@@ -65,11 +65,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..config import MeshShape
 from ..env import resolve_device
 from ..errors import UsageError, user_input
 from ..options import check_local_ranks
 from .backend import finalize_ncclx, init_ncclx, resolve_backend
+from .config import MeshShape
 from ..runtime.files import atomic_write_text
 from ..runtime.interrupt import kill_group, own_group, starting_children
 from .mesh import check_world, local_device, release_meshes

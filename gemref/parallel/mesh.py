@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from ..config import MeshShape
 from .backend import ncclx_mesh_built
+from .config import MeshShape
 
 MESH_DIMS = ("replicate", "shard")
 _meshes: dict[tuple, DeviceMesh] = {}

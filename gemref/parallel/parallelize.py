@@ -23,9 +23,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from ..config import MeshShape, TrainConfig
+from ..config import TrainConfig
 from ..errors import UsageError
 from .backend import ncclx_mesh_built
+from .config import MeshShape
 
 if TYPE_CHECKING:
     from .sparse import ShardedEmbedding

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-from ..config import SPARSE_SHARDINGS
+from .config import SPARSE_SHARDINGS
 from .lookup import exchange
 
 

@@ -27,8 +27,8 @@ from collections import defaultdict
 import torch
 
 from ..config import ModelConfig
+from .config import MeshShape
 from .fsdp import padded_numel
-from ..config import MeshShape
 from .sparse import plan_tables
 
 ID_BYTES = 8     # int64 ids and counts

@@ -1,5 +1,6 @@
 """How the model's Linear GEMMs run: the fastest fp32 path on CPU, and rung 7's low precision.
 
+    config.py         the switches (PrecisionConfig: --precision, --precision-kernel, --precision-min-dim)
     apply.py          the precision switch: fp32, bf16 autocast, float8 (torchao), MXFP8 (torchao or emulated),
                       on the Linears a filter keeps (module_filter, min_dim, filter_fqns), with a report
     torchao_layers.py torchao's Float8Linear conversion and gemref's MXFP8Linear over torchao's wrapper

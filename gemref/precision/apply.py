@@ -63,8 +63,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from ..config import PRECISION_KERNELS, PRECISIONS
 from ..errors import UsageError
+from .config import PRECISION_KERNELS, PRECISIONS
 
 
 log = logging.getLogger(__name__)

@@ -5,4 +5,6 @@
     locks.py      one writer per folder (`folder_lock`, fcntl.flock), the holder named when refused
     interrupt.py  SIGINT/SIGTERM as an exception, children in their own process groups that die
                   with their parent, `kill_group`
+    lazy.py       `lazy_exports`: a package whose names load on first use (its config.py alone
+                  then loads nothing else)
 """

@@ -20,7 +20,7 @@ BREAKDOWN_COLUMNS = ("rung", "step_s", "gemm_s", "attention_s", "elementwise_s",
                      "exposed_comm_s", "waiting_s", "queued_s", "data_s")
 
 
-# The format each low-precision recipe names in a ran row's label (config/precision.py PRECISIONS).
+# The format each low-precision recipe names in a ran row's label (gemref/precision/config.py PRECISIONS).
 FORMAT_NAMES = {"bf16": "bf16 autocast", "float8_rowwise": "float8 row-wise", "float8_tensorwise": "float8 tensor-wise",
                 "mxfp8": "MXFP8"}
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..config.section import Section, switch
 from ..errors import UsageError
-from .section import Section, switch
 
 AC_MODES = ("none", "full", "auto", "memory_budget")
 # Saved activations stored compressed (gemref/activation_compression.py FORMATS; a test keeps them equal):

@@ -1,4 +1,6 @@
-"""A dataset folder from outside, as a preset's data: what its manifest says the model needs.
+"""A preset's data: the synthetic generator's settings (DataConfig), or a dataset folder from
+outside (DatasetFolder), what its manifest says the model needs. Both import only
+gemref/config/'s helpers (never torch).
 
 `gemref train --dataset DIR` (and the waterfall, the benches, the chapters) train on a folder
 of Parquet shards in the documented schema (data/README.md) with a manifest whose `dataset`
@@ -12,8 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config.checks import at_least, check_seed, one_of, positive
+from ..config.values import check_field_types
 from ..errors import UsageError
-from .values import check_field_types
+
+LENGTH_PROFILES = ("skewed", "uniform", "fixed")   # DataConfig.length_profile (gemref/data/synthetic.py)
 
 
 @dataclass(frozen=True)
@@ -56,3 +61,29 @@ class DatasetFolder:
     def labels(self) -> dict[str, str]:
         """{column: "name: meaning"} of the two label columns."""
         return {"click": self.click_label, "conversion": self.conversion_label}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Synthetic ads-event data (gemref/data/synthetic.py)."""
+
+    n_train: int
+    n_eval: int
+    shard_rows: int = 4096
+    length_profile: str = "skewed"   # skewed (log-normal, heavy tail to max_len), uniform, fixed
+    median_len: int = 32             # median history length of the skewed profile (events)
+    len_sigma: float = 1.1           # log-normal sigma of the skewed profile (tail weight)
+    zipf_a: float = 1.2              # Zipf exponent of categorical ids
+    pos_rate: float = 0.2            # target base rate of the click label
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        one_of("length_profile", self.length_profile, LENGTH_PROFILES)
+        at_least(self, 1, "n_train", "n_eval", "shard_rows", "median_len")
+        check_seed(self)                             # numpy's generators take seeds >= 0
+        # log-normal lengths need sigma > 0; the truncated-Pareto id sampler needs a > 0 (a = 0
+        # would be uniform ids, a < 0 would favour the rarest ids: not a Zipf law)
+        positive(self, "len_sigma", "zipf_a")
+        if not 0.0 < self.pos_rate < 1.0:
+            raise UsageError(f"DataConfig.pos_rate must be in (0, 1), got {self.pos_rate}")

@@ -1,12 +1,15 @@
-"""The attention section: the history's layout (rung 1) and the gdpa kernel (rung 2)."""
+"""The attention section: the history's layout (rung 1) and the gdpa kernel (rung 2).
+
+It imports only gemref/config/'s helpers (never torch): TrainConfig and the command line read it
+without loading a kernel."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config.section import Section, switch
 from ..errors import UsageError
-from .section import Section, switch
 
-# "auto" and every kernel gemref/attention/ registers (tests/test_config_sections.py keeps them equal)
+# "auto" and every kernel api.py registers (tests/test_config_sections.py keeps them equal)
 KERNEL_NAMES = ("auto", "reference", "cpu_jagged", "cpu_fused", "cpu_fused_amx", "sdpa", "flash_attn", "triton")
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config.section import Section, switch
 from ..errors import UsageError
-from .section import Section, switch
 
 # none: round_robin's equal counts (DistributedSampler's split); lpt, kk: split each global batch
 # by cost (every rank plans the same split from the lengths it holds); local: no exchange at all.

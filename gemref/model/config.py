@@ -1,16 +1,18 @@
-"""The model's shape (ModelConfig) and the synthetic data's (DataConfig)."""
+"""The model's shape (ModelConfig): widths, depth, vocabularies, the attention's activation and window.
+
+It imports only gemref/config/'s helpers (never torch): presets, TrainConfig's checks and the
+command line read it without loading the model."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config.checks import at_least, one_of
+from ..config.values import check_field_types
 from ..errors import UsageError
-from .checks import at_least, check_seed, one_of, positive
-from .values import check_field_types
 
 ATTENTION_ACTIVATIONS = (
     "softmax", "silu", "gelu", "gelu_tanh", "relu", "relu2", "leaky_relu", "identity",
 )
-LENGTH_PROFILES = ("skewed", "uniform", "fixed")
 
 
 @dataclass(frozen=True)
@@ -59,29 +61,3 @@ class ModelConfig:
     def n_ns_tokens(self) -> int:
         """Non-sequence tokens per sample: one per sparse table + candidate ad + dense."""
         return self.n_sparse + 2
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Synthetic ads-event data (gemref/data/synthetic.py)."""
-
-    n_train: int
-    n_eval: int
-    shard_rows: int = 4096
-    length_profile: str = "skewed"   # skewed (log-normal, heavy tail to max_len), uniform, fixed
-    median_len: int = 32             # median history length of the skewed profile (events)
-    len_sigma: float = 1.1           # log-normal sigma of the skewed profile (tail weight)
-    zipf_a: float = 1.2              # Zipf exponent of categorical ids
-    pos_rate: float = 0.2            # target base rate of the click label
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_field_types(self)
-        one_of("length_profile", self.length_profile, LENGTH_PROFILES)
-        at_least(self, 1, "n_train", "n_eval", "shard_rows", "median_len")
-        check_seed(self)                             # numpy's generators take seeds >= 0
-        # log-normal lengths need sigma > 0; the truncated-Pareto id sampler needs a > 0 (a = 0
-        # would be uniform ids, a < 0 would favour the rarest ids: not a Zipf law)
-        positive(self, "len_sigma", "zipf_a")
-        if not 0.0 < self.pos_rate < 1.0:
-            raise UsageError(f"DataConfig.pos_rate must be in (0, 1), got {self.pos_rate}")

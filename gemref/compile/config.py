@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config.section import Section, switch
 from ..errors import UsageError
-from .section import Section, switch
 
 # torch.compile's region kinds (gemref/compile/regions.py REGION_KINDS, plus the loss)
 COMPILE_REGIONS = ("sequence.project", "sequence.mix", "interaction", "cross.project", "cross.mix", "loss")

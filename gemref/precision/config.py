@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config.section import Section, switch
 from ..errors import UsageError
-from .section import Section, switch
 
 PRECISIONS = ("fp32", "bf16", "float8_rowwise", "float8_tensorwise", "mxfp8")   # gemref/precision/apply.py
 PRECISION_KERNELS = ("auto", "native", "emulated")                            # float8/MXFP8 GEMM paths
