@@ -68,7 +68,7 @@ class GEMRef(nn.Module):
         return [f"layers.{i}.{kind}" for i in range(len(self.layers)) for kind in ("sequence", "interaction", "cross")]
 
     def layout(self, batch: JaggedBatch) -> SequenceLayout:
-        """The batch's layout, built once per batch and sized from host-side facts (no device
+        """The batch's layout, built once per forward and sized from host-side facts (no device
         sync): its longest history as the loader read it, and its rows (values.shape[0], which
         check_model_inputs holds to offsets[-1]). The sharded tables' fused features
         (gemref/train/compose.py) and then the forward get the same one, so the position ids they
@@ -98,15 +98,18 @@ class GEMRef(nn.Module):
         if not isinstance(batch, JaggedBatch):
             raise ValueError(f"GEMRef takes a JaggedBatch, got {type(batch).__name__}")
         batch.check_model_inputs(self.cfg)
-        layout = self.layout(batch)
-        with record_function("embeddings"):
-            x, z = self.embed(batch, layout)
-        for layer in self.layers:
-            x, z = layer(x, z, layout)
-        with record_function("heads"):
-            pooled = layout.mean_pool(self.final_norm(x))
-            features = torch.cat([pooled, self.final_norm_ns(z).flatten(1)], dim=1)
-            return self.heads(F.silu(self.head_hidden(features)))
+        try:
+            layout = self.layout(batch)
+            with record_function("embeddings"):
+                x, z = self.embed(batch, layout)
+            for layer in self.layers:
+                x, z = layer(x, z, layout)
+            with record_function("heads"):
+                pooled = layout.mean_pool(self.final_norm(x))
+                features = torch.cat([pooled, self.final_norm_ns(z).flatten(1)], dim=1)
+                return self.heads(F.silu(self.head_hidden(features)))
+        finally:   # the layout is shared within one forward (and its fused lookups' pre-hook), never kept past it
+            self.__dict__.pop("_last_layout", None)
 
 
 def ranking_loss(logits: Tensor, labels: Tensor, normalizer: int | None = None) -> Tensor:
