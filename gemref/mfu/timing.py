@@ -4,8 +4,9 @@
 (`gemref train`, the waterfall's windows, every bench that steps a model, the chapters):
 
     fetch()   the next batch (timed apart: the data wait)
-    run(b)    the step (forward, backward, optimizer), under the stopwatch; on CUDA the
-              device is synchronised at both ends, so the time is the device's
+    run(b)    the step (forward, backward, optimizer), under the step clock (`StepClock`): on
+              CUDA two timing events on the stream, so the time is the device's and nothing
+              waits for the device until the record is read (`defer`: later, by the caller)
     count(l)  the step's FLOPs from the batch's lengths (gemref.mfu.flops.step_flops),
               counted after the clock stopped
 
@@ -87,10 +88,76 @@ def compute_seconds(r: StepRecord, world: int, device_type: str, threads: int) -
     return r.cpu_s if device_type == "cpu" and threads == 1 else None
 
 
+class StepClock:
+    """A step's seconds. On CUDA two timing events on the current stream: recording them waits for
+    nothing, and `seconds()` waits for the end event only (no device-wide synchronize), so the
+    host can run ahead into the next step. Elsewhere the host's perf_counter around the step.
+    `after`: the previous step's clock; on CUDA the device's idle gap between its end and this
+    start (the data wait and host lag as the device saw them) is then `gap_s()`."""
+
+    def __init__(self, device: torch.device | str, after: "StepClock | None" = None):
+        self.cuda = torch.device(device).type == "cuda"
+        self.after = after if after is not None and after.cuda == self.cuda else None
+        self.elapsed: float | None = None
+
+    def __enter__(self) -> "StepClock":
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.elapsed = time.perf_counter() - self.t0
+
+    def seconds(self) -> float:
+        if self.elapsed is None:
+            self.end.synchronize()
+            self.elapsed = self.start.elapsed_time(self.end) / 1e3
+        return self.elapsed
+
+    def gap_s(self) -> float | None:
+        """Seconds the device idled between the previous step's end and this start (CUDA with
+        `after`), else None."""
+        if not self.cuda or self.after is None:
+            return None
+        self.end.synchronize()
+        return self.after.end.elapsed_time(self.start) / 1e3
+
+
+@dataclass
+class PendingStep:
+    """A timed step whose device time is not read yet (`resolve()` waits for its end event only)."""
+
+    clock: StepClock
+    data_s: float                 # host seconds blocked fetching the batch
+    cpu_s: float
+    process_cpu_s: float
+    samples: int
+    tokens: int
+    flops: StepFlops
+    op_seconds: dict[str, float] | None
+
+    def resolve(self) -> StepRecord:
+        step_s = self.clock.seconds()
+        gap = self.clock.gap_s()
+        data_s = self.data_s if gap is None else gap   # overlapped on a GPU: what the device waited
+        return StepRecord(data_s + step_s, data_s, self.cpu_s, self.process_cpu_s, self.samples, self.tokens,
+                          self.flops.model, self.flops.executed, self.flops.recompute, self.op_seconds)
+
+
 def timed_step(fetch: Callable[[], object], run: Callable[[object], T], device: torch.device | str,
-               count: Callable[[torch.Tensor], StepFlops], *, op_classes: bool = False) -> tuple[StepRecord, T, object]:
-    """Fetch a batch, run the step on it under the stopwatch, count its FLOPs (module doc).
-    Returns (record, run's result, batch)."""
+               count: Callable[[torch.Tensor], StepFlops], *, op_classes: bool = False, defer: bool = False,
+               after: PendingStep | None = None) -> tuple[StepRecord | PendingStep, T, object]:
+    """Fetch a batch, run the step on it under the step clock, count its FLOPs (module doc).
+    Returns (record, run's result, batch). `defer`: the record is a PendingStep, read later, so
+    nothing here waits for the device (the training loop reads step k after launching k + 1);
+    `after`: the previous step's PendingStep, whose end this step's data wait is measured from
+    on CUDA."""
     device = torch.device(device)
     t0 = time.perf_counter()
     batch = fetch()
@@ -102,7 +169,7 @@ def timed_step(fetch: Callable[[], object], run: Callable[[object], T], device: 
         profiler.__enter__()
     try:
         cpu0, proc0 = time.thread_time(), time.process_time()
-        with stopwatch(device) as elapsed:
+        with StepClock(device, after.clock if after is not None else None) as clock:
             out = run(batch)
         cpu_s, proc_s = time.thread_time() - cpu0, time.process_time() - proc0
     finally:
@@ -113,10 +180,9 @@ def timed_step(fetch: Callable[[], object], run: Callable[[object], T], device: 
         from .op_classes import classify_cpu, classify_cuda
         events = profiler.events()
         seconds = classify_cuda(events) if device.type == "cuda" else classify_cpu(events).seconds
-    flops = count(batch.lengths)
-    record = StepRecord(data_s + elapsed[0], data_s, cpu_s, proc_s, batch.batch_size, batch.num_tokens,
-                        flops.model, flops.executed, flops.recompute, seconds)
-    return record, out, batch
+    pending = PendingStep(clock, data_s, cpu_s, proc_s, batch.batch_size, batch.num_tokens, count(batch.lengths),
+                          seconds)
+    return (pending if defer else pending.resolve()), out, batch
 
 
 def interleaved(fns: Mapping[str, Callable[[int], T]], rounds: int, *, warmup: int = 0, alternate: bool = False,

@@ -33,7 +33,7 @@ from ..data.shards import dataset_dir, ensure_dataset, shard_paths
 from ..env import resolve_device
 from ..errors import UsageError
 from ..mfu.flops import sample_cost_coefficients, step_flops
-from ..mfu.timing import StepRecord, timed_step
+from ..mfu.timing import PendingStep, StepRecord, timed_step
 from ..model import GEMRef, ranking_loss
 from ..parallel.parallelize import ParallelState, parallel_state, parallelize
 from ..precision.apply import PrecisionReport, apply_precision
@@ -101,10 +101,12 @@ class Setup:
         return step_flops(self.preset.model, lengths, jagged=self.train.attention.jagged, kernel=self.kernel,
                           ac_choices=ac_choices, device=self.device)
 
-    def timed_step(self, fetch, *, op_classes: bool = False) -> tuple[StepRecord, Tensor, JaggedBatch]:
-        """One timed training step on the batch `fetch()` returns (gemref/mfu/timing.py timed_step)."""
+    def timed_step(self, fetch, *, op_classes: bool = False, defer: bool = False,
+                   after: PendingStep | None = None) -> tuple[StepRecord | PendingStep, Tensor, JaggedBatch]:
+        """One timed training step on the batch `fetch()` returns (gemref/mfu/timing.py timed_step;
+        `defer`, `after`: a record read later, the loop's overlap)."""
         return timed_step(fetch, lambda b: self.step(b.to(self.device, non_blocking=True)), self.device,
-                          self.flops, op_classes=op_classes)
+                          self.flops, op_classes=op_classes, defer=defer, after=after)
 
 
 def wraps_blocks(train: TrainConfig) -> bool:

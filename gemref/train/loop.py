@@ -6,11 +6,12 @@ and memory measurements and the profilers attach from the lab through `LoopHooks
     s = setup("small", train)             # model with every rung applied, AdamW, data, sampler
     result = train(s)                     # steps, evaluations, every rank's step records, MFU
 
-Each step, `measure_step` times training's step (gemref/step.py) with the one step timer,
-gemref/mfu/timing.py `timed_step`. Host syncs per step: the stopwatch's (CUDA: synchronize at
-both ends) and, right after it, one read of (loss, non-finite flag) from the idle device. A NaN/inf
-loss or gradient stops the run (`NonFiniteError`, naming the step and the newest checkpoint of a
-good state; a bad state is never saved).
+Each step is launched (`launch_step`: the step clock, gemref/mfu/timing.py `timed_step`, on CUDA
+two timing events; then the on-device (loss, non-finite flag)) and read back (`finish_step`: one
+read of the pair, the step's end event). Nothing inside a step waits for the device: on CUDA the
+loop reads step k after launching k + 1 (`overlap`), and tests/test_host_syncs.py counts the
+step's syncs. A NaN/inf loss or gradient stops the run (`NonFiniteError`, naming the step and the
+newest checkpoint of a good state; a bad state is never saved).
 
 Several ranks (gemref/parallel/parallelize.py): batch_size is the global batch, each rank takes its
 part, losses are divided by the global batch size and gradients summed, so a step equals the
@@ -26,6 +27,7 @@ from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 from tqdm import tqdm
 
 from ..data.jagged import JaggedBatch
@@ -34,7 +36,7 @@ from ..data.sampler import StepBatches
 from ..errors import UsageError
 from ..mfu.meter import MeterSummary, run_peak, summary
 from ..mfu.peak import Peak
-from ..mfu.timing import StepRecord
+from ..mfu.timing import PendingStep, StepRecord
 from ..model import TASKS, ranking_loss
 from ..step import NonFiniteError, nonfinite
 from .compose import Setup
@@ -118,17 +120,37 @@ def resume_step(s: Setup) -> int:
     return step
 
 
+@dataclass
+class LaunchedStep:
+    """A step whose work is queued on the device, not read back yet (`finish_step` reads it)."""
+
+    step: int
+    work: PendingStep
+    health: Tensor            # on the device: (loss, non-finite flag), all-reduced over the ranks
+
+
+def launch_step(s: Setup, batches: Iterator[JaggedBatch], step: int, after: LaunchedStep | None = None) -> LaunchedStep:
+    """Training step `step` (1-based) on the next batch, queued under the step clock (Setup.timed_step,
+    deferred): nothing here waits for the device. `after`: the step launched before it."""
+    work, loss, _ = s.timed_step(lambda: next(batches), defer=True, after=after.work if after else None)
+    health = torch.stack([loss.float(), nonfinite(loss, s.model)])
+    if s.parallel:
+        dist.all_reduce(health)           # the global loss (parts divided by the global batch); flagged ranks
+    return LaunchedStep(step, work, health)
+
+
+def finish_step(launched: LaunchedStep) -> StepResult:
+    """Read a launched step back: its time (waits for its end event only) and its (loss, flag)."""
+    loss_value, flagged = launched.health.tolist()
+    return StepResult(launched.step, loss_value, flagged > 0, launched.work.resolve())
+
+
 def measure_step(s: Setup, batches: Iterator[JaggedBatch], step: int) -> StepResult:
     """Training step `step` (1-based) on the next batch, timed (Setup.timed_step), then checked.
 
     Not timed as the step: the FLOP count, the non-finite check and, with several ranks, the
     all-reduce of (loss, flag)."""
-    work, loss, _ = s.timed_step(lambda: next(batches))
-    health = torch.stack([loss.float(), nonfinite(loss, s.model)])
-    if s.parallel:
-        dist.all_reduce(health)           # the global loss (parts divided by the global batch); flagged ranks
-    loss_value, flagged = health.tolist()
-    return StepResult(step, loss_value, flagged > 0, work)
+    return finish_step(launch_step(s, batches, step))
 
 
 def every_rank(s: Setup, records: list[StepRecord]) -> list[list[StepRecord]]:
@@ -138,10 +160,16 @@ def every_rank(s: Setup, records: list[StepRecord]) -> list[list[StepRecord]]:
     return [[StepRecord(**r) for r in rank] for rank in s.parallel.gather([asdict(r) for r in records])]
 
 
-def train(s: Setup, *, hooks: Sequence[LoopHooks] = (), progress: bool = True) -> TrainResult:
+def train(s: Setup, *, hooks: Sequence[LoopHooks] = (), progress: bool = True,
+          overlap: bool | None = None) -> TrainResult:
     """Train `s` from its newest checkpoint (or step 0) to `s.train.steps`, evaluating every
     `eval_every` steps and after the last; return the steps and the MFU summary (warm-up excluded).
-    Raises NonFiniteError at the first step whose loss or gradient is NaN/inf."""
+    Raises NonFiniteError at the first step whose loss or gradient is NaN/inf.
+
+    `overlap` (default: on CUDA): step k is read back (its time, loss and flag; the hooks'
+    on_step) after step k + 1 is launched, so the host fetches and launches while the device
+    computes. A step that is checkpointed or evaluated, and the last, are read back before the
+    next starts, so no state past a bad step is ever saved or evaluated."""
     tc = s.train
     start = resume_step(s)
     warmup = max(0, min(tc.warmup_steps, tc.steps - start - 1))   # at least one timed step
@@ -160,19 +188,34 @@ def train(s: Setup, *, hooks: Sequence[LoopHooks] = (), progress: bool = True) -
     evals: list[EvalResult] = []
     bar = tqdm(range(start + 1, tc.steps + 1), desc=f"train {s.preset.name}", unit="step",
                disable=not progress or s.rank != 0)
-    for step in bar:
-        result = measure_step(s, batches, step)
+
+    def finish(launched: LaunchedStep) -> None:
+        nonlocal good
+        result = finish_step(launched)
         if result.nonfinite:
-            raise NonFiniteError(step, result.loss, good, bool(tc.checkpoint.folder and tc.checkpoint.every))
+            raise NonFiniteError(result.step, result.loss, good, bool(tc.checkpoint.folder and tc.checkpoint.every))
         steps.append(result)
         for hook in hooks:
             hook.on_step(s, result)
         bar.set_postfix(loss=f"{result.loss:.4f}", tokens_per_s=f"{result.work.tokens / result.work.step_s:,.0f}")
-        if tc.checkpoint.every and step % tc.checkpoint.every == 0:
-            good = save_checkpoint(tc.checkpoint.folder, step, s.model, s.optimizer, global_batch=tc.batch_size,
+        if tc.checkpoint.every and result.step % tc.checkpoint.every == 0:
+            good = save_checkpoint(tc.checkpoint.folder, result.step, s.model, s.optimizer, global_batch=tc.batch_size,
                                    seed=tc.seed, run=run_description(s.preset, tc))
-        if tc.eval_every and step % tc.eval_every == 0 and step < tc.steps:
-            evals.append(evaluate(s, tc.eval_batches, step))
+        if tc.eval_every and result.step % tc.eval_every == 0 and result.step < tc.steps:
+            evals.append(evaluate(s, tc.eval_batches, result.step))
+
+    overlap = s.device.type == "cuda" if overlap is None else overlap
+    queued: LaunchedStep | None = None     # launched, not read back: the device runs it while the host goes on
+    for step in bar:
+        launched = launch_step(s, batches, step, after=queued)
+        if queued is not None:
+            finish(queued)
+        # a step whose state is saved or evaluated, and the last, are read back before the next changes the model
+        must_read = not overlap or step == tc.steps or bool(tc.checkpoint.every and step % tc.checkpoint.every == 0) \
+            or bool(tc.eval_every and step % tc.eval_every == 0)
+        queued = None if must_read else launched
+        if must_read:
+            finish(launched)
     evals.append(evaluate(s, tc.eval_batches, tc.steps))
     ranks = every_rank(s, [r.work for r in steps])
     meter = summary(ranks, peak, warmup, device_type=s.device.type, threads=torch.get_num_threads())
