@@ -2,8 +2,6 @@
 is read back after step k + 1 is launched, timed by events on the device's stream. On a CPU the
 same loop runs with overlap=True and must train exactly as without it; the CUDA clock is checked
 with fake events (no GPU here: the real events have not run)."""
-import time
-
 import pytest
 import torch
 
@@ -39,35 +37,41 @@ def test_a_bad_step_read_late_still_stops_before_any_save(data_root, tmp_path, m
 
 
 class FakeEvent:
-    """torch.cuda.Event's timing API on the host clock, counting waits."""
+    """torch.cuda.Event's timing API on a fake device clock (`now`, ms, advanced by hand), counting waits."""
     waits = 0
+    now = 0.0
 
     def __init__(self, enable_timing=False):
         assert enable_timing
         self.t = None
 
     def record(self, stream=None):
-        self.t = time.perf_counter()
+        self.t = FakeEvent.now
 
     def synchronize(self):
         FakeEvent.waits += 1
 
     def elapsed_time(self, end):
-        return (end.t - self.t) * 1e3
+        return end.t - self.t
+
+
+def device_work(ms):
+    def run(batch):
+        FakeEvent.now += ms                 # the device computes for `ms` between the step's two events
+    return run
 
 
 def test_the_cuda_step_clock_waits_for_nothing_until_it_is_read(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("a device-wide synchronize in the step"))
-    FakeEvent.waits = 0
+    FakeEvent.waits, FakeEvent.now = 0, 0.0
     batch = type("B", (), {"batch_size": 2, "num_tokens": 5, "lengths": torch.tensor([2, 3])})()
     count = lambda lengths: StepFlops(10, 12, 0)      # noqa: E731
-    first, _, _ = timed_step(lambda: batch, lambda b: time.sleep(0.01), "cuda", count, defer=True)
-    time.sleep(0.02)                                    # the host is late to launch the next step
-    second, _, _ = timed_step(lambda: batch, lambda b: time.sleep(0.01), "cuda", count, defer=True, after=first)
-    assert FakeEvent.waits == 0
+    first, _, _ = timed_step(lambda: batch, device_work(10.0), "cuda", count, defer=True)
+    FakeEvent.now += 20.0                               # the device idles: the host is late with the next step
+    second, _, _ = timed_step(lambda: batch, device_work(30.0), "cuda", count, defer=True, after=first)
+    assert FakeEvent.waits == 0                         # launching two steps waited for nothing
     a, b = first.resolve(), second.resolve()
-    assert FakeEvent.waits >= 2
-    assert 0.01 <= b.step_s < 1 and b.data_s >= 0.02 and b.wall_s == pytest.approx(b.data_s + b.step_s)
-    assert a.model_flops == 10 and a.executed_flops == 12 and a.tokens == 5
-
+    assert FakeEvent.waits >= 2                         # reading them waits for their end events
+    assert (b.step_s, b.data_s, b.wall_s) == pytest.approx((0.030, 0.020, 0.050))   # the device's view
+    assert a.step_s == pytest.approx(0.010) and a.model_flops == 10 and a.executed_flops == 12 and a.tokens == 5
