@@ -7,7 +7,6 @@ seeds, never a fixed bound on one seeded run, whose value is a property of one C
 import json
 import math
 import statistics
-import time
 
 import pytest
 import torch
@@ -179,10 +178,8 @@ def model_flops_by_flop_counter(lengths: set[int]) -> dict[int, int]:
 def test_mfu_is_independently_counted_flops_over_the_step_clock(data_root, monkeypatch):
     """The record's MFU against one recomputed here by hand: FLOPs counted by FlopCounterMode
     (above) over seconds this test hands the step timer (step k of the run takes 0.01 x (k + 1)
-    s on a stub stopwatch, so no measured time enters the comparison), over the CPU peak.
+    s on a stub step clock, so no measured time enters the comparison), over the CPU peak.
     One rank: local MFU divides by the steps' own seconds, E2E MFU by those plus the data waits."""
-    import contextlib
-
     import gemref.mfu.timing as timing
 
     lengths_seen, ticks = [], []
@@ -192,14 +189,12 @@ def test_mfu_is_independently_counted_flops_over_the_step_clock(data_root, monke
         lengths_seen.append(batch.lengths.tolist())
         return step(self, batch)
 
-    @contextlib.contextmanager
-    def stub_stopwatch(device):
-        out = []
-        yield out
-        ticks.append(0.01 * (len(ticks) + 1))
-        out.append(ticks[-1])
+    class StubClock(timing.StepClock):
+        def __exit__(self, *exc):
+            ticks.append(0.01 * (len(ticks) + 1))
+            self.elapsed = ticks[-1]
     monkeypatch.setattr(Setup, "step", recording)
-    monkeypatch.setattr(timing, "stopwatch", stub_stopwatch)
+    monkeypatch.setattr(timing, "StepClock", StubClock)
     train = override(TINY.train, steps=7, warmup_steps=2, eval_batches=1)
     record = run(TINY, train, device="cpu", progress=False, measure_memory=False)
     assert len(lengths_seen) == len(ticks) == 7
