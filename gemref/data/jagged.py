@@ -249,10 +249,11 @@ class JaggedBatch:
         T = int(new_offsets[-1])
         rows = torch.arange(T, device=idx.device) - torch.repeat_interleave(new_offsets[:-1], lengths, output_size=T)
         rows = rows + torch.repeat_interleave(starts, lengths, output_size=T)
-        longest = int(lengths.max()) if lengths.numel() and lengths.device.type == "cpu" else None
+        # the longest history, where reading it costs no device sync (None: the layout reads it)
+        longest = 0 if not lengths.numel() else int(lengths.max()) if lengths.device.type == "cpu" else None
         return JaggedBatch(self.values[rows], new_offsets, self.sparse_ids[idx], self.dense[idx],
                            self.ad_ids[idx], self.labels[idx]).mark_validated(
-            self.validated_for).with_host_max_length(longest if lengths.numel() else 0)
+            self.validated_for).with_host_max_length(longest)
 
     @staticmethod
     def concat(batches: Sequence["JaggedBatch"]) -> "JaggedBatch":
