@@ -51,6 +51,13 @@ def test_one_ladder_feeds_the_waterfall_the_projection_and_the_readme():
         ladder.rung("warp")
 
 
+def test_each_rungs_copy_list_names_existing_files_once():
+    root = ladder.PROJECT_ROOT
+    for r in ladder.RUNGS:
+        assert len(set(r.copy)) == len(r.copy), f"rung {r.number} lists a file twice: {r.copy}"
+        assert all((root / f).is_file() for f in r.copy), r.copy
+
+
 # ----------------------------------------------------------------------------- schedule
 
 

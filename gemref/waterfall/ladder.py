@@ -51,7 +51,7 @@ RUNGS: tuple[RungSpec, ...] = (
              "gemref/autoac/",
              # ASSUMED: AutoAC recomputes ~1/3 of the forward of the checkpointed blocks and doubles the batch.
              dict(recompute=0.12, batch_scale=2.0),
-             ("gemref/autoac/profile.py", "gemref/autoac/plan.py", "gemref/autoac/plan.py"), ("05_autoac",)),
+             ("gemref/autoac/profile.py", "gemref/autoac/plan.py"), ("05_autoac",)),
     RungSpec(5, "load_balance", "5 + load balance", "--balance kk",
              "split each global batch across ranks by cost, not count", "gemref/balance/",
              dict(policy="kk"), ("gemref/balance/cost.py", "gemref/balance/partition.py", "gemref/data/sampler.py"),
