@@ -99,3 +99,19 @@ def test_chapters_show_n_a_with_the_reason_and_run_the_rest(monkeypatch, capsys)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(line.startswith("mxfp8: n/a here, because torchao ") for line in lines)
     assert variant_support("window", "cpu").runs and not variant_support("mxfp8", "cpu").runs
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_high_precision_reason_is_one_sentence_and_loads_no_gate(precision):
+    """apply_precision's report and precision_support say the same words for fp32/bf16, and an
+    fp32/bf16 run (like `import gemref.train`) never loads the low-precision gates (support.py)."""
+    import subprocess
+    import sys
+
+    report = apply_precision(torch.nn.Sequential(torch.nn.Linear(8, 8)), precision, device="cpu")
+    assert report.reason == precision_support(precision, "cpu").reason == f"{precision} GEMMs run natively on cpu"
+    probe = ("import sys, torch, gemref.train\nfrom gemref.precision.apply import apply_precision\n"
+             f"apply_precision(torch.nn.Sequential(torch.nn.Linear(8, 8)), {precision!r}, device='cpu')\n"
+             "print('gemref.precision.support' in sys.modules)")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == ["False"]

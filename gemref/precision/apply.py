@@ -64,7 +64,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from .config import PRECISION_KERNELS, PRECISIONS
+from .config import HIGH_PRECISIONS, PRECISION_KERNELS, PRECISIONS, high_precision_reason
 
 
 log = logging.getLogger(__name__)
@@ -241,8 +241,8 @@ def apply_precision(model: nn.Module, precision: str, *, device: torch.device | 
             raise ValueError("model already has low-precision layers: apply_precision once, to a "
                              "high-precision model")
 
-    if precision in ("fp32", "bf16"):
-        kernel_used, reason = "native", f"{precision} GEMMs run natively on {torch.device(device).type}"
+    if precision in HIGH_PRECISIONS:
+        kernel_used, reason = "native", high_precision_reason(precision, device.type)
         autocast = torch.bfloat16 if precision == "bf16" else None
         return PrecisionReport(precision, kernel_used, reason, str(device), _RECIPES[precision], autocast)
 

@@ -8,6 +8,14 @@ from ..errors import UsageError
 
 PRECISIONS = ("fp32", "bf16", "float8_rowwise", "float8_tensorwise", "mxfp8")   # gemref/precision/apply.py
 PRECISION_KERNELS = ("auto", "native", "emulated")                            # float8/MXFP8 GEMM paths
+HIGH_PRECISIONS = ("fp32", "bf16")   # nothing converted, no gate: every device runs their GEMMs
+
+
+def high_precision_reason(precision: str, device_type: str) -> str:
+    """Why an fp32 or bf16 run needs no gate: the words apply_precision's report and
+    precision_support (gemref/precision/support.py) both record. Here, not in support.py, so
+    that an fp32/bf16 run does not load the low-precision gates."""
+    return f"{precision} GEMMs run natively on {device_type}"
 
 
 @dataclass(frozen=True)

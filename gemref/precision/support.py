@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..env import TORCHAO_MIN_TORCH
+from .config import HIGH_PRECISIONS, high_precision_reason
 
 # (module, attribute) that torchao 0.18's MXFP8 training needs in torch: the DTensor hooks its
 # weight wrapper asserts before swapping a parameter, and the enums its MX tensor imports.
@@ -80,7 +81,7 @@ def missing_symbols(symbols) -> list[str]:
 
 def software_support(precision: str) -> tuple[bool, str]:
     """(runs, why not): the version and symbol gates of the module doc, independent of the device."""
-    if precision in ("fp32", "bf16"):
+    if precision in HIGH_PRECISIONS:
         return True, f"{precision} needs nothing beyond torch"
     if importlib.util.find_spec("torchao") is None:
         return False, f"{precision} needs torchao, which is not installed (requirements-gpu.txt pins it)"
@@ -143,8 +144,8 @@ def _hardware(precision: str, device: torch.device) -> tuple[bool, str]:
 def precision_support(precision: str, device: torch.device | str) -> Support:
     """Whether `precision` runs on `device` here at all and natively, and why (module doc)."""
     device = torch.device(device)
-    if precision in ("fp32", "bf16"):
-        return Support(True, True, f"{precision} GEMMs run natively on {device.type}")
+    if precision in HIGH_PRECISIONS:
+        return Support(True, True, high_precision_reason(precision, device.type))
     runs, why = software_support(precision)
     if not runs:
         return Support(False, False, why)
