@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The GPU check: ONE command, at most ~8 minutes on a bare H100/H200, writing one summary JSON
-# and one log to $OUT (default artifacts/gpu_check): ceilings, GDPA correctness, GDPA timing
-# of every kernel variant, then MFU of rungs 0-2, rung 2 in float8 and rung 3 on an 80 GB-sized GPU
-# preset (scripts/gpu_check/ says how: `python -m scripts.gpu_check`, run from the repository
-# root with it on PYTHONPATH). Each section has its own budget of at most 5 minutes (ceilings
-# 60 s, correctness 150 s, timing 150 s, rungs 240 s), so a failed one reruns alone with
-# --sections NAME; the summary gets every row the moment it is measured.
+# The GPU check: ONE command that fits one device call (default budget 420 s, 7 minutes, the wheel
+# install included: --budget S or GEMREF_GPU_BUDGET_S=S), writing one summary JSON and one log to
+# $OUT (default artifacts/gpu_check). Its sections run in priority order: ceilings (precision
+# gates, GEMM peak), GDPA correctness, GDPA timing of every kernel variant, then MFU of rungs
+# 0-2, rung 2 in float8 and rung 3 on an 80 GB-sized GPU preset (scripts/gpu_check/ says how:
+# `python -m scripts.gpu_check`, run from the repository root with it on PYTHONPATH). A section
+# whose estimate no longer fits the time left is skipped with that reason; each has its own cap of
+# at most 5 minutes, so a failed or skipped one reruns alone with --sections NAME; the summary
+# gets every row the moment it is measured, and is rewritten after every section.
 #
 #     bash scripts/gpu_check.sh                    # on the GPU host, from the repository root
 #     bash scripts/gpu_check.sh --sections timing  # one section again

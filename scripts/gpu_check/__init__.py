@@ -1,8 +1,9 @@
 """The GPU check (run by scripts/gpu_check.sh as `python -m scripts.gpu_check`, from the
-repository root): sections in order, each in child processes with a time budget, one summary
-JSON and one log.
+repository root): sections in priority order within one overall time budget (one device call),
+each in child processes with its own cap, one summary JSON and one log.
 
-    __main__.py     the driver: arguments, the sections in order, the summary and the winner
+    __main__.py     the driver: arguments, the sections in priority order, the summary and the winner
+    budget.py       the one overall time budget: which section still fits its estimate (a clock parameter)
     children.py     starting a section's children in their own sessions, budgets, killing groups
     summary.py      the environment record, the summary file, the console headline
     common.py       what the section children share: arguments, result file, device, timer

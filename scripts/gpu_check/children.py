@@ -27,10 +27,12 @@ running: list[subprocess.Popen] = []   # children alive now (the driver's SIGTER
 class Section:
     name: str
     module: str              # run as `python -m MODULE`
-    budget_s: int            # on a GPU
-    dry_budget_s: int        # in --dry-run
+    budget_s: int            # on a GPU: the most seconds it may take (its children are killed then)
+    dry_budget_s: int        # the same in --dry-run
     shards: int = 1          # parallel children (shard i of n); 0: one per 2 CPUs, <= 8 (2 in --dry-run)
     needs: tuple[str, ...] = ()   # modules beyond torch and Triton its children import (checked first)
+    estimate_s: int = 0      # on a GPU: the seconds it is expected to take (skipped when less is left)
+    dry_estimate_s: int = 0  # the same in --dry-run
 
 
 def kill_group(proc: subprocess.Popen) -> None:
