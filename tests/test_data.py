@@ -78,12 +78,56 @@ def test_loader_batches_match_the_shard(tmp_path):
     batch.validate_for(TINY.model)
 
 
-def test_loader_workers_give_the_same_batches(tmp_path):
+def _batch_fields(batch) -> tuple:
+    return (*(getattr(batch, f).tolist() for f in ("values", "offsets", "sparse_ids", "dense", "ad_ids", "labels")),
+            batch.host_max_length, batch.validated_for)
+
+
+@pytest.mark.parametrize("order", [dict(seed=3), dict(shuffle=False, drop_last=False)])
+def test_loader_workers_give_the_same_batches(tmp_path, order):
+    """Worker processes building batches ahead (the CUDA default) yield exactly the batches of
+    the in-line loader, in the same order: every tensor, the host-read longest history, the
+    contract the batch was validated for."""
     ensure_dataset(TINY.model, SMALL_DATA, tmp_path)
     ds = EventDataset(shard_paths(tmp_path, "train"), TINY.model)
-    plain = [b.values.sum().item() for b in make_loader(ds, 64, seed=3)]
-    workers = [b.values.sum().item() for b in make_loader(ds, 64, seed=3, num_workers=2)]
-    assert plain == workers and len(plain) == 600 // 64
+    plain = [_batch_fields(b) for b in make_loader(ds, 64, num_workers=0, **order)]
+    workers = [_batch_fields(b) for b in make_loader(ds, 64, num_workers=2, **order)]
+    assert plain == workers and len(plain) == (600 // 64 if "seed" in order else -(-600 // 64))
+    assert plain[0][-1] is not None and plain[0][-2] > 0
+
+
+def test_the_loader_builds_batches_ahead_on_cuda_and_in_line_on_cpu(tmp_path, monkeypatch):
+    """The device decides the default (a faked CUDA device: the loader is built, not iterated):
+    2 pinned workers with 2 batches each ahead on CUDA, none on CPU, fewer where the host's
+    cores per local rank are few; a number the caller gives wins; each default stays within
+    what `--num-workers` accepts (options.check_workers)."""
+    from gemref.data.config import default_workers
+    from gemref.options import check_workers
+
+    ensure_dataset(TINY.model, SMALL_DATA, tmp_path)
+    ds = EventDataset(shard_paths(tmp_path, "train"), TINY.model)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+
+    def settings(loader):
+        return loader.num_workers, loader.prefetch_factor, loader.pin_memory, loader.persistent_workers
+
+    assert settings(make_loader(ds, 64, device="cuda")) == (2, 2, True, True)
+    assert settings(make_loader(ds, 64, device=torch.device("cuda", 0))) == (2, 2, True, True)
+    assert settings(make_loader(ds, 64)) == settings(make_loader(ds, 64, device="cpu")) == (0, None, False, False)
+    assert settings(make_loader(ds, 64, device="cuda", num_workers=0)) == (0, None, True, False)
+    assert settings(make_loader(ds, 64, device="cpu", num_workers=1)) == (1, 2, False, True)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")          # torchrun, 8 ranks on 16 cores: 1 worker each
+    assert make_loader(ds, 64, device="cuda").num_workers == 1
+    assert [default_workers("cuda", cores) for cores in (1, 8, 16, 24, 64)] == [0, 0, 1, 2, 2]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "x")         # not torchrun's: one rank
+    assert [default_workers("cuda", cores) for cores in (1, 2, 3, 64)] == [0, 1, 2, 2]
+    assert default_workers("mps", 64) == default_workers("cpu", 64) == 0
+    for cores in (1, 2, 16):
+        monkeypatch.setattr(os, "cpu_count", lambda: cores)
+        check_workers(default_workers("cuda"))
+    with pytest.raises(ValueError, match="num_workers must be >= 0, got -1"):
+        make_loader(ds, 64, num_workers=-1)
 
 
 def _write(tmp_path, mutate):

@@ -9,9 +9,13 @@ a `DatasetFolder`, the `data` of the preset the run trains (in place of the synt
 generator's `DataConfig`), so the run record's config names the folder, its manifest's
 sha256 and what the two label columns mean, and the model's vocab sizes, feature counts and
 `max_len` come from the data (`gemref.config.preset_on_dataset`).
+
+`default_workers` says how many DataLoader worker processes a loader on a device gets when the
+caller does not say (gemref/data/loader.py make_loader).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..config.checks import at_least, check_seed, one_of, positive
@@ -19,6 +23,31 @@ from ..config.values import check_field_types
 from ..errors import UsageError
 
 LENGTH_PROFILES = ("skewed", "uniform", "fixed")   # DataConfig.length_profile (gemref/data/synthetic.py)
+
+# The loader's workers when a caller does not say (make_loader's num_workers=None). A batch is
+# built on the host (EventDataset.__getitems__: numpy gathers of the jagged history, the longest
+# length read there). On CUDA the host is otherwise idle while the GPU runs a step, so
+# CUDA_WORKERS processes build batches ahead, PREFETCH_BATCHES each, which the loader pins for a
+# non-blocking copy: the next batch is ready when the step ends. (TorchRec's DLRM example reads
+# its in-memory Criteo arrays in the main process and hides the copy with TrainPipelineSparseDist's
+# side stream instead; gemref's loop has no such pipeline, so workers do the overlapping.) On a
+# CPU the cores a worker would use run the step itself: 0 workers, the batch built in line.
+CUDA_WORKERS = 2
+PREFETCH_BATCHES = 2      # torch DataLoader's prefetch_factor: batches built ahead per worker
+
+
+def default_workers(device_type: str, cores: int | None = None, local_ranks: int | None = None) -> int:
+    """DataLoader worker processes for a loader feeding `device_type`: CUDA_WORKERS on CUDA, at
+    most what this host's cores leave each local rank beside its own process (cores //
+    local_ranks - 1; cores: os.cpu_count(), local_ranks: torchrun's LOCAL_WORLD_SIZE, else 1);
+    0 on any other device."""
+    if device_type != "cuda":
+        return 0
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    if local_ranks is None:
+        text = os.environ.get("LOCAL_WORLD_SIZE", "1")
+        local_ranks = int(text) if text.isdigit() and int(text) > 0 else 1
+    return max(0, min(CUDA_WORKERS, cores // local_ranks - 1))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ batch with vectorised numpy, so any batch sampler works: shuffled batches, token
 batches, or the load-balanced distributed sampler. Its batches carry `validated_for` (the
 model config they were checked against), so the model does not check them again, and their
 longest history, read here from numpy, so the model's layout needs no device sync. Workers
-share the arrays copy-on-write after fork. On CUDA the loader pins memory.
+share the arrays copy-on-write after fork. On CUDA the loader pins memory (for non-blocking
+copies) and, unless told otherwise, builds batches ahead in worker processes
+(gemref/data/config.py default_workers: 2 on CUDA, 0 on CPU).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, S
 
 from ..errors import UsageError
 from ..config import ModelConfig
+from .config import PREFETCH_BATCHES, default_workers
 from .jagged import JaggedBatch, model_contract
 from .schema import ShardArrays, table_to_arrays
 
@@ -88,9 +91,12 @@ def _whole_batch(batch: JaggedBatch) -> JaggedBatch:
 
 
 def make_loader(dataset: EventDataset, batch_size: int | None = None, *, shuffle: bool = True,
-                seed: int = 0, drop_last: bool = True, num_workers: int = 0,
+                seed: int = 0, drop_last: bool = True, num_workers: int | None = None,
                 device: torch.device | str = "cpu", batch_sampler=None) -> DataLoader:
-    """A DataLoader yielding JaggedBatches: shuffled fixed-size batches, or any `batch_sampler`."""
+    """A DataLoader yielding JaggedBatches: shuffled fixed-size batches, or any `batch_sampler`.
+    device: where the batches go (CUDA: pinned). num_workers: worker processes building batches
+    ahead (PREFETCH_BATCHES each); None: `default_workers(device)`, 2 on CUDA, 0 on CPU. Any
+    number of workers yields the same batches in the same order."""
     if batch_sampler is None:
         if batch_size is None or batch_size < 1:
             raise UsageError(f"batch_size must be >= 1, got {batch_size}")
@@ -99,8 +105,13 @@ def make_loader(dataset: EventDataset, batch_size: int | None = None, *, shuffle
         generator = torch.Generator().manual_seed(seed)
         sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
         batch_sampler = BatchSampler(sampler, batch_size, drop_last=drop_last)
+    device_type = torch.device(device).type
+    workers = default_workers(device_type) if num_workers is None else num_workers
+    if workers < 0:
+        raise UsageError(f"num_workers must be >= 0, got {workers}")
     # Its own generator for the workers' base seed: a loader draws nothing from torch's global
     # RNG, so creating one (e.g. after a resume) leaves the RNG state a checkpoint restored intact.
     return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=_whole_batch,
-                      num_workers=num_workers, pin_memory=torch.device(device).type == "cuda",
-                      persistent_workers=num_workers > 0, generator=torch.Generator().manual_seed(seed))
+                      num_workers=workers, prefetch_factor=PREFETCH_BATCHES if workers else None,
+                      pin_memory=device_type == "cuda", persistent_workers=workers > 0,
+                      generator=torch.Generator().manual_seed(seed))
