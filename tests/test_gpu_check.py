@@ -65,6 +65,7 @@ def test_dry_run_end_to_end(tmp_path):
     assert correctness["failed"] == 0 and correctness["passed"] == len(records) == len(correctness_items(dry_run=True))
     assert {r["variant"] for r in records} == set(VARIANTS)          # every variant ran somewhere
     assert all(max(r["errors"].values()) <= r["tolerance"] for r in records)
+    assert {r["head_dim"] for r in records} == {16, 32}             # the dry run's section D and the others
     split = next(r for r in correctness["determinism"] if r["variant"] == "base")
     assert all(split["repeat"]["bitwise_equal"].values())
 
@@ -179,6 +180,17 @@ def test_shards_split_the_items_and_results_merge():
     merged = _children('children.merge_shards([{"cases": [1], "passed": 2, "failed": 0, "note": "a"}, '
                        '{"cases": [2, 3], "passed": 1, "failed": 1, "note": "b"}])')
     assert merged == {"cases": [1, 2, 3], "passed": 3, "failed": 1, "note": "a"}
+
+
+def test_the_correctness_items_cover_the_head_dims_and_the_models_cross_attention():
+    """The tiles change with the head dim: D = 16, 64 and the section's 128 are each checked on
+    the GPU (silu and softmax); the model's cross attention (a few queries per sample) too."""
+    items = correctness_items(dry_run=False)
+    dims = {(it["head_dim"] or 128, it["case"]["activation"]) for it in items}
+    assert {(d, a) for d in (16, 64, 128) for a in ("silu", "softmax")} <= dims
+    cross = [it for it in items if it["case"]["cross"]]
+    assert cross and all(max(it["case"]["q_lens"]) <= 4 < max(it["case"]["kv_lens"]) for it in cross)
+    assert {it["head_dim"] for it in correctness_items(dry_run=True)} == {None, 32}
 
 
 def _summary(records: list[tuple[str, bool]], rows: list[tuple]) -> dict:

@@ -293,22 +293,29 @@ VARIANTS = {
 DRY_VARIANTS = ("base", "all_flags")
 
 
+# Head dims the GPU check's correctness section runs beside its own (D = 128; dry run 16): the
+# Triton tiles change with D (gemref/attention/triton/variant.py), so each needs its own check.
+OTHER_HEAD_DIMS = {False: (16, 64), True: (32,)}
+
+
 def correctness_items(dry_run: bool) -> list[dict]:
-    """The GPU check's correctness items: {name, variant, dtype, repeat, weight, case}.
+    """The GPU check's correctness items: {name, variant, dtype, repeat, weight, head_dim, case}.
 
     A skewed jagged batch (lengths 300, 1, 0, 77, 129, 17; --dry-run 20, 1, 0, 9, 17, 5) at
     the base variant: bf16 and fp16, silu and softmax, causal and not, a sliding window, cross
-    attention (4 queries per sample); then every variant on causal bf16 silu and softmax
-    (silu_tanh on silu only; the dry run: softmax only with DRY_VARIANTS); then two repeat-run
-    determinism items. `weight` is the item's relative cost (autotuning is the dearest)."""
+    attention (4 queries per sample); the other head dims (`OTHER_HEAD_DIMS`: 16 and 64 beside
+    the section's 128; the dry run 32 beside 16) on causal bf16 silu and softmax; then
+    every variant on causal bf16 silu and softmax (silu_tanh on silu only; the dry run: softmax
+    only with DRY_VARIANTS); then two repeat-run determinism items. `weight` is the item's
+    relative cost (autotuning is the dearest); `head_dim` None: the section's own."""
     lens = [20, 1, 0, 9, 17, 5] if dry_run else [300, 1, 0, 77, 129, 17]
     case = {"q_lens": lens, "kv_lens": lens, "cross": False, "causal": True, "window": None,
             "activation": "silu", "heads": 1 if dry_run else 2, "qk_scale": None, "out_scale": 1.0, "seed": 0}
     out = []
 
-    def add(name, variant="base", dtype="bfloat16", repeat=False, weight=3, **changes):
+    def add(name, variant="base", dtype="bfloat16", repeat=False, weight=3, head_dim=None, **changes):
         out.append({"name": name, "variant": variant, "dtype": dtype, "repeat": repeat, "weight": weight,
-                    "case": {**case, **changes}})
+                    "head_dim": head_dim, "case": {**case, **changes}})
 
     for act in ("silu", "softmax"):
         for dtype in ("bfloat16", "float16"):
@@ -316,6 +323,8 @@ def correctness_items(dry_run: bool) -> list[dict]:
         add(f"{act} full", activation=act, causal=False)
         add(f"{act} causal window", activation=act, window=9 if dry_run else 100)
         add(f"{act} cross", activation=act, causal=False, cross=True, q_lens=[4] * len(lens))
+        for head_dim in OTHER_HEAD_DIMS[dry_run]:
+            add(f"{act} causal D={head_dim}", activation=act, head_dim=head_dim)
         for variant in VARIANTS:
             if variant == "base" or (act == "softmax" and (variant == "silu_tanh" or
                                                            (dry_run and variant not in DRY_VARIANTS))):

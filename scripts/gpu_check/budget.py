@@ -51,13 +51,13 @@ class Budget:
     def left_s(self) -> float:
         return self.deadline - self.clock()
 
-    def plan(self, section: Section, dry_run: bool) -> tuple[float | None, str]:
-        """(seconds to give it, why): None and the skip reason when the time left cannot fit the
-        section's estimate; else min(its cap, the time left)."""
+    def plan(self, section: Section, dry_run: bool) -> tuple[float | None, str | None]:
+        """(seconds to give it, None), min(its cap, the time left); or (None, the skip reason)
+        when the time left cannot fit the section's estimate."""
         estimate = section.dry_estimate_s if dry_run else section.estimate_s
         cap = section.dry_budget_s if dry_run else section.budget_s
         left = self.left_s()
         if left < estimate:
             return None, (f"skipped: out of time ({max(left, 0):.0f} s left of the {self.total_s:.0f} s budget, "
                           f"it needs ~{estimate} s; rerun it alone with --sections {section.name})")
-        return min(cap, left), f"{min(cap, left):.0f} s (estimate ~{estimate} s, {left:.0f} s left)"
+        return min(cap, left), None

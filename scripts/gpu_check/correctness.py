@@ -4,8 +4,9 @@ Forward and backward (out, dq, dk, dv) of gemref.attention.testing.correctness_i
 skewed jagged batch (lengths 300, 1, 0, 77, 129, 17: several tiles, partial tiles, an empty
 and a one-row sequence), H = 2, D = 128, at fixed tiles (no autotuning, except the "autotune"
 variant): bf16 and fp16, silu and softmax, causal and not, a sliding window, cross attention
-(4 queries per sample); every variant of VARIANTS on causal bf16 silu and softmax
-(--dry-run: D = 16, H = 1, softmax only with DRY_VARIANTS); then determinism: the same inputs
+(4 queries per sample); D = 16 and 64 on causal bf16 silu and softmax; every variant of
+VARIANTS on causal bf16 silu and softmax (--dry-run: D = 16, and 32, H = 1, softmax only
+with DRY_VARIANTS); then determinism: the same inputs
 twice: out, dk, dv (and dq, except with the atomic backward) must be bitwise equal, else the
 record fails; the atomic dQ's max difference is recorded.
 Error = max |triton - reference| / max(1, max |reference|) per tensor, against a tolerance
@@ -30,15 +31,17 @@ def main() -> None:
     from gemref.attention.triton.variant import use_variant
 
     dev = device(args.dry_run)
-    head_dim = 16 if args.dry_run else 128
+    section_head_dim = 16 if args.dry_run else 128
     result = Result(args.result, cases=[], determinism=[], passed=0, failed=0)
     references: dict[str, list] = {}
     for item in shard_items(correctness_items(args.dry_run), args.shard_index, args.shard_count):
         case, dtype = item["case"], getattr(torch, item["dtype"])
-        record = {k: item[k] for k in ("name", "variant", "dtype")} | {"spec": VARIANTS[item["variant"]]}
+        head_dim = item["head_dim"] or section_head_dim
+        record = {k: item[k] for k in ("name", "variant", "dtype")} | {"spec": VARIANTS[item["variant"]],
+                                                                        "head_dim": head_dim}
         t0 = time.perf_counter()
         try:
-            key = repr(case)
+            key = repr((case, head_dim))
             if key not in references:
                 references[key] = reference_results(case, head_dim)
             expected = references[key]
