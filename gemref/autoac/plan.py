@@ -1,24 +1,17 @@
-"""AutoAC's plan: the solver that picks one option per block, and the wrapper that applies it
-(the idea and the options: gemref/autoac/__init__.py).
+"""AutoAC's plan (chapter 05; the idea and options: gemref/autoac/__init__.py): the solver that
+picks one option per block, and the wrapper that applies it.
 
-Solver: minimise sum cost(block, option) subject to base_bytes - sum freed(block, option) <=
-budget. Cost, by `objective`: "time" (default) the measured recompute seconds, "flops" the
-recomputed FLOPs (kept for comparison: a FLOP of element-wise recompute is far dearer than one
-of matmul, so FLOP-minimal plans are slower than they look; FLOPs stay on the plan for HFU).
-Ties go to the other measure, then to the plan that frees (so recomputes) fewer bytes. These
-tuples compare lexicographically, which is compatible with adding them, so the pruning below is
-exact. A dynamic programme keeps, after each block, the Pareto set of partial plans (bytes freed,
-capped at what the budget needs; cost), dropping one when another frees at least as much at
-no more cost: it can never complete into a better plan. Bytes are large integers, so no table
-over bytes (which would need rounding); the set stays small because blocks of one kind repeat
-with near-equal figures. Options that free nothing are never chosen.
+Solve: minimise sum cost(block, option) s.t. base_bytes - sum freed(block, option) <= budget.
+Cost by `objective`: "time" (default) the measured recompute seconds; "flops" the recomputed
+FLOPs (for comparison: an element-wise FLOP recomputed is far dearer than a matmul FLOP). Ties go
+to the other measure, then to fewer bytes freed; the cost tuples compare lexicographically,
+which is compatible with adding them, so the pruning is exact: a dynamic programme keeps, after
+each block, the Pareto set of partial plans (bytes freed capped at what the budget needs; cost).
+No table over bytes (no rounding); the set stays small as blocks of one kind repeat.
 
-Apply. Each chosen block is replaced, in its parent, by a `CheckpointedBlock` that holds it as
-`_checkpoint_wrapped_module` (the name of torch's own checkpoint_wrapper, torchtitan's AC), so
-torch.distributed.checkpoint's state dicts, and `state_dict()` (hooks below), drop it from
-parameter names: a checkpoint written with one plan loads under another or none
-(`named_parameters()` does show it). The plan lives on the wrappers: `applied_plan(model)`
-reads it back, `remove_plan(model)` puts every block back where its wrapper was.
+Apply: each chosen block is replaced in its parent by a `CheckpointedBlock` that holds it as
+`_checkpoint_wrapped_module` (torch's checkpoint_wrapper's name, as torchtitan's AC), which
+`state_dict()` drops (hooks below), so a checkpoint written under one plan loads under another.
 """
 from __future__ import annotations
 
@@ -31,9 +24,10 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts, noop_context_fn
 from torch.utils.flop_counter import flop_registry
 
+from .config import plan_text
+
 OPTIONS = ("none", "save_matmuls", "full")  # exact: gradients unchanged bit for bit
 APPROXIMATE_OPTIONS = ("compressed",)       # gradients within the compression format's error
-LETTERS = {"none": "-", "save_matmuls": "S", "full": "F", "compressed": "C"}   # Plan.summary()
 OBJECTIVES = ("time", "flops")
 PREFIX = "_checkpoint_wrapped_module."
 
@@ -75,38 +69,8 @@ class Plan:
     objective: str = "time"
 
     def summary(self) -> str:
-        """One letter per block (LETTERS), grouped by the last non-numeric part of the block's
-        name: GEMRef's "layers.{i}.{kind}" give "sequence:SF interaction:-- cross:F-"."""
-        return " ".join(f"{key}:" + "".join(LETTERS[self.choices.get(n, "none")] for n in names)
-                        for key, names in groups(self.blocks).items())
-
-
-
-def groups(blocks) -> dict[str, list[str]]:
-    """Block names grouped by their last non-numeric part ("layers.3.cross" -> "cross"; a name
-    with none, e.g. "stack.0", by its first part), in order of first appearance."""
-    out: dict[str, list[str]] = {}
-    for name in blocks:
-        out.setdefault(([p for p in name.split(".") if not p.isdigit()] or [name])[-1], []).append(name)
-    return out
-
-
-def parse_plan(text: str, blocks) -> dict[str, str]:
-    """Plan.summary() text -> {block fqn: option} of the blocks it wraps, for the blocks in
-    forward order (`blocks`); ValueError naming what is wrong."""
-    letters = {v: k for k, v in LETTERS.items()}
-    expected = groups(blocks)
-    parts = dict(part.split(":", 1) for part in text.split() if ":" in part)
-    if sorted(parts) != sorted(expected) or len(text.split()) != len(expected):
-        raise ValueError(f"plan {text!r}: expected one 'group:letters' per block group "
-                         f"({', '.join(expected)}), e.g. {' '.join(k + ':' + '-' * len(v) for k, v in expected.items())!r}")
-    choices = {}
-    for key, row in parts.items():
-        if len(row) != len(expected[key]) or any(c not in letters for c in row):
-            raise ValueError(f"plan {text!r}: {key} needs {len(expected[key])} letters of "
-                             f"{''.join(letters)} (one per block), got {row!r}")
-        choices.update({n: letters[c] for n, c in zip(expected[key], row) if letters[c] != "none"})
-    return choices
+        """The plan as the ac_plan switch's text, e.g. "sequence:SF interaction:-- cross:F-"."""
+        return plan_text(self.choices, self.blocks)
 
 
 def plan_of(profile: ActivationProfile, choices: Mapping[str, str], budget_bytes: int | None = None,
@@ -172,12 +136,10 @@ def partial_plans(profile: ActivationProfile, need: int, objective: str = "time"
 
 
 def saves_output(op) -> bool:
-    """The save_matmuls policy: keep the output of ops that cost FLOPs or whose cost is unknown:
-    priced by FlopCounterMode (matmul family, convolution, attention), any other aten op named
-    *attention* / *scaled_dot_product*, and non-aten ops (custom kernels such as
-    gemref::cpu_jagged_fwd: the policy sees them as one op, so their FLOPs are never
-    recomputed). Aten ops that write into a tensor they are given (`out=` variants, in-place)
-    are never saved: what they write may be a reused workspace, not an activation."""
+    """The save_matmuls policy: keep the outputs of ops that cost FLOPs or whose cost is unknown
+    (FlopCounterMode's priced ops, any aten *attention* / *scaled_dot_product* op, non-aten ops
+    such as custom kernels); never of aten ops that write into a given tensor (`out=`, in-place:
+    it may be a reused workspace, not an activation)."""
     if op.namespace != "aten":
         return True
     name = op.overloadpacket.__name__
@@ -202,10 +164,8 @@ def _add_prefix(state_dict, prefix, *args):
 
 class CheckpointedBlock(nn.Module):
     """One block run under one option: "full" or "save_matmuls" through torch.utils.checkpoint
-    (non-reentrant), "compressed" under `compression`'s saved_tensors_hooks
-    (gemref/activation_compression.py SavedCompression). Without grad (evaluation) the block
-    runs as it is. `clock`, when set (the profiler), is called with "start" / "stop" around
-    every run of the block, the recompute in backward included."""
+    (non-reentrant), "compressed" under `compression`'s saved_tensors_hooks (a SavedCompression,
+    gemref/activation_compression.py). Without grad (evaluation) the block runs as it is."""
 
     def __init__(self, block: nn.Module, option: str, compression=None):
         super().__init__()
@@ -214,26 +174,17 @@ class CheckpointedBlock(nn.Module):
         if (option == "compressed") != (compression is not None):
             raise ValueError("a 'compressed' block needs its SavedCompression (and only it does)")
         self._checkpoint_wrapped_module = block
-        self.option, self.compression, self.clock = option, compression, None
+        self.option, self.compression = option, compression
         self.plan = None      # the Plan this wrapper belongs to (apply_plan), if a solver made one
         self._register_state_dict_hook(_strip_prefix)
         self._register_load_state_dict_pre_hook(_add_prefix)
-
-    def _run(self, *args, **kwargs):
-        if self.clock is None:
-            return self._checkpoint_wrapped_module(*args, **kwargs)
-        self.clock("start")
-        try:
-            return self._checkpoint_wrapped_module(*args, **kwargs)
-        finally:
-            self.clock("stop")
 
     # Under torch.compile of a caller's whole model the hooks must run eagerly around what is
     # compiled (a traced pack fails: inductor's CPU backend has no E8M0), so skip this frame.
     @torch.compiler.disable(recursive=False)
     def _compressed(self, *args, **kwargs):
         with self.compression.hooks(self._checkpoint_wrapped_module):
-            return self._run(*args, **kwargs)
+            return self._checkpoint_wrapped_module(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
         if not torch.is_grad_enabled():
@@ -242,7 +193,7 @@ class CheckpointedBlock(nn.Module):
             return self._compressed(*args, **kwargs)
         context = (partial(create_selective_checkpoint_contexts, _save_matmuls_policy)
                    if self.option == "save_matmuls" else noop_context_fn)
-        return checkpoint(self._run, *args, use_reentrant=False, context_fn=context, **kwargs)
+        return checkpoint(self._checkpoint_wrapped_module, *args, use_reentrant=False, context_fn=context, **kwargs)
 
 
 def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -270,17 +221,13 @@ def find_blocks(model: nn.Module, blocks) -> dict[str, nn.Module]:
 
 def apply_plan(model: nn.Module, plan, *, compression=None) -> None:
     """Wrap each block of `plan` (a Plan or {block fqn: option}; "none" and blocks left out stay
-    as they are) in a CheckpointedBlock placed where the block was. "compressed" blocks share
-    one SavedCompression in `compression`'s format (a CompressionSpec, default mxfp8); its
-    counters: `saved_compression(model).stats`. Apply before torch.compile and FSDP."""
+    as they are) in a CheckpointedBlock in the block's place. "compressed" blocks share one
+    SavedCompression in `compression`'s format (a CompressionSpec, default mxfp8; counters:
+    `saved_compression(model).stats`). Apply before torch.compile and FSDP."""
     choices = dict(getattr(plan, "choices", plan))
     blocks = find_blocks(model, choices)
-    for name, option in choices.items():
-        if option not in OPTIONS + APPROXIMATE_OPTIONS:
-            raise ValueError(f"unknown checkpoint option {option!r} for {name}; "
-                             f"valid: {', '.join(OPTIONS + APPROXIMATE_OPTIONS)}")
-        if isinstance(blocks[name], CheckpointedBlock):
-            raise ValueError(f"{name} is already checkpointed ({blocks[name].option}); remove_plan first")
+    if done := [name for name, block in blocks.items() if isinstance(block, CheckpointedBlock)]:
+        raise ValueError(f"{done[0]} is already checkpointed ({blocks[done[0]].option}); remove_plan first")
     shared = saved_compression(model)
     if "compressed" in choices.values():      # imported on use: the exact options need nothing of it
         from ..activation_compression import CompressionSpec, SavedCompression
@@ -288,17 +235,16 @@ def apply_plan(model: nn.Module, plan, *, compression=None) -> None:
         if shared is not None and shared.spec != spec:
             raise ValueError(f"the model already compresses with {shared.spec}; remove_plan first")
         shared = shared or SavedCompression(spec)
-    for name, option in choices.items():
-        if option != "none":
-            parent, child = _parent(model, name)
-            setattr(parent, child, CheckpointedBlock(blocks[name], option, shared if option == "compressed" else None))
+    wrapped = {name: CheckpointedBlock(blocks[name], option, shared if option == "compressed" else None)
+               for name, option in choices.items() if option != "none"}   # all checked before any moves
+    for name, wrapper in wrapped.items():
+        setattr(*_parent(model, name), wrapper)
     for wrapper in wrappers(model).values():
         wrapper.plan = plan if hasattr(plan, "choices") else None   # the solver's Plan, if any
 
 
 def wrappers(model: nn.Module) -> dict[str, CheckpointedBlock]:
-    """{module path: wrapper} of every wrapped block, in module order (a path passes through
-    the wrappers above it, if blocks are nested)."""
+    """{module path: wrapper} of every wrapped block, in module order (nested: through the wrappers above)."""
     return {name: m for name, m in model.named_modules() if isinstance(m, CheckpointedBlock)}
 
 
