@@ -435,3 +435,27 @@ def test_the_line_budget_leaves_out_only_the_kernels_sources():
              "gemref.attention.sdpa": str(PACKAGE / "attention" / "sdpa.py")}
     assert set(counted_lines(files)) == {"gemref.train.loop", "gemref.attention.sdpa"}
     assert counted_lines(files)["gemref.train.loop"] == len((PACKAGE / "train" / "loop.py").read_text().splitlines())
+
+
+# What a reader copies to take one technique into their own trainer, and its line budget (issue
+# 44: about 400 lines, at most two files; docs/design.md, "the reference layout"). The switches
+# (<package>/config.py) and a package's __init__ stay out: gemref's, not the technique's. AutoAC
+# and load balancing stand at about 450 for now (see docs/design.md); FSDP2-2D (600) comes with
+# its own trim.
+TECHNIQUE_FILES = {
+    "autoac": (("autoac/profile.py", "autoac/plan.py"), 450),
+    "load balancing": (("balance/cost.py", "balance/partition.py"), 450),
+    "float8 / MXFP8": (("precision/apply.py", "precision/torchao_layers.py"), 400),
+    "activation compression": (("activation_compression.py",), 400),
+}
+
+
+def test_each_technique_fits_its_line_budget():
+    over = []
+    for technique, (files, budget) in TECHNIQUE_FILES.items():
+        lines = {f: len((PACKAGE / f).read_text().splitlines()) for f in files}
+        assert len(files) <= 2, f"{technique}: a reader opens at most two files, the table lists {files}"
+        if sum(lines.values()) > budget:
+            over.append(f"{technique}: {sum(lines.values())} lines > {budget}: "
+                        + ", ".join(f"gemref/{f} {n}" for f, n in lines.items()))
+    assert not over, "\n".join(over)

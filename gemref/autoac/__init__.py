@@ -29,7 +29,8 @@ bytes fit the budget; exact) and wraps each chosen block in a `CheckpointedBlock
 torchtitan's checkpoint_wrapper does. PyTorch 2's `activation_memory_budget` (ac mode
 "memory_budget", torchtitan's name) decides inside compiled graphs instead; the chapter compares
 them. config.py holds the switches (ActivationCheckpointConfig: --ac, --ac-budget, --ac-plan,
---ac-compress) and a plan's text, the --ac-plan value (`parse_plan`, `Plan.summary()`). The lab spends freed memory on a larger batch (gemref/measure/batch_search.py).
+--ac-compress) and a plan's text, the --ac-plan value (`parse_plan`, `Plan.summary()`). The
+lab spends freed memory on a larger batch (gemref/measure/batch_search.py).
 """
 from ..runtime.lazy import lazy_exports
 

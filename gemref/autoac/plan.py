@@ -1,18 +1,13 @@
-"""AutoAC's plan (chapter 05; the idea and options: gemref/autoac/__init__.py): the solver that
-picks one option per block, and the wrapper that applies it.
+"""AutoAC's plan (chapter 05; the idea and the options: gemref/autoac/__init__.py): the solver
+that picks one option per block, and the wrapper that applies it.
 
-Solve: minimise sum cost(block, option) s.t. base_bytes - sum freed(block, option) <= budget.
-Cost by `objective`: "time" (default) the measured recompute seconds; "flops" the recomputed
-FLOPs (for comparison: an element-wise FLOP recomputed is far dearer than a matmul FLOP). Ties go
-to the other measure, then to fewer bytes freed; the cost tuples compare lexicographically,
-which is compatible with adding them, so the pruning is exact: a dynamic programme keeps, after
-each block, the Pareto set of partial plans (bytes freed capped at what the budget needs; cost).
-No table over bytes (no rounding); the set stays small as blocks of one kind repeat.
-
-Apply: each chosen block is replaced in its parent by a `CheckpointedBlock` that holds it as
-`_checkpoint_wrapped_module` (torch's checkpoint_wrapper's name, as torchtitan's AC), which
-`state_dict()` drops (hooks below), so a checkpoint written under one plan loads under another.
-"""
+Solve: the least sum of cost(block, option) with base_bytes - sum freed(block, option) <= budget.
+Cost, by `objective`: "time" (default) the recompute seconds, then FLOPs, then bytes freed (fewer
+first); "flops" FLOPs first. Tuples add and compare lexicographically, so pruning is exact: after
+each block a dynamic programme keeps the Pareto set of partial plans (bytes freed, capped at
+what the budget needs; cost). Apply: a chosen block is replaced in its parent by a
+`CheckpointedBlock` holding it as `_checkpoint_wrapped_module` (torch's checkpoint_wrapper's
+name), which `state_dict()` drops: a checkpoint written under one plan loads under another."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,9 +28,7 @@ PREFIX = "_checkpoint_wrapped_module."
 
 
 @dataclass(frozen=True)
-class BlockProfile:
-    """One block's figures on the profiled step (bytes, FLOPs, seconds)."""
-
+class BlockProfile:                  # one block's figures on the profiled step
     name: str                        # the block's module path (fqn)
     saved_bytes: int                 # bytes it saves for backward, storages deduplicated
     forward_flops: int               # FLOPs of its forward (FlopCounterMode)
@@ -87,9 +80,8 @@ def plan_of(profile: ActivationProfile, choices: Mapping[str, str], budget_bytes
 
 
 def solve(profile: ActivationProfile, budget_bytes: int, objective: str = "time") -> Plan:
-    """The least-cost plan (module docstring) whose activation bytes fit `budget_bytes`. A budget
-    at or above `profile.base_bytes` gives the empty plan; one below `profile.min_bytes` (every
-    block at its most memory-saving option) is a ValueError."""
+    """The least-cost plan (module docstring) whose activation bytes fit `budget_bytes`; ValueError
+    below `profile.min_bytes` (every block at its most memory-saving option)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective={objective!r}; valid: {', '.join(OBJECTIVES)}")
     if budget_bytes <= 0:
@@ -98,9 +90,7 @@ def solve(profile: ActivationProfile, budget_bytes: int, objective: str = "time"
         raise ValueError(f"activation budget {budget_bytes:,} bytes is below the minimum achievable "
                          f"{profile.min_bytes:,} bytes (every block at its most memory-saving option; "
                          f"{profile.base_bytes:,} bytes with no checkpointing)")
-    need = profile.base_bytes - budget_bytes
-    if need <= 0:
-        return plan_of(profile, {}, budget_bytes, objective)
+    need = profile.base_bytes - budget_bytes     # <= 0: every plan fits, the cheapest is no plan
     _, _, choices = min((s for s in partial_plans(profile, need, objective) if s[0] >= need), key=lambda s: s[1])
     plan = plan_of(profile, dict(zip((b.name for b in profile.blocks), choices)), budget_bytes, objective)
     assert plan.predicted_bytes <= budget_bytes
@@ -116,9 +106,8 @@ def option_cost(block: BlockProfile, option: str, objective: str = "time") -> tu
 
 
 def partial_plans(profile: ActivationProfile, need: int, objective: str = "time") -> list[tuple]:
-    """The dynamic programme: the undominated plans as (bytes freed capped at `need`, cost, one
-    option per block). With need above every plan's bytes freed nothing is capped, and the list
-    holds every plan on the Pareto front of bytes freed vs cost."""
+    """The undominated plans as (bytes freed capped at `need`, cost, one option per block); with
+    `need` above any plan's bytes freed, the Pareto front of bytes freed vs cost."""
     states: list[tuple] = [(0, (0, 0, 0), ())]
     for block in profile.blocks:
         useful = [(o, block.freed_bytes[o], option_cost(block, o, objective)) for o in profile.options
@@ -127,28 +116,21 @@ def partial_plans(profile: ActivationProfile, need: int, objective: str = "time"
         grown += [(min(cap + f, need), tuple(a + b for a, b in zip(cost, c)), ch + (o,))
                   for cap, cost, ch in states for o, f, c in useful]
         grown.sort(key=lambda s: (-s[0], s[1]))         # keep a state only if cheaper than all freeing more
-        states, best = [], None
+        states = []
         for s in grown:
-            if best is None or s[1] < best:
+            if not states or s[1] < states[-1][1]:
                 states.append(s)
-                best = s[1]
     return states
 
 
-def saves_output(op) -> bool:
-    """The save_matmuls policy: keep the outputs of ops that cost FLOPs or whose cost is unknown
-    (FlopCounterMode's priced ops, any aten *attention* / *scaled_dot_product* op, non-aten ops
-    such as custom kernels); never of aten ops that write into a given tensor (`out=`, in-place:
-    it may be a reused workspace, not an activation)."""
-    if op.namespace != "aten":
-        return True
+def save_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """Save the outputs of ops that cost FLOPs or whose cost is unknown (FlopCounterMode's, aten
+    *attention* / *scaled_dot_product*, non-aten custom kernels), never of aten ops writing into
+    a given tensor (`out=`, in-place: maybe a reused workspace); recompute the rest."""
     name = op.overloadpacket.__name__
-    return not op._schema.is_mutable and (op.overloadpacket in flop_registry or "attention" in name
-                                          or "scaled_dot_product" in name)
-
-
-def _save_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if saves_output(op) else CheckpointPolicy.PREFER_RECOMPUTE
+    keep = op.namespace != "aten" or not op._schema.is_mutable and (
+        op.overloadpacket in flop_registry or "attention" in name or "scaled_dot_product" in name)
+    return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _strip_prefix(module, state_dict, prefix, local_metadata):
@@ -163,9 +145,8 @@ def _add_prefix(state_dict, prefix, *args):
 
 
 class CheckpointedBlock(nn.Module):
-    """One block run under one option: "full" or "save_matmuls" through torch.utils.checkpoint
-    (non-reentrant), "compressed" under `compression`'s saved_tensors_hooks (a SavedCompression,
-    gemref/activation_compression.py). Without grad (evaluation) the block runs as it is."""
+    """One block under one option: "full", "save_matmuls" by torch.utils.checkpoint (non-reentrant),
+    "compressed" under a SavedCompression's saved_tensors_hooks; without grad, the block as it is."""
 
     def __init__(self, block: nn.Module, option: str, compression=None):
         super().__init__()
@@ -174,13 +155,11 @@ class CheckpointedBlock(nn.Module):
         if (option == "compressed") != (compression is not None):
             raise ValueError("a 'compressed' block needs its SavedCompression (and only it does)")
         self._checkpoint_wrapped_module = block
-        self.option, self.compression = option, compression
-        self.plan = None      # the Plan this wrapper belongs to (apply_plan), if a solver made one
+        self.option, self.compression, self.plan = option, compression, None   # plan: the solver's (apply_plan)
         self._register_state_dict_hook(_strip_prefix)
         self._register_load_state_dict_pre_hook(_add_prefix)
 
-    # Under torch.compile of a caller's whole model the hooks must run eagerly around what is
-    # compiled (a traced pack fails: inductor's CPU backend has no E8M0), so skip this frame.
+    # The hooks run eagerly around what torch.compile traces (a traced pack fails: no E8M0 on CPU).
     @torch.compiler.disable(recursive=False)
     def _compressed(self, *args, **kwargs):
         with self.compression.hooks(self._checkpoint_wrapped_module):
@@ -191,7 +170,7 @@ class CheckpointedBlock(nn.Module):
             return self._checkpoint_wrapped_module(*args, **kwargs)
         if self.option == "compressed":
             return self._compressed(*args, **kwargs)
-        context = (partial(create_selective_checkpoint_contexts, _save_matmuls_policy)
+        context = (partial(create_selective_checkpoint_contexts, save_matmuls_policy)
                    if self.option == "save_matmuls" else noop_context_fn)
         return checkpoint(self._checkpoint_wrapped_module, *args, use_reentrant=False, context_fn=context, **kwargs)
 
@@ -205,8 +184,7 @@ def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
 
 
 def find_blocks(model: nn.Module, blocks) -> dict[str, nn.Module]:
-    """{name: module} of the blocks named by module path (`model.get_submodule`); ValueError
-    naming the first that is missing or is the model itself."""
+    """{name: module} of blocks named by module path; ValueError naming the first missing one."""
     found = {}
     for name in blocks:
         if not isinstance(name, str) or not name:
@@ -220,10 +198,9 @@ def find_blocks(model: nn.Module, blocks) -> dict[str, nn.Module]:
 
 
 def apply_plan(model: nn.Module, plan, *, compression=None) -> None:
-    """Wrap each block of `plan` (a Plan or {block fqn: option}; "none" and blocks left out stay
-    as they are) in a CheckpointedBlock in the block's place. "compressed" blocks share one
-    SavedCompression in `compression`'s format (a CompressionSpec, default mxfp8; counters:
-    `saved_compression(model).stats`). Apply before torch.compile and FSDP."""
+    """Put each block of `plan` (a Plan or {block fqn: option}; "none" and blocks left out stay) in
+    a CheckpointedBlock; "compressed" ones share a SavedCompression in `compression`'s format (a
+    CompressionSpec, default mxfp8). Apply before torch.compile and FSDP."""
     choices = dict(getattr(plan, "choices", plan))
     blocks = find_blocks(model, choices)
     if done := [name for name, block in blocks.items() if isinstance(block, CheckpointedBlock)]:

@@ -1,63 +1,29 @@
 """AutoAC's profiler (chapter 05; the idea: gemref/autoac/__init__.py): what each option of each
-named block frees and costs, measured on one step of the caller's model. `step` runs the forward
-and returns the loss; the profiler calls backward. Nothing about the model or batch is assumed.
-
-Activation bytes = what a forward leaves alive for its backward: on CUDA the growth of
-memory_allocated, on CPU the bytes of the storages it created that are still alive
-(gemref/mfu/memory.py LiveStorages). The un-checkpointed step never runs, so profiling fits
-wherever the fully checkpointed step does: (1) every block "full" gives the reference bytes and
-backward FLOPs; (2) per block, that block at "none" and then at each option, the others "full":
-bytes freed = bytes at "none" - at the option; recompute FLOPs = backward FLOPs at the option -
-at "none". Recompute seconds = the block's time in a step at the option (forward and rerun)
-minus its forward at "none": median of `repeats` rounds after a warm-up, floored at 0
-("compressed": the forward compression only). Blocks share only their inputs and outputs, so
-bytes add: a plan's bytes = base - sum(freed), base = reference + sum of what "full" frees.
-"""
+named block frees and costs, measured on one step (`step`: the forward, returning the loss) of
+the caller's model. Activation bytes = what a forward leaves alive for backward: on CUDA the
+growth of memory_allocated, on CPU the bytes of the storages it created still alive
+(gemref/mfu/memory.py LiveStorages). The un-checkpointed step never runs: with every other block
+"full", a block's bytes freed = bytes at "none" - at the option, recompute FLOPs = backward FLOPs
+at the option - at "none", recompute seconds = its time in the step (forward and rerun) minus
+its forward at "none" (median of `repeats` rounds, floored at 0; "compressed": the compression).
+Blocks share only their inputs and outputs, so bytes add: a plan's bytes = base - sum(freed)."""
 from __future__ import annotations
 
 import statistics
 import time
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..compile import compile_stats
-from ..mfu.memory import LiveStorages, storage_key
+from ..mfu.memory import LiveStorages, SavedTensors, storage_key
 from .plan import APPROXIMATE_OPTIONS, OPTIONS, ActivationProfile, BlockProfile, Plan, applied_plan, apply_plan, \
     find_blocks, remove_plan, solve
 
 if TYPE_CHECKING:
     from ..activation_compression import CompressionSpec
-
-
-class SavedTensors:
-    """saved_tensors_hooks that note each saved storage once, with the block (`current`) that saved it first."""
-
-    def __init__(self, existing: set[int]):
-        self.existing, self.current = existing, "outside"
-        self.saved: dict[int, tuple[StorageWeakRef, int, str]] = {}
-
-    def _pack(self, t: Tensor) -> Tensor:
-        ref = StorageWeakRef(t.untyped_storage())
-        if ref.cdata not in self.existing and ref.cdata not in self.saved:
-            self.saved[ref.cdata] = (ref, t.untyped_storage().nbytes(), self.current)
-        return t
-
-    @contextmanager
-    def active(self) -> Iterator["SavedTensors"]:
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
-            yield self
-
-    def bytes_by_block(self) -> dict[str, int]:
-        """{block: bytes of its saved storages still alive}."""
-        out: dict[str, int] = {}
-        for ref, nbytes, block in self.saved.values():
-            out[block] = out.get(block, 0) + (0 if ref.expired() else nbytes)
-        return out
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -102,12 +68,10 @@ def backward_flops(loss: Tensor, model: nn.Module) -> int:
 
 def profile_blocks(model: nn.Module, blocks: Sequence[str], step: Callable[[], Tensor], *,
                    options: Sequence[str] = ("save_matmuls", "full"), repeats: int = 3,
-                   compression: CompressionSpec | None = None,
-                   inputs: Sequence[Tensor] = ()) -> ActivationProfile:
-    """Measure every named block (module paths) at every option (module docstring): "full" and
-    any of "save_matmuls", "compressed" (in `compression`'s format). The model must be eager and
-    unwrapped (profile, apply, then compile). About len(blocks) * (len(options) + 1) *
-    (repeats + 2) steps, each at most the fully checkpointed step plus one block's activations."""
+                   compression: CompressionSpec | None = None, inputs: Sequence[Tensor] = ()) -> ActivationProfile:
+    """Measure every block (module paths) at "full" and any of "save_matmuls", "compressed" (in
+    `compression`'s format) on the eager, unwrapped model: about len(blocks) * (len(options) + 1)
+    * (repeats + 2) steps, none bigger than the fully checkpointed step plus one block's."""
     valid = OPTIONS[1:] + APPROXIMATE_OPTIONS
     if "full" not in options or set(options) - set(valid) or len(set(options)) != len(options):
         raise ValueError(f"options {tuple(options)!r}: give 'full' (the reference every block is "
@@ -116,9 +80,10 @@ def profile_blocks(model: nn.Module, blocks: Sequence[str], step: Callable[[], T
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if applied_plan(model) or compile_stats(model) is not None:
         raise ValueError("profile the eager model before checkpointing or compiling it")
-    names = list(find_blocks(model, blocks))
-    if len(set(names)) != len(names) or not names:
+    names = list(blocks)
+    if not names or len(set(names)) != len(names):
         raise ValueError(f"blocks must be distinct module paths, at least one; got {names}")
+    find_blocks(model, names)
     device = _device(model)
     all_full = {name: "full" for name in names}
 
@@ -164,18 +129,16 @@ def profile_blocks(model: nn.Module, blocks: Sequence[str], step: Callable[[], T
                 h.remove()
             remove_plan(model)
 
-    def recompute_seconds(name: str) -> dict[str, float]:
-        rounds = [{o: seconds(name, o) for o in ("none", *options)} for _ in range(repeats + 1)][1:]
-        return {o: max(0.0, statistics.median(r[o] - r["none"] for r in rounds)) for o in options}
-
     reference_bytes, reference_forward, reference_backward, _, _ = run(all_full)
     profiled = []
     for name in names:
         none_bytes, _, none_backward, saved_bytes, flops = run({**all_full, name: "none"}, watch=name)
         at = {o: run({**all_full, name: o})[::2] for o in options if o != "full"}
         at["full"] = (reference_bytes, reference_backward)
+        rounds = [{o: seconds(name, o) for o in ("none", *options)} for _ in range(repeats + 1)][1:]  # warm-up
+        median = {o: max(0.0, statistics.median(r[o] - r["none"] for r in rounds)) for o in options}
         profiled.append(BlockProfile(name, saved_bytes, int(flops), {o: none_bytes - at[o][0] for o in options},
-                                     {o: at[o][1] - none_backward for o in options}, recompute_seconds(name)))
+                                     {o: at[o][1] - none_backward for o in options}, median))
     base_bytes = reference_bytes + sum(b.freed_bytes["full"] for b in profiled)
     step_flops = reference_forward + reference_backward - sum(b.recompute_flops["full"] for b in profiled)
     method = "cuda_memory_allocated" if device.type == "cuda" else "cpu_live_storages"
