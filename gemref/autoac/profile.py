@@ -80,10 +80,8 @@ def profile_blocks(model: nn.Module, blocks: Sequence[str], step: Callable[[], T
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if applied_plan(model) or compile_stats(model) is not None:
         raise ValueError("profile the eager model before checkpointing or compiling it")
-    names = list(blocks)
-    if not names or len(set(names)) != len(names):
+    if not (names := list(blocks)) or len(find_blocks(model, names)) != len(names):     # none, or one twice
         raise ValueError(f"blocks must be distinct module paths, at least one; got {names}")
-    find_blocks(model, names)
     device = _device(model)
     all_full = {name: "full" for name in names}
 

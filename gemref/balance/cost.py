@@ -1,11 +1,9 @@
-"""What one training sample costs, as a function of its history length L (chapter 06). The
-balancer equalises this across ranks; any unit works if a batch is priced in one. Three ways:
-`SampleCost` c0 + c1*L + c2*L^2 in the coefficients' unit (FLOPs from a FLOP formula, gemref's:
-gemref/mfu/flops.py `sample_cost_coefficients`); `calibrate`, for a model you bring: time your
-step on a dozen batches of varied size and length mix, fit seconds by non-negative least
-squares and read `r2` before trusting it; or any callable lengths (B,) int64 -> costs (B,).
-`sample_costs(cost, lengths)` prices lengths with any of them (a `Calibration` too).
-"""
+"""What one training sample costs, as a function of its history length L (chapter 06): what the
+balancer equalises across ranks, in any one unit. `SampleCost` c0 + c1*L + c2*L^2 in the
+coefficients' unit (FLOPs: gemref/mfu/flops.py `sample_cost_coefficients`); `calibrate` for a
+model you bring: time your step on a dozen batches of varied size and length mix, fit seconds by
+non-negative least squares, read `r2` before trusting it; or any callable lengths (B,) -> costs
+(B,). `sample_costs(cost, lengths)` prices lengths with any of them (a `Calibration` too)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -82,8 +80,7 @@ def sample_costs(cost: CostLike, lengths) -> np.ndarray:
     """(B,) float64 costs of samples with these history lengths, priced by a SampleCost, a
     Calibration or a callable; ValueError when `cost` is none of them or returns bad costs."""
     L = check_lengths(lengths)
-    if isinstance(cost, Calibration):
-        cost = cost.cost
+    cost = cost.cost if isinstance(cost, Calibration) else cost
     if isinstance(cost, SampleCost):
         return cost.cost(L)
     if not callable(cost):

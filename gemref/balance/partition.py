@@ -8,10 +8,9 @@ all-gather the lengths first); ties go by sample index, then rank index. Policy 
 exchanges nothing either: a rank keeps round_robin's samples and changes only WHEN it uses each.
 
 The loss rule: ranks hold different counts, so a per-rank MEAN loss weights samples unequally.
-Each rank divides its SUMMED loss by `loss_divisor` (N when gradients are summed across ranks,
-as gemref's DDP and FSDP do, N / world when averaged); the reduced gradient is then exactly the
-single-process gradient of the global batch's mean loss (gemref/train/compose.py `Setup.normalizer`).
-"""
+Each rank divides its SUMMED loss by `loss_divisor` (N when gradients are summed across ranks, as
+gemref's DDP and FSDP do, N / world when averaged): the reduced gradient is then exactly the
+single-process gradient of the global batch's mean loss."""
 from __future__ import annotations
 
 import heapq
@@ -103,11 +102,9 @@ def _enforce_min_count(c: np.ndarray, parts: Partition, min_per_rank: int) -> Pa
     while short := [r for r, p in enumerate(parts) if len(p) < min_per_rank]:
         dst, loads = short[0], rank_loads(c, parts)
         best = None  # (resulting max load, sample, donor)
-        for src, p in enumerate(parts):
-            if len(p) <= min_per_rank:
-                continue
+        for src in [r for r, p in enumerate(parts) if len(p) > min_per_rank]:
             others = np.delete(loads, [src, dst]).max(initial=0.0)
-            for i in p:
+            for i in parts[src]:
                 new_max = max(others, loads[src] - c[i], loads[dst] + c[i])
                 if best is None or (new_max, i) < best[:2]:
                     best = (new_max, i, src)
@@ -160,9 +157,8 @@ KK_MAX_WORK = 2_000_000
 
 
 def kk_refined(costs, ranks: int, min_per_rank: int = 0) -> Partition:
-    """Policy "kk": Karmarkar-Karp and LPT, each refined; the lower max load. Never worse than LPT;
-    against the exhaustive optimum (2000 heavy-tailed cases, n <= 10, R = 2, 3) optimal on 96.9%,
-    worst 1.075x (LPT: 91.6%, 1.089x), as tests/test_balance.py checks."""
+    """Policy "kk": Karmarkar-Karp and LPT, each refined; the lower max load, never worse than LPT. Of
+    2000 heavy-tailed cases (n <= 10, R = 2, 3) optimal on 96.9%, worst 1.075x (LPT 91.6%, 1.089x)."""
     c = check_costs(costs)
     starts = [lpt(c, ranks)] if len(c) * ranks > KK_MAX_WORK else [karmarkar_karp(c, ranks), lpt(c, ranks)]
     candidates = [refine(c, _enforce_min_count(c, start, min_per_rank), min_per_rank) for start in starts]
@@ -201,11 +197,9 @@ def loss_divisor(global_size: int, world: int = 1, grad_reduce: str = "sum") -> 
     (the sampler's `global_size(step)`) for grad_reduce "sum", N / world for "mean"."""
     check_int("global_size", global_size, 1)
     check_int("world", world, 1)
-    if grad_reduce == "sum":
-        return int(global_size)
-    if grad_reduce == "mean":
-        return global_size / world
-    raise ValueError(f"grad_reduce={grad_reduce!r}; valid: sum, mean")
+    if grad_reduce not in ("sum", "mean"):
+        raise ValueError(f"grad_reduce={grad_reduce!r}; valid: sum, mean")
+    return int(global_size) if grad_reduce == "sum" else global_size / world
 
 
 def closest_subset(values: np.ndarray, k: int, aim: float) -> np.ndarray:
@@ -226,8 +220,7 @@ def closest_subset(values: np.ndarray, k: int, aim: float) -> np.ndarray:
         j = np.searchsorted(u_sorted, values[ci] + gap)        # the partner that would close the gap
         cand = np.stack([np.clip(j - 1, 0, len(ui) - 1), np.clip(j, 0, len(ui) - 1)])
         resid = np.abs(gap - (u_sorted[cand] - values[ci][None, :]))
-        flat = int(np.argmin(resid.T.ravel()))                # chosen-major: ties -> the older chosen value
-        a, side = divmod(flat, 2)
+        a, side = divmod(int(np.argmin(resid.T.ravel())), 2)    # chosen-major: ties -> the older chosen value
         if not resid[side, a] < abs(gap) * (1 - 1e-12):
             break
         b = ui[order[cand[side, a]]]
@@ -251,17 +244,15 @@ def local_schedule(share_costs: Sequence, target_per_sample: float, pool_steps: 
     counts, steps = [len(c) for c in shares], len(shares)
     if steps > 1 and (len(set(counts[:-1])) > 1 or counts[-1] > counts[0]):
         raise ValueError(f"shares must hold equal counts (the last may hold fewer), got {counts}")
-    home = np.repeat(np.arange(steps), counts)
     position = np.concatenate([np.arange(n) for n in counts]) if steps else np.zeros(0, dtype=np.int64)
     cost = np.concatenate(shares) if steps else np.zeros(0)
-    ends = np.cumsum(counts)
+    home, ends = np.repeat(np.arange(steps), counts), np.cumsum(counts)
     pending, loaded, plan = np.zeros(0, dtype=np.int64), 0, []    # pending: stream indices (home-major) not used yet
     for s in range(steps):
         top = min(s + pool_steps - 1, steps - 1)
         pending, loaded = np.concatenate([pending, np.arange(loaded, ends[top])]), int(ends[top])
         forced = np.ones(len(pending), dtype=bool) if s == steps - 1 else home[pending] <= s - (pool_steps - 1)
-        optional = pending[~forced]
-        free = counts[s] - int(forced.sum())
+        optional, free = pending[~forced], counts[s] - int(forced.sum())
         assert 0 <= free <= len(optional), "the pool always covers the step (docstring)"
         per_sample = target_per_sample if top < steps - 1 else float(cost[pending].mean())
         aim = counts[s] * per_sample - float(cost[pending[forced]].sum())
