@@ -435,3 +435,25 @@ def test_the_line_budget_leaves_out_only_the_kernels_sources():
              "gemref.attention.sdpa": str(PACKAGE / "attention" / "sdpa.py")}
     assert set(counted_lines(files)) == {"gemref.train.loop", "gemref.attention.sdpa"}
     assert counted_lines(files)["gemref.train.loop"] == len((PACKAGE / "train" / "loop.py").read_text().splitlines())
+
+
+# What a reader copies to take one technique into their own trainer, and its line budget (about
+# 400 lines, at most two files; docs/design.md, "Where things moved (the reference layout)"). The
+# switches (<package>/config.py) and a package's __init__ stay out: gemref's, not the technique's.
+TECHNIQUE_FILES = {
+    "autoac": (("autoac/profile.py", "autoac/plan.py"), 400),
+    "load balancing": (("balance/cost.py", "balance/partition.py"), 400),
+    "float8 / MXFP8": (("precision/apply.py", "precision/torchao_layers.py"), 400),
+    "activation compression": (("activation_compression.py",), 400),
+}
+
+
+def test_each_technique_fits_its_line_budget():
+    over = []
+    for technique, (files, budget) in TECHNIQUE_FILES.items():
+        lines = {f: len((PACKAGE / f).read_text().splitlines()) for f in files}
+        assert len(files) <= 2, f"{technique}: a reader opens at most two files, the table lists {files}"
+        if sum(lines.values()) > budget:
+            over.append(f"{technique}: {sum(lines.values())} lines > {budget}: "
+                        + ", ".join(f"gemref/{f} {n}" for f, n in lines.items()))
+    assert not over, "\n".join(over)

@@ -19,7 +19,7 @@ from gemref.measure.run import plan_record
 from gemref.autoac.plan import PREFIX
 from gemref.measure.batch_search import (SEARCH_CAP, find_batch_size, gemref_activation_bytes,
                                         gemref_profile, larger_batch, largest_fitting)
-from gemref.autoac.profile import SavedTensors
+from gemref.mfu.memory import SavedTensors
 from gemref.autoac.plan import option_cost
 from gemref.data.batches import batch_with_lengths
 from gemref.config import get_preset, override

@@ -8,10 +8,10 @@ import pytest
 import torch
 from hypothesis import assume, given, settings, strategies as st
 
-from gemref.balance import (POLICIES, SampleCost, calibrate, explained_by, imbalance, karmarkar_karp, loss_divisor,
-                            lpt, partition, rank_loads, refine, round_robin, sample_costs, sorted_chunk)
-from gemref.balance.cost import _nnls
-from gemref.measure.balance_compare import compare, idle_fraction
+from gemref.balance import (POLICIES, SampleCost, calibrate, karmarkar_karp, loss_divisor, lpt, nnls, partition,
+                            rank_loads, refine, round_robin, sample_costs, sorted_chunk)
+from gemref.measure.balance_compare import compare, idle_fraction, imbalance
+from gemref.measure.balance_policies import explained_by
 from gemref.data.sampler import BalancedDistributedBatchSampler
 
 # Heavy-tailed costs: mostly small, a few huge, ties and zeros included.
@@ -92,7 +92,7 @@ def test_calibrate_keeps_coefficients_non_negative():
 def test_nnls_satisfies_kkt(m, k, seed):
     rng = np.random.default_rng(seed)
     A, y = rng.normal(size=(m, k)) * 10.0 ** rng.integers(-3, 4, size=k), rng.normal(size=m)
-    x = _nnls(A, y)
+    x = nnls(A, y)
     grad = A.T @ (A @ x - y)                  # gradient of 0.5 * ||Ax - y||^2
     scale = np.linalg.norm(A, axis=0) * (np.linalg.norm(y) + 1)
     assert np.all(x >= 0)

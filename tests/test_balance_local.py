@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from gemref.balance import (SampleCost, closest_subset, imbalance, local_rank_batches, local_schedule,
-                            round_robin)
-from gemref.measure.balance_compare import compare, displacement, epoch_plan, exchange_bytes
+from gemref.balance import SampleCost, closest_subset, local_rank_batches, local_schedule, round_robin
+from gemref.measure.balance_compare import compare, displacement, epoch_plan, exchange_bytes, imbalance
 from gemref.cli import main
 from gemref.data.sampler import BalancedDistributedBatchSampler
 from gemref.data.synthetic import draw_lengths

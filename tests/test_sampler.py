@@ -5,7 +5,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch.utils.data import DataLoader, Dataset
 
-from gemref.balance import POLICIES, SampleCost, imbalance, rank_loads
+from gemref.balance import POLICIES, SampleCost, rank_loads
+from gemref.measure.balance_compare import imbalance
 from gemref.data.synthetic import draw_lengths
 from gemref.data.sampler import BalancedDistributedBatchSampler, TokenBudgetBatcher
 

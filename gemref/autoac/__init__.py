@@ -29,13 +29,14 @@ bytes fit the budget; exact) and wraps each chosen block in a `CheckpointedBlock
 torchtitan's checkpoint_wrapper does. PyTorch 2's `activation_memory_budget` (ac mode
 "memory_budget", torchtitan's name) decides inside compiled graphs instead; the chapter compares
 them. config.py holds the switches (ActivationCheckpointConfig: --ac, --ac-budget, --ac-plan,
---ac-compress). The lab spends freed memory on a larger batch (gemref/measure/batch_search.py).
+--ac-compress) and a plan's text, the --ac-plan value (`parse_plan`, `Plan.summary()`). The
+lab spends freed memory on a larger batch (gemref/measure/batch_search.py).
 """
 from ..runtime.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
-    ".plan": ("APPROXIMATE_OPTIONS", "LETTERS", "OPTIONS", "ActivationProfile", "BlockProfile", "CheckpointedBlock",
-              "Plan", "applied_plan", "apply_plan", "parse_plan", "plan_of", "remove_plan", "saved_compression",
-              "solve"),
-    ".config": ("AC_COMPRESSIONS", "AC_MODES", "AC_PLAN_PATTERN", "ActivationCheckpointConfig"),
+    ".plan": ("APPROXIMATE_OPTIONS", "OPTIONS", "ActivationProfile", "BlockProfile", "CheckpointedBlock",
+              "Plan", "applied_plan", "apply_plan", "plan_of", "remove_plan", "saved_compression", "solve"),
+    ".config": ("AC_COMPRESSIONS", "AC_MODES", "AC_PLAN_PATTERN", "LETTERS", "ActivationCheckpointConfig",
+                "parse_plan", "plan_text"),
     ".profile": ("activation_bytes", "auto_checkpoint", "profile_blocks")})

@@ -1,25 +1,13 @@
-"""AutoAC's plan: the solver that picks one option per block, and the wrapper that applies it
-(the idea and the options: gemref/autoac/__init__.py).
+"""AutoAC's plan (chapter 05; the idea and the options: gemref/autoac/__init__.py): the solver
+that picks one option per block, and the wrapper that applies it.
 
-Solver: minimise sum cost(block, option) subject to base_bytes - sum freed(block, option) <=
-budget. Cost, by `objective`: "time" (default) the measured recompute seconds, "flops" the
-recomputed FLOPs (kept for comparison: a FLOP of element-wise recompute is far dearer than one
-of matmul, so FLOP-minimal plans are slower than they look; FLOPs stay on the plan for HFU).
-Ties go to the other measure, then to the plan that frees (so recomputes) fewer bytes. These
-tuples compare lexicographically, which is compatible with adding them, so the pruning below is
-exact. A dynamic programme keeps, after each block, the Pareto set of partial plans (bytes freed,
-capped at what the budget needs; cost), dropping one when another frees at least as much at
-no more cost: it can never complete into a better plan. Bytes are large integers, so no table
-over bytes (which would need rounding); the set stays small because blocks of one kind repeat
-with near-equal figures. Options that free nothing are never chosen.
-
-Apply. Each chosen block is replaced, in its parent, by a `CheckpointedBlock` that holds it as
-`_checkpoint_wrapped_module` (the name of torch's own checkpoint_wrapper, torchtitan's AC), so
-torch.distributed.checkpoint's state dicts, and `state_dict()` (hooks below), drop it from
-parameter names: a checkpoint written with one plan loads under another or none
-(`named_parameters()` does show it). The plan lives on the wrappers: `applied_plan(model)`
-reads it back, `remove_plan(model)` puts every block back where its wrapper was.
-"""
+Solve: the least sum of cost(block, option) with base_bytes - sum freed(block, option) <= budget.
+Cost, by `objective`: "time" (default) the recompute seconds, then FLOPs, then bytes freed (fewer
+first); "flops" FLOPs first. Tuples add and compare lexicographically, so pruning is exact: after
+each block a dynamic programme keeps the Pareto set of partial plans (bytes freed, capped at
+what the budget needs; cost). Apply: a chosen block is replaced in its parent by a
+`CheckpointedBlock` holding it as `_checkpoint_wrapped_module` (torch's checkpoint_wrapper's
+name), which `state_dict()` drops: a checkpoint written under one plan loads under another."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,17 +19,16 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts, noop_context_fn
 from torch.utils.flop_counter import flop_registry
 
+from .config import plan_text
+
 OPTIONS = ("none", "save_matmuls", "full")  # exact: gradients unchanged bit for bit
 APPROXIMATE_OPTIONS = ("compressed",)       # gradients within the compression format's error
-LETTERS = {"none": "-", "save_matmuls": "S", "full": "F", "compressed": "C"}   # Plan.summary()
 OBJECTIVES = ("time", "flops")
 PREFIX = "_checkpoint_wrapped_module."
 
 
 @dataclass(frozen=True)
-class BlockProfile:
-    """One block's figures on the profiled step (bytes, FLOPs, seconds)."""
-
+class BlockProfile:                  # one block's figures on the profiled step
     name: str                        # the block's module path (fqn)
     saved_bytes: int                 # bytes it saves for backward, storages deduplicated
     forward_flops: int               # FLOPs of its forward (FlopCounterMode)
@@ -75,38 +62,8 @@ class Plan:
     objective: str = "time"
 
     def summary(self) -> str:
-        """One letter per block (LETTERS), grouped by the last non-numeric part of the block's
-        name: GEMRef's "layers.{i}.{kind}" give "sequence:SF interaction:-- cross:F-"."""
-        return " ".join(f"{key}:" + "".join(LETTERS[self.choices.get(n, "none")] for n in names)
-                        for key, names in groups(self.blocks).items())
-
-
-
-def groups(blocks) -> dict[str, list[str]]:
-    """Block names grouped by their last non-numeric part ("layers.3.cross" -> "cross"; a name
-    with none, e.g. "stack.0", by its first part), in order of first appearance."""
-    out: dict[str, list[str]] = {}
-    for name in blocks:
-        out.setdefault(([p for p in name.split(".") if not p.isdigit()] or [name])[-1], []).append(name)
-    return out
-
-
-def parse_plan(text: str, blocks) -> dict[str, str]:
-    """Plan.summary() text -> {block fqn: option} of the blocks it wraps, for the blocks in
-    forward order (`blocks`); ValueError naming what is wrong."""
-    letters = {v: k for k, v in LETTERS.items()}
-    expected = groups(blocks)
-    parts = dict(part.split(":", 1) for part in text.split() if ":" in part)
-    if sorted(parts) != sorted(expected) or len(text.split()) != len(expected):
-        raise ValueError(f"plan {text!r}: expected one 'group:letters' per block group "
-                         f"({', '.join(expected)}), e.g. {' '.join(k + ':' + '-' * len(v) for k, v in expected.items())!r}")
-    choices = {}
-    for key, row in parts.items():
-        if len(row) != len(expected[key]) or any(c not in letters for c in row):
-            raise ValueError(f"plan {text!r}: {key} needs {len(expected[key])} letters of "
-                             f"{''.join(letters)} (one per block), got {row!r}")
-        choices.update({n: letters[c] for n, c in zip(expected[key], row) if letters[c] != "none"})
-    return choices
+        """The plan as the ac_plan switch's text, e.g. "sequence:SF interaction:-- cross:F-"."""
+        return plan_text(self.choices, self.blocks)
 
 
 def plan_of(profile: ActivationProfile, choices: Mapping[str, str], budget_bytes: int | None = None,
@@ -123,9 +80,8 @@ def plan_of(profile: ActivationProfile, choices: Mapping[str, str], budget_bytes
 
 
 def solve(profile: ActivationProfile, budget_bytes: int, objective: str = "time") -> Plan:
-    """The least-cost plan (module docstring) whose activation bytes fit `budget_bytes`. A budget
-    at or above `profile.base_bytes` gives the empty plan; one below `profile.min_bytes` (every
-    block at its most memory-saving option) is a ValueError."""
+    """The least-cost plan (module docstring) whose activation bytes fit `budget_bytes`; ValueError
+    below `profile.min_bytes` (every block at its most memory-saving option)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective={objective!r}; valid: {', '.join(OBJECTIVES)}")
     if budget_bytes <= 0:
@@ -134,9 +90,7 @@ def solve(profile: ActivationProfile, budget_bytes: int, objective: str = "time"
         raise ValueError(f"activation budget {budget_bytes:,} bytes is below the minimum achievable "
                          f"{profile.min_bytes:,} bytes (every block at its most memory-saving option; "
                          f"{profile.base_bytes:,} bytes with no checkpointing)")
-    need = profile.base_bytes - budget_bytes
-    if need <= 0:
-        return plan_of(profile, {}, budget_bytes, objective)
+    need = profile.base_bytes - budget_bytes     # <= 0: every plan fits, the cheapest is no plan
     _, _, choices = min((s for s in partial_plans(profile, need, objective) if s[0] >= need), key=lambda s: s[1])
     plan = plan_of(profile, dict(zip((b.name for b in profile.blocks), choices)), budget_bytes, objective)
     assert plan.predicted_bytes <= budget_bytes
@@ -152,9 +106,8 @@ def option_cost(block: BlockProfile, option: str, objective: str = "time") -> tu
 
 
 def partial_plans(profile: ActivationProfile, need: int, objective: str = "time") -> list[tuple]:
-    """The dynamic programme: the undominated plans as (bytes freed capped at `need`, cost, one
-    option per block). With need above every plan's bytes freed nothing is capped, and the list
-    holds every plan on the Pareto front of bytes freed vs cost."""
+    """The undominated plans as (bytes freed capped at `need`, cost, one option per block); with
+    `need` above any plan's bytes freed, the Pareto front of bytes freed vs cost."""
     states: list[tuple] = [(0, (0, 0, 0), ())]
     for block in profile.blocks:
         useful = [(o, block.freed_bytes[o], option_cost(block, o, objective)) for o in profile.options
@@ -163,30 +116,21 @@ def partial_plans(profile: ActivationProfile, need: int, objective: str = "time"
         grown += [(min(cap + f, need), tuple(a + b for a, b in zip(cost, c)), ch + (o,))
                   for cap, cost, ch in states for o, f, c in useful]
         grown.sort(key=lambda s: (-s[0], s[1]))         # keep a state only if cheaper than all freeing more
-        states, best = [], None
+        states = []
         for s in grown:
-            if best is None or s[1] < best:
+            if not states or s[1] < states[-1][1]:
                 states.append(s)
-                best = s[1]
     return states
 
 
-def saves_output(op) -> bool:
-    """The save_matmuls policy: keep the output of ops that cost FLOPs or whose cost is unknown:
-    priced by FlopCounterMode (matmul family, convolution, attention), any other aten op named
-    *attention* / *scaled_dot_product*, and non-aten ops (custom kernels such as
-    gemref::cpu_jagged_fwd: the policy sees them as one op, so their FLOPs are never
-    recomputed). Aten ops that write into a tensor they are given (`out=` variants, in-place)
-    are never saved: what they write may be a reused workspace, not an activation."""
-    if op.namespace != "aten":
-        return True
+def save_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """Save the outputs of ops that cost FLOPs or whose cost is unknown (FlopCounterMode's, aten
+    *attention* / *scaled_dot_product*, non-aten custom kernels), never of aten ops writing into
+    a given tensor (`out=`, in-place: maybe a reused workspace); recompute the rest."""
     name = op.overloadpacket.__name__
-    return not op._schema.is_mutable and (op.overloadpacket in flop_registry or "attention" in name
-                                          or "scaled_dot_product" in name)
-
-
-def _save_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if saves_output(op) else CheckpointPolicy.PREFER_RECOMPUTE
+    keep = op.namespace != "aten" or not op._schema.is_mutable and (
+        op.overloadpacket in flop_registry or "attention" in name or "scaled_dot_product" in name)
+    return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _strip_prefix(module, state_dict, prefix, local_metadata):
@@ -201,11 +145,8 @@ def _add_prefix(state_dict, prefix, *args):
 
 
 class CheckpointedBlock(nn.Module):
-    """One block run under one option: "full" or "save_matmuls" through torch.utils.checkpoint
-    (non-reentrant), "compressed" under `compression`'s saved_tensors_hooks
-    (gemref/activation_compression.py SavedCompression). Without grad (evaluation) the block
-    runs as it is. `clock`, when set (the profiler), is called with "start" / "stop" around
-    every run of the block, the recompute in backward included."""
+    """One block under one option: "full", "save_matmuls" by torch.utils.checkpoint (non-reentrant),
+    "compressed" under a SavedCompression's saved_tensors_hooks; without grad, the block as it is."""
 
     def __init__(self, block: nn.Module, option: str, compression=None):
         super().__init__()
@@ -214,35 +155,24 @@ class CheckpointedBlock(nn.Module):
         if (option == "compressed") != (compression is not None):
             raise ValueError("a 'compressed' block needs its SavedCompression (and only it does)")
         self._checkpoint_wrapped_module = block
-        self.option, self.compression, self.clock = option, compression, None
-        self.plan = None      # the Plan this wrapper belongs to (apply_plan), if a solver made one
+        self.option, self.compression, self.plan = option, compression, None   # plan: the solver's (apply_plan)
         self._register_state_dict_hook(_strip_prefix)
         self._register_load_state_dict_pre_hook(_add_prefix)
 
-    def _run(self, *args, **kwargs):
-        if self.clock is None:
-            return self._checkpoint_wrapped_module(*args, **kwargs)
-        self.clock("start")
-        try:
-            return self._checkpoint_wrapped_module(*args, **kwargs)
-        finally:
-            self.clock("stop")
-
-    # Under torch.compile of a caller's whole model the hooks must run eagerly around what is
-    # compiled (a traced pack fails: inductor's CPU backend has no E8M0), so skip this frame.
+    # The hooks run eagerly around what torch.compile traces (a traced pack fails: no E8M0 on CPU).
     @torch.compiler.disable(recursive=False)
     def _compressed(self, *args, **kwargs):
         with self.compression.hooks(self._checkpoint_wrapped_module):
-            return self._run(*args, **kwargs)
+            return self._checkpoint_wrapped_module(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
         if not torch.is_grad_enabled():
             return self._checkpoint_wrapped_module(*args, **kwargs)
         if self.option == "compressed":
             return self._compressed(*args, **kwargs)
-        context = (partial(create_selective_checkpoint_contexts, _save_matmuls_policy)
+        context = (partial(create_selective_checkpoint_contexts, save_matmuls_policy)
                    if self.option == "save_matmuls" else noop_context_fn)
-        return checkpoint(self._run, *args, use_reentrant=False, context_fn=context, **kwargs)
+        return checkpoint(self._checkpoint_wrapped_module, *args, use_reentrant=False, context_fn=context, **kwargs)
 
 
 def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -254,8 +184,7 @@ def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
 
 
 def find_blocks(model: nn.Module, blocks) -> dict[str, nn.Module]:
-    """{name: module} of the blocks named by module path (`model.get_submodule`); ValueError
-    naming the first that is missing or is the model itself."""
+    """{name: module} of blocks named by module path; ValueError naming the first missing one."""
     found = {}
     for name in blocks:
         if not isinstance(name, str) or not name:
@@ -269,18 +198,13 @@ def find_blocks(model: nn.Module, blocks) -> dict[str, nn.Module]:
 
 
 def apply_plan(model: nn.Module, plan, *, compression=None) -> None:
-    """Wrap each block of `plan` (a Plan or {block fqn: option}; "none" and blocks left out stay
-    as they are) in a CheckpointedBlock placed where the block was. "compressed" blocks share
-    one SavedCompression in `compression`'s format (a CompressionSpec, default mxfp8); its
-    counters: `saved_compression(model).stats`. Apply before torch.compile and FSDP."""
+    """Put each block of `plan` (a Plan or {block fqn: option}; "none" and blocks left out stay) in
+    a CheckpointedBlock; "compressed" ones share a SavedCompression in `compression`'s format (a
+    CompressionSpec, default mxfp8). Apply before torch.compile and FSDP."""
     choices = dict(getattr(plan, "choices", plan))
     blocks = find_blocks(model, choices)
-    for name, option in choices.items():
-        if option not in OPTIONS + APPROXIMATE_OPTIONS:
-            raise ValueError(f"unknown checkpoint option {option!r} for {name}; "
-                             f"valid: {', '.join(OPTIONS + APPROXIMATE_OPTIONS)}")
-        if isinstance(blocks[name], CheckpointedBlock):
-            raise ValueError(f"{name} is already checkpointed ({blocks[name].option}); remove_plan first")
+    if done := [name for name, block in blocks.items() if isinstance(block, CheckpointedBlock)]:
+        raise ValueError(f"{done[0]} is already checkpointed ({blocks[done[0]].option}); remove_plan first")
     shared = saved_compression(model)
     if "compressed" in choices.values():      # imported on use: the exact options need nothing of it
         from ..activation_compression import CompressionSpec, SavedCompression
@@ -288,17 +212,16 @@ def apply_plan(model: nn.Module, plan, *, compression=None) -> None:
         if shared is not None and shared.spec != spec:
             raise ValueError(f"the model already compresses with {shared.spec}; remove_plan first")
         shared = shared or SavedCompression(spec)
-    for name, option in choices.items():
-        if option != "none":
-            parent, child = _parent(model, name)
-            setattr(parent, child, CheckpointedBlock(blocks[name], option, shared if option == "compressed" else None))
+    wrapped = {name: CheckpointedBlock(blocks[name], option, shared if option == "compressed" else None)
+               for name, option in choices.items() if option != "none"}   # all checked before any moves
+    for name, wrapper in wrapped.items():
+        setattr(*_parent(model, name), wrapper)
     for wrapper in wrappers(model).values():
         wrapper.plan = plan if hasattr(plan, "choices") else None   # the solver's Plan, if any
 
 
 def wrappers(model: nn.Module) -> dict[str, CheckpointedBlock]:
-    """{module path: wrapper} of every wrapped block, in module order (a path passes through
-    the wrappers above it, if blocks are nested)."""
+    """{module path: wrapper} of every wrapped block, in module order (nested: through the wrappers above)."""
     return {name: m for name, m in model.named_modules() if isinstance(m, CheckpointedBlock)}
 
 

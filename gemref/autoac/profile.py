@@ -1,67 +1,29 @@
-"""AutoAC's profiler: what each option of each named block frees and costs, measured on one step
-of the caller's own model (the idea: gemref/autoac/__init__.py). `step` runs the forward and
-returns the loss; the profiler calls backward. Nothing about the model or its batch is assumed.
-
-Activation bytes = the memory a forward leaves alive for its backward: on CUDA
-torch.cuda.memory_allocated after it minus before; on CPU the bytes of the storages it created
-that are still alive (gemref/mfu/memory.py LiveStorages, the one storage tracker).
-
-The pass never runs the un-checkpointed step, so it fits wherever the fully checkpointed step
-does: (1) every block "full": reference bytes and backward FLOPs (FlopCounterMode); (2) per
-block, that block at "none", then at each option, every other block "full": bytes freed by an
-option = bytes at "none" - bytes at it, recompute FLOPs = backward FLOPs at it - at "none"; at
-"none" the block's saved bytes and forward FLOPs are noted too. Recompute seconds = the time
-the block's runs take in a step at the option (its forward and, checkpointed, its rerun in
-backward) minus its forward at "none", the median over `repeats` rounds that run "none" and
-every option in turn (after one warm-up round), floored at 0 ("compressed": the compression in
-forward; the expansion in backward is not counted). Blocks share only their inputs and
-outputs, alive under any plan, so bytes add: a plan's bytes = base - sum(freed), base =
-reference + sum of what "full" frees (tests check both against measured steps).
-"""
+"""AutoAC's profiler (chapter 05; the idea: gemref/autoac/__init__.py): what each option of each
+named block frees and costs, measured on one step (`step`: the forward, returning the loss) of
+the caller's model. Activation bytes = what a forward leaves alive for backward: on CUDA the
+growth of memory_allocated, on CPU the bytes of the storages it created still alive
+(gemref/mfu/memory.py LiveStorages). The un-checkpointed step never runs: with every other block
+"full", a block's bytes freed = bytes at "none" - at the option, recompute FLOPs = backward FLOPs
+at the option - at "none", recompute seconds = its time in the step (forward and rerun) minus
+its forward at "none" (median of `repeats` rounds, floored at 0; "compressed": the compression).
+Blocks share only their inputs and outputs, so bytes add: a plan's bytes = base - sum(freed)."""
 from __future__ import annotations
 
 import statistics
 import time
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..compile import compile_stats
-from ..mfu.memory import LiveStorages, storage_key
+from ..mfu.memory import LiveStorages, SavedTensors, storage_key
 from .plan import APPROXIMATE_OPTIONS, OPTIONS, ActivationProfile, BlockProfile, Plan, applied_plan, apply_plan, \
     find_blocks, remove_plan, solve
 
 if TYPE_CHECKING:
     from ..activation_compression import CompressionSpec
-
-
-class SavedTensors:
-    """saved_tensors_hooks that note each saved storage once, with the block that saved it first."""
-
-    def __init__(self, existing: set[int]):
-        self.existing, self.current = existing, "outside"
-        self.saved: dict[int, tuple[StorageWeakRef, int, str]] = {}
-
-    def _pack(self, t: Tensor) -> Tensor:
-        ref = StorageWeakRef(t.untyped_storage())
-        if ref.cdata not in self.existing and ref.cdata not in self.saved:
-            self.saved[ref.cdata] = (ref, t.untyped_storage().nbytes(), self.current)
-        return t
-
-    @contextmanager
-    def active(self) -> Iterator["SavedTensors"]:
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
-            yield self
-
-    def bytes_by_block(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for ref, nbytes, block in self.saved.values():
-            out[block] = out.get(block, 0) + (0 if ref.expired() else nbytes)
-        return out
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -74,8 +36,8 @@ def _existing(model: nn.Module, inputs: Sequence[Tensor]) -> list[Tensor]:
 
 def forward_with_bytes(model: nn.Module, step: Callable[[], Tensor],
                        inputs: Sequence[Tensor] = ()) -> tuple[Tensor, int]:
-    """Run `step` (the forward, returning the loss); return the loss and the activation bytes it
-    leaves for backward. `inputs`: tensors that existed before (the batch; never counted)."""
+    """Run `step`; return the loss and the activation bytes it leaves for backward. `inputs`:
+    tensors that existed before (the batch), never counted."""
     device = _device(model)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -93,9 +55,7 @@ def forward_with_bytes(model: nn.Module, step: Callable[[], Tensor],
 
 def activation_bytes(model: nn.Module, step: Callable[[], Tensor], inputs: Sequence[Tensor] = ()) -> int:
     """Activation bytes of one forward (`step`) with the model as it is (plan applied)."""
-    loss, nbytes = forward_with_bytes(model, step, inputs)
-    del loss
-    return nbytes
+    return forward_with_bytes(model, step, inputs)[1]
 
 
 def backward_flops(loss: Tensor, model: nn.Module) -> int:
@@ -108,14 +68,10 @@ def backward_flops(loss: Tensor, model: nn.Module) -> int:
 
 def profile_blocks(model: nn.Module, blocks: Sequence[str], step: Callable[[], Tensor], *,
                    options: Sequence[str] = ("save_matmuls", "full"), repeats: int = 3,
-                   compression: CompressionSpec | None = None,
-                   inputs: Sequence[Tensor] = ()) -> ActivationProfile:
-    """Measure every named block (module paths) with every option on the step `step` runs
-    (module docstring). `options`: "full" and any of "save_matmuls", "compressed" (in
-    `compression`'s format). The model must be eager and unwrapped (profile, then apply, then
-    compile). Costs about len(blocks) * (len(options) + 1) * (repeats + 2) steps; the most
-    memory one needs is the fully checkpointed step plus one block's activations. Leaves no
-    gradients."""
+                   compression: CompressionSpec | None = None, inputs: Sequence[Tensor] = ()) -> ActivationProfile:
+    """Measure every block (module paths) at "full" and any of "save_matmuls", "compressed" (in
+    `compression`'s format) on the eager, unwrapped model: about len(blocks) * (len(options) + 1)
+    * (repeats + 2) steps, none bigger than the fully checkpointed step plus one block's."""
     valid = OPTIONS[1:] + APPROXIMATE_OPTIONS
     if "full" not in options or set(options) - set(valid) or len(set(options)) != len(options):
         raise ValueError(f"options {tuple(options)!r}: give 'full' (the reference every block is "
@@ -124,30 +80,23 @@ def profile_blocks(model: nn.Module, blocks: Sequence[str], step: Callable[[], T
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if applied_plan(model) or compile_stats(model) is not None:
         raise ValueError("profile the eager model before checkpointing or compiling it")
-    names = list(find_blocks(model, blocks))
-    if len(set(names)) != len(names) or not names:
+    if not (names := list(blocks)) or len(find_blocks(model, names)) != len(names):     # none, or one twice
         raise ValueError(f"blocks must be distinct module paths, at least one; got {names}")
     device = _device(model)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     all_full = {name: "full" for name in names}
 
     def run(choices: dict[str, str], watch: str | None = None):
-        """Bytes, forward FLOPs and backward FLOPs of one step; the watched ("none") block's
-        saved bytes and forward FLOPs."""
+        """(bytes, forward FLOPs, backward FLOPs, the watched block's saved bytes and forward FLOPs)."""
         apply_plan(model, choices, compression=compression)
-        existing = {storage_key(t) for t in _existing(model, inputs)}
-        saved, counter, at, hooks = SavedTensors(existing), FlopCounterMode(display=False), [0, 0], []
+        saved = SavedTensors({storage_key(t) for t in _existing(model, inputs)})
+        counter, at, hooks = FlopCounterMode(display=False), [0, 0], []
         if watch is not None:
+            def mark(i: int, current: str):
+                def hook(*_):
+                    saved.current, at[i] = current, counter.get_total_flops()
+                return hook
             block = model.get_submodule(watch)
-
-            def enter(*_):
-                saved.current = watch
-                at[0] = counter.get_total_flops()
-
-            def leave(*_):
-                saved.current = "outside"
-                at[1] = counter.get_total_flops()
-            hooks = [block.register_forward_pre_hook(enter), block.register_forward_hook(leave)]
+            hooks = [block.register_forward_pre_hook(mark(0, watch)), block.register_forward_hook(mark(1, "outside"))]
         try:
             with counter, saved.active():
                 loss, nbytes = forward_with_bytes(model, step, inputs)
@@ -159,17 +108,16 @@ def profile_blocks(model: nn.Module, blocks: Sequence[str], step: Callable[[], T
             remove_plan(model)
 
     def seconds(name: str, option: str) -> float:
-        """The time the block's runs take in one step at `option` (every other block "full")."""
-        apply_plan(model, {**all_full, name: option}, compression=compression)
-        clock: list[float] = []
+        """Seconds the block's runs take in one step at `option`, every other block "full": its
+        forward hooks fire on the rerun too (always_call: also when the rerun stops early)."""
+        block, clock = model.get_submodule(name), []
 
         def tick(*_):
-            sync()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             clock.append(time.perf_counter())
-        block = model.get_submodule(name)
-        hooks = [block.register_forward_pre_hook(tick), block.register_forward_hook(tick)] if option == "none" else []
-        if option != "none":
-            block.clock = tick
+        hooks = [block.register_forward_pre_hook(tick), block.register_forward_hook(tick, always_call=True)]
+        apply_plan(model, {**all_full, name: option}, compression=compression)
         try:
             step().backward()
             model.zero_grad(set_to_none=True)
@@ -179,20 +127,16 @@ def profile_blocks(model: nn.Module, blocks: Sequence[str], step: Callable[[], T
                 h.remove()
             remove_plan(model)
 
-    def recompute_seconds(name: str) -> dict[str, float]:
-        """Per option, the median over `repeats` rounds (after one warm-up round) of its time
-        minus "none"'s in the same round; the options run round-robin within a round."""
-        rounds = [{o: seconds(name, o) for o in ("none", *options)} for _ in range(repeats + 1)][1:]
-        return {o: max(0.0, statistics.median(r[o] - r["none"] for r in rounds)) for o in options}
-
     reference_bytes, reference_forward, reference_backward, _, _ = run(all_full)
     profiled = []
     for name in names:
         none_bytes, _, none_backward, saved_bytes, flops = run({**all_full, name: "none"}, watch=name)
         at = {o: run({**all_full, name: o})[::2] for o in options if o != "full"}
         at["full"] = (reference_bytes, reference_backward)
+        rounds = [{o: seconds(name, o) for o in ("none", *options)} for _ in range(repeats + 1)][1:]  # warm-up
+        median = {o: max(0.0, statistics.median(r[o] - r["none"] for r in rounds)) for o in options}
         profiled.append(BlockProfile(name, saved_bytes, int(flops), {o: none_bytes - at[o][0] for o in options},
-                                     {o: at[o][1] - none_backward for o in options}, recompute_seconds(name)))
+                                     {o: at[o][1] - none_backward for o in options}, median))
     base_bytes = reference_bytes + sum(b.freed_bytes["full"] for b in profiled)
     step_flops = reference_forward + reference_backward - sum(b.recompute_flops["full"] for b in profiled)
     method = "cuda_memory_allocated" if device.type == "cuda" else "cpu_live_storages"

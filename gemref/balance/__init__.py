@@ -17,10 +17,9 @@ compute `loss = per_sample_loss.sum() / loss_divisor(sampler.global_size(step), 
 grad_reduce)` on every rank. tests/test_balance.py does exactly that on a model gemref did not
 define (tests/my_rec.py).
 """
-from .cost import (Calibration, CostLike, SampleCost, calibrate, check_costs, check_lengths,
-                   explained_by, sample_costs)
+from .cost import Calibration, CostLike, SampleCost, calibrate, check_costs, check_lengths, nnls, sample_costs
 from .partition import (ALIASES, KK_MAX_WORK, LOCAL, POLICIES, Partition, check_int, check_policy, closest_subset,
-                        imbalance, karmarkar_karp, kk_refined, local_rank_batches,
+                        karmarkar_karp, kk_refined, local_rank_batches,
                         local_schedule, loss_divisor, lpt, partition, rank_loads, refine, round_robin, sorted_chunk)
 
 # Policies a BalancedDistributedBatchSampler takes: the global ones and "local".

@@ -1,30 +1,16 @@
-"""Split variable-length samples across data-parallel ranks so that every rank does the same
-work (chapter 06): the global policies, the local one, and the loss rule that keeps gradients exact.
+"""Split variable-length samples across data-parallel ranks so every rank does the same work
+(chapter 06): the global policies, the local one, and the loss rule that keeps gradients exact.
 
-Global policies split ONE global batch's costs (gemref/balance/cost.py prices them) into R
-index lists, minimising the largest per-rank cost. Every rank runs the same deterministic
-split from the lengths of the whole global batch (gemref's sampler: every rank draws the same
-sample order from the same length column, so nothing is exchanged; a job whose ranks each read
-only their own data must all-gather the lengths first, gemref/measure/balance_compare.py counts those
-bytes). Ties go by sample index, then rank index.
+A global policy (POLICIES) splits ONE global batch's costs (gemref/balance/cost.py) into R index
+lists, minimising the largest per-rank cost. Every rank runs the same deterministic split from
+the whole batch's lengths, so nothing is exchanged (ranks that read only their own data must
+all-gather the lengths first); ties go by sample index, then rank index. Policy "local"
+exchanges nothing either: a rank keeps round_robin's samples and changes only WHEN it uses each.
 
-  round_robin   sample i -> rank i % R (DistributedSampler's equal counts; ignores cost)
-  sorted_chunk  sort by cost, cut R equal-count chunks (length bucketing: the worst, for contrast)
-  lpt           longest processing time first: dearest sample onto the least-loaded rank
-  kk            Karmarkar-Karp differencing and LPT, each refined by a local search; the better
-
-Policy "local" (`local_schedule`) exchanges nothing: rank r keeps round_robin's samples
-(idx[r::R] of every global batch) and changes only WHEN it uses each, within `pool_steps` - 1
-steps of its home step, choosing per step the samples whose cost lands nearest a target every
-rank knows (the data's mean cost per sample).
-
-The loss rule (`loss_divisor`): ranks hold different sample counts, so a per-rank MEAN loss
-weights samples unequally. Each rank divides its SUMMED per-sample loss by `loss_divisor`
-(the global batch size N when gradients are summed across ranks, N / world when averaged, as
-plain DDP does); then the reduced gradient is exactly the single-process gradient of the
-global batch's mean loss. gemref's training sums (gemref/parallel/) and divides by
-`loss_divisor(global batch)` (gemref/train/compose.py `Setup.normalizer`).
-"""
+The loss rule: ranks hold different counts, so a per-rank MEAN loss weights samples unequally.
+Each rank divides its SUMMED loss by `loss_divisor` (N when gradients are summed across ranks, as
+gemref's DDP and FSDP do, N / world when averaged): the reduced gradient is then exactly the
+single-process gradient of the global batch's mean loss."""
 from __future__ import annotations
 
 import heapq
@@ -33,8 +19,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .cost import check_costs
-
-# ----------------------------------------------------------------------------- partitioners
 
 Partition = list[list[int]]
 
@@ -82,20 +66,16 @@ def karmarkar_karp(costs, ranks: int) -> Partition:
     are merged, largest subset of one with smallest of the other, until one is left."""
     c = _checked(costs, ranks)
     # A partial solution: R (sum, members) pairs, sums descending; members is a tree (None, a
-    # sample, or a pair of trees), so merging is O(R). Heap entry: (-spread, tie, solution).
-    heap = [(-ci, i, [(ci, i)] + [(0.0, None)] * (ranks - 1)) for i, ci in enumerate(c.tolist())]
+    # sample, or a pair of trees): merging is O(R). Heap entry: (-spread, tie, solution).
+    heap = ([(-ci, i, [(ci, i)] + [(0.0, None)] * (ranks - 1)) for i, ci in enumerate(c.tolist())]
+            or [(0.0, 0, [(0.0, None)] * ranks)])                  # no samples: one empty solution
     heapq.heapify(heap)
-    tie = len(heap)
-    while len(heap) > 1:
-        a = heapq.heappop(heap)[2]
-        b = heapq.heappop(heap)[2]
+    for tie in range(len(heap), 2 * len(heap) - 1):          # n - 1 merges leave one solution
+        a, b = heapq.heappop(heap)[2], heapq.heappop(heap)[2]
         # a is sorted descending; b reversed is ascending: big meets small.
         merged = [(sa + sb, (ta, tb)) for (sa, ta), (sb, tb) in zip(a, reversed(b))]
         merged.sort(key=lambda pair: pair[0], reverse=True)  # stable: ties keep their order
         heapq.heappush(heap, (merged[-1][0] - merged[0][0], tie, merged))
-        tie += 1
-    if not heap:
-        return [[] for _ in range(ranks)]
     return [sorted(_members(tree)) for _, tree in heap[0][2]]
 
 
@@ -119,41 +99,33 @@ def rank_loads(costs, parts: Partition) -> np.ndarray:
 def _enforce_min_count(c: np.ndarray, parts: Partition, min_per_rank: int) -> Partition:
     """Move samples into ranks holding fewer than `min_per_rank`, each time the move that keeps the max load lowest."""
     parts = [list(p) for p in parts]
-    while True:
-        short = [r for r, p in enumerate(parts) if len(p) < min_per_rank]
-        if not short:
-            return [sorted(p) for p in parts]
-        dst = short[0]
-        loads = rank_loads(c, parts)
+    while short := [r for r, p in enumerate(parts) if len(p) < min_per_rank]:
+        dst, loads = short[0], rank_loads(c, parts)
         best = None  # (resulting max load, sample, donor)
-        for src, p in enumerate(parts):
-            if len(p) <= min_per_rank:
-                continue
+        for src in [r for r, p in enumerate(parts) if len(p) > min_per_rank]:
             others = np.delete(loads, [src, dst]).max(initial=0.0)
-            for i in p:
+            for i in parts[src]:
                 new_max = max(others, loads[src] - c[i], loads[dst] + c[i])
                 if best is None or (new_max, i) < best[:2]:
                     best = (new_max, i, src)
-        assert best is not None, "caller checked n >= min_per_rank * ranks"
-        _, i, src = best
+        _, i, src = best                               # a donor exists: partition checked n >= min * R
         parts[src].remove(i)
         parts[dst].append(i)
+    return [sorted(p) for p in parts]
 
 
-def refine(costs, parts: Partition, min_per_rank: int = 0, max_rounds: int | None = None) -> Partition:
+def refine(costs, parts: Partition, min_per_rank: int = 0) -> Partition:
     """Local search: each round, the move (a -> b) or swap between the most-loaded rank a and any
     other b that leaves max(load_a, load_b) lowest, applied if strictly below load_a (so it ends);
-    stops at the first round without a gain or after `max_rounds` (4n). Counts stay >= min_per_rank."""
+    stops at the first round without a gain or after 4n + 4 rounds. Counts stay >= min_per_rank."""
     c = check_costs(costs)
     parts = [sorted(int(i) for i in p) for p in parts]
     if sorted(i for p in parts for i in p) != list(range(len(c))):
         raise ValueError(f"parts must hold each of the {len(c)} sample indices exactly once")
-    rounds = 4 * len(c) + 4 if max_rounds is None else max_rounds
-    for _ in range(rounds):
+    for _ in range(4 * len(c) + 4):
         loads = rank_loads(c, parts)
         a = int(np.argmax(loads))
-        la = loads[a]
-        ca = c[parts[a]]
+        la, ca = loads[a], c[parts[a]]
         best = None  # (new pair max, b, index into a, index into b or -1 for a move)
         for b in np.argsort(loads, kind="stable").tolist():
             if b == a:
@@ -166,19 +138,16 @@ def refine(costs, parts: Partition, min_per_rank: int = 0, max_rounds: int | Non
             delta = ca[:, None] - cb[None, :]   # work that leaves a for b
             new_max = np.maximum(la - delta, loads[b] + delta)
             new_max[delta <= 0] = np.inf
-            k = int(np.argmin(new_max))
-            ia, ib = divmod(k, cb.size)
+            ia, ib = divmod(int(np.argmin(new_max)), cb.size)
             if best is None or new_max[ia, ib] < best[0]:
                 best = (float(new_max[ia, ib]), b, ia, ib if ib < len(parts[b]) else -1)
         if best is None or not best[0] < la * (1 - 1e-12):
             break
         _, b, ia, ib = best
-        moved = parts[a].pop(ia)
+        moved = parts[a].pop(ia)                      # parts stay sorted
         if ib >= 0:
-            parts[a].append(parts[b].pop(ib))
-        parts[b].append(moved)
-        parts[a].sort()
-        parts[b].sort()
+            parts[a] = sorted(parts[a] + [parts[b].pop(ib)])
+        parts[b] = sorted(parts[b] + [moved])
     return parts
 
 
@@ -188,14 +157,12 @@ KK_MAX_WORK = 2_000_000
 
 
 def kk_refined(costs, ranks: int, min_per_rank: int = 0) -> Partition:
-    """Policy "kk": Karmarkar-Karp and LPT, each refined; the lower max load. Never worse than LPT;
-    against the exhaustive optimum (2000 heavy-tailed cases, n <= 10, R = 2, 3) optimal on 96.9%,
-    worst 1.075x (LPT: 91.6%, 1.089x), as tests/test_balance.py checks."""
+    """Policy "kk": Karmarkar-Karp and LPT, each refined; the lower max load, never worse than LPT. Of
+    2000 heavy-tailed cases (n <= 10, R = 2, 3) optimal on 96.9%, worst 1.075x (LPT 91.6%, 1.089x)."""
     c = check_costs(costs)
     starts = [lpt(c, ranks)] if len(c) * ranks > KK_MAX_WORK else [karmarkar_karp(c, ranks), lpt(c, ranks)]
     candidates = [refine(c, _enforce_min_count(c, start, min_per_rank), min_per_rank) for start in starts]
-    maxes = [rank_loads(c, p).max(initial=0.0) for p in candidates]
-    return candidates[int(np.argmin(maxes))]  # ties -> the first (Karmarkar-Karp)
+    return min(candidates, key=lambda p: rank_loads(c, p).max(initial=0.0))   # ties -> the first (KK)
 
 
 POLICIES: dict[str, Callable[[np.ndarray, int], Partition]] = {
@@ -206,89 +173,54 @@ ALIASES = {"shared": "lpt", "none": "round_robin"}   # old names, refused with t
 
 def check_policy(policy: str, valid: Sequence[str]) -> None:
     """ValueError naming the valid policies (and, for an old name, the policy it was)."""
-    if policy in valid:
-        return
-    hint = f" ('{policy}' is policy '{ALIASES[policy]}')" if policy in ALIASES else ""
-    raise ValueError(f"policy={policy!r}{hint}; valid: {', '.join(valid)}")
+    if policy not in valid:
+        hint = f" ('{policy}' is policy '{ALIASES[policy]}')" if policy in ALIASES else ""
+        raise ValueError(f"policy={policy!r}{hint}; valid: {', '.join(valid)}")
 
 
 def partition(costs, ranks: int, policy: str = "kk", min_per_rank: int = 0) -> Partition:
-    """R lists of sample indices (each ascending) that cover every sample exactly once.
-
-    `min_per_rank` > 0 guarantees that many samples on every rank (an empty batch breaks a
-    forward pass); a batch of fewer than min_per_rank * R samples is then a ValueError. Short
-    ranks are filled by the moves that keep the max load lowest, before "kk"'s refinement.
-    """
+    """R ascending lists of sample indices, covering each sample once. `min_per_rank` > 0 puts that
+    many samples on every rank (an empty batch breaks a forward; fewer than min_per_rank * R is a
+    ValueError), filled by the moves that keep the max load lowest, before "kk"'s refinement."""
     c = _checked(costs, ranks)
     check_policy(policy, tuple(POLICIES))
     check_int("min_per_rank", min_per_rank, 0)
     if len(c) < min_per_rank * ranks:
         raise ValueError(f"a batch of {len(c)} samples cannot give {ranks} ranks at least "
                          f"min_per_rank={min_per_rank} sample(s) each")
-    if policy == "kk":
-        return kk_refined(c, ranks, min_per_rank)
-    return _enforce_min_count(c, POLICIES[policy](c, ranks), min_per_rank)
-
-
-def imbalance(loads) -> float:
-    """max / mean per-rank cost (1.0 = perfect; 1.0 when there is no work at all)."""
-    loads = check_costs(loads, "loads")
-    mean = float(loads.mean()) if loads.size else 0.0
-    return float(loads.max()) / mean if mean > 0 else 1.0
+    return (kk_refined(c, ranks, min_per_rank) if policy == "kk"
+            else _enforce_min_count(c, POLICIES[policy](c, ranks), min_per_rank))
 
 
 def loss_divisor(global_size: int, world: int = 1, grad_reduce: str = "sum") -> float:
-    """What each rank divides its SUMMED per-sample loss by (module doc: the loss rule).
-
-    `global_size`: samples in this step's global batch over all ranks (the sampler's
-    `global_size(step)`); grad_reduce="sum" (all-reduce SUM, gemref's DDP and FSDP): N;
-    "mean" (gradients averaged over `world` ranks, plain DDP): N / world.
-    """
+    """What each rank divides its SUMMED per-sample loss by (module docstring): N = `global_size`
+    (the sampler's `global_size(step)`) for grad_reduce "sum", N / world for "mean"."""
     check_int("global_size", global_size, 1)
     check_int("world", world, 1)
-    if grad_reduce == "sum":
-        return int(global_size)
-    if grad_reduce == "mean":
-        return global_size / world
-    raise ValueError(f"grad_reduce={grad_reduce!r}; valid: sum, mean")
+    if grad_reduce not in ("sum", "mean"):
+        raise ValueError(f"grad_reduce={grad_reduce!r}; valid: sum, mean")
+    return int(global_size) if grad_reduce == "sum" else global_size / world
 
 
-# ----------------------------------------------------------------------------- policy "local"
-# Rules of `local_schedule`, for one rank over an epoch, pool k = pool_steps:
-# * pool: at step s the rank may use any of its samples whose home step (the global batch
-#   round_robin would use them in) lies in [s - (k-1), s + (k-1)]: it reads k-1 steps ahead;
-# * deadline: a sample unused at home + k - 1 must go at that step (forced); the last step
-#   takes whatever is left;
-# * choice: besides the forced ones, the step's count is filled with pool samples bringing the
-#   step's cost closest to count x target (oldest first, then one-for-one swaps). Once the
-#   read-ahead reaches the epoch's end the aim becomes the pool's own mean cost, so a rank left
-#   with heavy samples spreads them over the steps left instead of piling them at the end.
-# Every sample is used exactly once: a step takes exactly its count; the pool always holds at
-# least that many; the forced samples of step s all have home s-k+1, at most a step's count;
-# and the counts add up, so the last step's leftover is exactly its count. k = 1 is round_robin.
-
-
-def closest_subset(values: np.ndarray, k: int, aim: float, max_rounds: int | None = None) -> np.ndarray:
+def closest_subset(values: np.ndarray, k: int, aim: float) -> np.ndarray:
     """Boolean mask of k of `values` with a sum close to `aim`: the first k, then each round the one
-    swap that lowers |aim - sum| most (ties keep earlier entries), until none does or `max_rounds`
-    (2k + 4). O(k log n) per round (a binary search for every chosen value's partner)."""
+    swap that lowers |aim - sum| most (ties keep earlier entries), until none does or after 2k + 4
+    rounds. O(k log n) per round (a binary search for every chosen value's partner)."""
     n = len(values)
     if not 0 <= k <= n:
         raise ValueError(f"cannot choose k={k} of {n} values")
-    chosen = np.zeros(n, dtype=bool)
-    chosen[:k] = True
+    chosen = np.arange(n) < k
     if k in (0, n):
         return chosen
     gap = float(aim - values[chosen].sum())
-    for _ in range(2 * k + 4 if max_rounds is None else max_rounds):
+    for _ in range(2 * k + 4):
         ci, ui = np.flatnonzero(chosen), np.flatnonzero(~chosen)
         order = np.argsort(values[ui], kind="stable")
         u_sorted = values[ui][order]
         j = np.searchsorted(u_sorted, values[ci] + gap)        # the partner that would close the gap
         cand = np.stack([np.clip(j - 1, 0, len(ui) - 1), np.clip(j, 0, len(ui) - 1)])
         resid = np.abs(gap - (u_sorted[cand] - values[ci][None, :]))
-        flat = int(np.argmin(resid.T.ravel()))                # chosen-major: ties -> the older chosen value
-        a, side = divmod(flat, 2)
+        a, side = divmod(int(np.argmin(resid.T.ravel())), 2)    # chosen-major: ties -> the older chosen value
         if not resid[side, a] < abs(gap) * (1 - 1e-12):
             break
         b = ui[order[cand[side, a]]]
@@ -298,32 +230,30 @@ def closest_subset(values: np.ndarray, k: int, aim: float, max_rounds: int | Non
 
 
 def local_schedule(share_costs: Sequence, target_per_sample: float, pool_steps: int = 8) -> list[list[tuple[int, int]]]:
-    """One rank's plan for an epoch from ITS OWN samples (the rules above). `share_costs[s]`: the
-    costs of its round_robin share of global batch s (equal counts; the last may hold fewer).
-    Per step, the samples to use as sorted (home step, position in that share) pairs."""
+    """Policy "local": one rank's plan for an epoch from ITS OWN samples, per step sorted (home step,
+    position) pairs; `share_costs[s]`: the costs of its round_robin share of global batch s. Pool
+    k = pool_steps: at step s the rank may use its samples whose home step lies within k-1 of s;
+    one unused at home + k-1 is forced then (the last step takes what is left); the rest of the
+    step's count is filled with pool samples bringing the step's cost closest to count x target
+    (`closest_subset`), or, once the read-ahead reaches the epoch's end, to the pool's mean cost.
+    Each sample goes once: the forced never exceed a step's count. k = 1 is round_robin."""
     check_int("pool_steps", pool_steps, 1)
     if not (np.isfinite(target_per_sample) and target_per_sample >= 0):
         raise ValueError(f"target_per_sample must be finite and >= 0, got {target_per_sample}")
     shares = [check_costs(c, f"share_costs[{s}]") for s, c in enumerate(share_costs)]
-    counts = [len(c) for c in shares]
-    steps = len(shares)
+    counts, steps = [len(c) for c in shares], len(shares)
     if steps > 1 and (len(set(counts[:-1])) > 1 or counts[-1] > counts[0]):
         raise ValueError(f"shares must hold equal counts (the last may hold fewer), got {counts}")
-    home = np.repeat(np.arange(steps), counts)
     position = np.concatenate([np.arange(n) for n in counts]) if steps else np.zeros(0, dtype=np.int64)
     cost = np.concatenate(shares) if steps else np.zeros(0)
-    ends = np.cumsum(counts)
-    pending = np.zeros(0, dtype=np.int64)         # stream indices (home-major) not used yet
-    loaded = 0
-    plan = []
+    home, ends = np.repeat(np.arange(steps), counts), np.cumsum(counts)
+    pending, loaded, plan = np.zeros(0, dtype=np.int64), 0, []    # pending: stream indices (home-major) not used yet
     for s in range(steps):
         top = min(s + pool_steps - 1, steps - 1)
-        pending = np.concatenate([pending, np.arange(loaded, ends[top])])
-        loaded = int(ends[top])
+        pending, loaded = np.concatenate([pending, np.arange(loaded, ends[top])]), int(ends[top])
         forced = np.ones(len(pending), dtype=bool) if s == steps - 1 else home[pending] <= s - (pool_steps - 1)
-        optional = pending[~forced]
-        free = counts[s] - int(forced.sum())
-        assert 0 <= free <= len(optional), "the pool always covers the step (the rules above)"
+        optional, free = pending[~forced], counts[s] - int(forced.sum())
+        assert 0 <= free <= len(optional), "the pool always covers the step (docstring)"
         per_sample = target_per_sample if top < steps - 1 else float(cost[pending].mean())
         aim = counts[s] * per_sample - float(cost[pending[forced]].sum())
         chosen = closest_subset(cost[optional], free, aim)

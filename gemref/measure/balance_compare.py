@@ -47,6 +47,13 @@ def exchange_bytes(policy: str, ranks: int, per_rank_batch: int, lengths_on_ever
     return 0 if free else ranks * per_rank_batch * LENGTH_BYTES
 
 
+def imbalance(loads) -> float:
+    """max / mean per-rank cost (1.0 = perfect; 1.0 when there is no work at all)."""
+    loads = check_costs(loads, "loads")
+    mean = float(loads.mean()) if loads.size else 0.0
+    return float(loads.max()) / mean if mean > 0 else 1.0
+
+
 def idle_fraction(loads) -> float:
     """Share of rank-time spent waiting for the straggler: sum_r (max - load_r) / (R * max)."""
     loads = check_costs(loads, "loads")

@@ -22,13 +22,15 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import replace
+from typing import Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..balance import POLICIES, Calibration, SampleCost, calibrate, loss_divisor, partition
+from ..balance import POLICIES, Calibration, CostLike, SampleCost, calibrate, check_costs, loss_divisor, nnls, \
+    partition, sample_costs
 from .balance_compare import compare
 from ..config import get_preset, override
 from ..data.batches import batch_with_lengths
@@ -154,6 +156,18 @@ def calibrate_gem(preset: str, max_len: int, pool: np.ndarray, n_batches: int = 
                   seed: int = 0) -> Calibration:
     """`time_gem_steps`, then a SampleCost in seconds fitted to those times (`balance.calibrate`)."""
     return calibrate(*time_gem_steps(preset, max_len, pool, n_batches, reps, seed))
+
+
+def explained_by(cost: CostLike, lengths_list: Sequence, measured_times: Sequence[float]) -> float:
+    """R^2 of measured step times against time = a + k x (the batch's summed `cost`), a and k >= 0
+    fitted: how much of the measured times a cost in another unit (FLOPs, say) explains."""
+    times = check_costs(measured_times, "measured_times")
+    if len(lengths_list) != len(times) or len(times) < 3:
+        raise ValueError(f"explained_by needs >= 3 batches and one time each, got {len(lengths_list)} and {len(times)}")
+    A = np.array([[float(sample_costs(cost, L).sum()), 1.0] for L in lengths_list])
+    fit = A @ nnls(A, times)
+    total = float(np.sum((times - times.mean()) ** 2))
+    return 1.0 - float(np.sum((fit - times) ** 2)) / total if total > 0 else 1.0
 
 
 def calibration_record(fit: Calibration) -> dict:

@@ -31,11 +31,11 @@ from torch import Tensor, nn
 
 from ..activation_compression import CompressionSpec
 from ..autoac import ActivationProfile, Plan, applied_plan, apply_plan, plan_of, profile_blocks, remove_plan, solve
-from ..autoac.profile import SavedTensors, forward_with_bytes as eager_forward_with_bytes
+from ..autoac.profile import forward_with_bytes as eager_forward_with_bytes
 from ..compile import compile_stats
 from ..data.jagged import JaggedBatch
 from ..mfu.flops import recompute_flops
-from ..mfu.memory import storage_key, track_peak_memory
+from ..mfu.memory import SavedTensors, storage_key, track_peak_memory
 from ..step import forward_loss
 
 SEARCH_CAP = 4      # larger_batch searches batches up to this multiple of the per-rank batch

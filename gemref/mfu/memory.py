@@ -19,7 +19,7 @@ profiler's fully checkpointed reference, shrinking every block's "full" freed by
 A storage resized in place (`untyped_storage().resize_`, as FSDP2 does with its unsharded
 parameters) changes size without the dispatcher and is not seen; FSDP2's all-gather buffers
 are. Exact and repeatable, and slow (a Python hook per op): use it in a separate measuring
-pass, never while timing.
+pass, never while timing. `SavedTensors` counts instead what autograd saves for backward.
 """
 from __future__ import annotations
 
@@ -49,6 +49,34 @@ def storage_key(t: torch.Tensor) -> int | None:
 
 
 _let_in: set = set()     # the opaque ops whose bodies the tracker already runs inside its mode
+
+
+class SavedTensors:
+    """What autograd saves for backward, by saved_tensors_hooks: each saved storage once (not one of
+    `existing`'s keys), with the block (`current`, set by the caller) that saved it first. AutoAC's
+    profiler attributes a block's saved bytes with it (gemref/autoac/profile.py)."""
+
+    def __init__(self, existing: set[int]):
+        self.existing, self.current = existing, "outside"
+        self.saved: dict[int, tuple[StorageWeakRef, int, str]] = {}
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        ref = StorageWeakRef(t.untyped_storage())
+        if ref.cdata not in self.existing and ref.cdata not in self.saved:
+            self.saved[ref.cdata] = (ref, t.untyped_storage().nbytes(), self.current)
+        return t
+
+    @contextmanager
+    def active(self) -> Iterator["SavedTensors"]:
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            yield self
+
+    def bytes_by_block(self) -> dict[str, int]:
+        """{block: bytes of its saved storages still alive}."""
+        out: dict[str, int] = {}
+        for ref, nbytes, block in self.saved.values():
+            out[block] = out.get(block, 0) + (0 if ref.expired() else nbytes)
+        return out
 
 
 def _let_opaque_ops_in() -> None:

@@ -47,10 +47,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..balance import SampleCost, imbalance
+from ..balance import SampleCost
 from ..config import Preset, TrainConfig, get_preset, override
 from ..mfu.flops import sample_cost_coefficients
 from .collectives import LinkTier, collective_time
+from ..measure.balance_compare import imbalance
 from ..parallel.launch import cpu_ranks, launch
 from .step_model import comm_rows, exposed_only, predict_step, step_collectives
 

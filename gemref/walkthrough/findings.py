@@ -274,7 +274,7 @@ def cost_terms_findings(cost, max_len: int, median_len: float) -> list[str]:
 
 def calibration_findings(fit, flops_r2: float) -> list[str]:
     """Chapter 06: the quadratic cost fitted to measured step times (`balance.calibrate`), and how
-    much of those times the FLOP-priced cost explains (`balance.explained_by`)."""
+    much of those times the FLOP-priced cost explains (`measure.balance_policies.explained_by`)."""
     c = fit.cost
     terms = (f"{fit.per_step * 1e3:.2f} ms per step + {c.per_sample * 1e6:.1f} us per sample + "
              f"{c.per_token * 1e6:.3f} us per event + {c.per_token_sq * 1e9:.4f} ns per event^2")
