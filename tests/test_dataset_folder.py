@@ -16,9 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from gemref.cli import main
-from gemref.config import get_preset, override, preset_on_dataset
+from gemref.train.presets import get_preset, preset_on_dataset, dataset_preset
+from gemref.train.override import override
 from gemref.data.batches import lengths_from_percentiles, representative_batch
-from gemref.data.folder import check_section, dataset_preset, open_dataset
+from gemref.data.folder import check_section, open_dataset
 from gemref.data.manifest import write_manifest
 from gemref.data.shards import generate_dataset
 from gemref.errors import UsageError
@@ -246,7 +247,7 @@ def test_lengths_drawn_from_percentiles_follow_them():
 
 def test_the_autoac_profile_batch_of_a_dataset_draws_its_lengths(folder):
     preset = dataset_preset("tiny", folder)
-    lengths = np.diff(representative_batch(preset, 4096, seed=3).offsets.numpy())
+    lengths = np.diff(representative_batch(preset.model, preset.data, 4096, seed=3).offsets.numpy())
     assert lengths.max() <= preset.model.max_len
     median = preset.data.train_lengths[50]
     assert abs(float(np.median(lengths)) - median) <= 2, (np.median(lengths), median)

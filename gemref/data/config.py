@@ -8,17 +8,58 @@ section describes the data (gemref/data/folder.py reads and checks it). That sec
 a `DatasetFolder`, the `data` of the preset the run trains (in place of the synthetic
 generator's `DataConfig`), so the run record's config names the folder, its manifest's
 sha256 and what the two label columns mean, and the model's vocab sizes, feature counts and
-`max_len` come from the data (`gemref.config.preset_on_dataset`).
+`max_len` come from the data (`gemref.train.presets.preset_on_dataset`).
+
+`DataShape` is what the data code reads of a model's config (vocab sizes, feature counts,
+max_len): a ModelConfig, a DatasetFolder and a DataSizes all have it, so data/ takes any of them
+and never imports the model (which sits above it: docs/design.md, Layers).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..config.checks import at_least, check_seed, one_of, positive
 from ..config.values import check_field_types
 from ..errors import UsageError
 
 LENGTH_PROFILES = ("skewed", "uniform", "fixed")   # DataConfig.length_profile (gemref/data/synthetic.py)
+
+
+class DataShape(Protocol):
+    """The data's half of a ModelConfig: what a batch, a shard or a generator is sized and checked by."""
+
+    item_vocab: int                # ids of the history's items and of the candidate (one table)
+    action_vocab: int              # action types of history events
+    time_buckets: int              # time-gap buckets of history events
+    sparse_vocab: tuple[int, ...]  # one table per non-sequence categorical feature
+    n_dense: int                   # dense float features per sample
+    max_len: int                   # longest history (events)
+
+    @property
+    def n_sparse(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class DataSizes:
+    """A DataShape of its own, for code that has data but no model (the MovieLens converter)."""
+
+    item_vocab: int
+    action_vocab: int
+    time_buckets: int
+    sparse_vocab: tuple[int, ...]
+    n_dense: int
+    max_len: int
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        at_least(self, 1, "item_vocab", "action_vocab", "time_buckets", "n_dense", "max_len")
+        if not self.sparse_vocab or min(self.sparse_vocab) < 1:
+            raise UsageError(f"DataSizes.sparse_vocab needs >= 1 table of vocab >= 1, got {self.sparse_vocab}")
+
+    @property
+    def n_sparse(self) -> int:
+        return len(self.sparse_vocab)
 
 
 @dataclass(frozen=True)

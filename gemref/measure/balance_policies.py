@@ -30,7 +30,8 @@ from torch import nn
 
 from ..balance import POLICIES, Calibration, SampleCost, calibrate, loss_divisor, partition
 from .balance_compare import compare
-from ..config import get_preset, override
+from ..train.presets import get_preset
+from ..train.override import override
 from ..data.batches import batch_with_lengths
 from ..parallel.launch import cpu_ranks, launch, to_rank0
 from ..parallel.replicate import all_reduce_grads
