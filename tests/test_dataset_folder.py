@@ -258,7 +258,7 @@ def test_the_data_layer_reads_only_a_models_data_half():
     """data/ takes a DataShape (it never imports the model): a ModelConfig and a DataSizes with
     the same vocab sizes, feature counts and max_len give the same batch."""
     from gemref.data.batches import batch_with_lengths
-    from gemref.data.config import DataSizes
+    from gemref.data.movielens.convert import DataSizes
 
     model = get_preset("tiny").model
     sizes = DataSizes(item_vocab=model.item_vocab, action_vocab=model.action_vocab, time_buckets=model.time_buckets,
@@ -275,7 +275,7 @@ def test_the_data_layer_reads_only_a_models_data_half():
     ({"max_len": 2.5}, "max_len"),
 ])
 def test_data_sizes_refuse_what_no_table_or_history_can_hold(change, message):
-    from gemref.data.config import DataSizes
+    from gemref.data.movielens.convert import DataSizes
 
     good = dict(item_vocab=10, action_vocab=2, time_buckets=4, sparse_vocab=(3,), n_dense=1, max_len=8)
     with pytest.raises(UsageError, match=message):

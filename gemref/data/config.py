@@ -11,7 +11,7 @@ sha256 and what the two label columns mean, and the model's vocab sizes, feature
 `max_len` come from the data (`gemref.train.presets.preset_on_dataset`).
 
 `DataShape` is what the data code reads of a model's config (vocab sizes, feature counts,
-max_len): a ModelConfig, a DatasetFolder and a DataSizes all have it, so data/ takes any of them
+max_len): a ModelConfig and a DatasetFolder both have it, so data/ takes any of them
 and never imports the model (which sits above it: docs/design.md, Layers).
 """
 from __future__ import annotations
@@ -38,28 +38,6 @@ class DataShape(Protocol):
 
     @property
     def n_sparse(self) -> int: ...
-
-
-@dataclass(frozen=True)
-class DataSizes:
-    """A DataShape of its own, for code that has data but no model (the MovieLens converter)."""
-
-    item_vocab: int
-    action_vocab: int
-    time_buckets: int
-    sparse_vocab: tuple[int, ...]
-    n_dense: int
-    max_len: int
-
-    def __post_init__(self) -> None:
-        check_field_types(self)
-        at_least(self, 1, "item_vocab", "action_vocab", "time_buckets", "n_dense", "max_len")
-        if not self.sparse_vocab or min(self.sparse_vocab) < 1:
-            raise UsageError(f"DataSizes.sparse_vocab needs >= 1 table of vocab >= 1, got {self.sparse_vocab}")
-
-    @property
-    def n_sparse(self) -> int:
-        return len(self.sparse_vocab)
 
 
 @dataclass(frozen=True)

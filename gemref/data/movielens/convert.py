@@ -24,9 +24,13 @@ The task, for each rating of user u on movie m at time t:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from ..config import DataSizes
+from ...config.checks import at_least
+from ...config.values import check_field_types
+from ...errors import UsageError
 from .atomic import GENRES, MovieLens
 
 TIME_BUCKETS = 26           # gaps 0, [1, 2), [2, 4), ..., [2^23, 2^24), [2^24 s (194 days), inf)
@@ -76,6 +80,28 @@ def user_features(ml: MovieLens) -> tuple[dict[int, list[int]], list[str]]:
         out[uid] = [uid - 1, int(np.searchsorted(AGE_EDGES, age, side="right")), ("M", "F").index(gender),
                     occupations.index(occupation), region]
     return out, occupations
+
+
+@dataclass(frozen=True)
+class DataSizes:
+    """A DataShape (gemref/data/config.py) of its own: the data's half of a ModelConfig, for these files."""
+
+    item_vocab: int
+    action_vocab: int
+    time_buckets: int
+    sparse_vocab: tuple[int, ...]
+    n_dense: int
+    max_len: int
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        at_least(self, 1, "item_vocab", "action_vocab", "time_buckets", "n_dense", "max_len")
+        if not self.sparse_vocab or min(self.sparse_vocab) < 1:
+            raise UsageError(f"DataSizes.sparse_vocab needs >= 1 table of vocab >= 1, got {self.sparse_vocab}")
+
+    @property
+    def n_sparse(self) -> int:
+        return len(self.sparse_vocab)
 
 
 def data_sizes(ml: MovieLens, occupations: list[str], max_len: int) -> DataSizes:
