@@ -2,7 +2,7 @@
 work starts), with errors in the user's terms.
 
 - `--device auto|cpu|cuda` (default auto: cuda when available), resolved by `device_of`.
-- `--preset NAME`; `--dataset DIR` (a folder that exists; its manifest is checked when the command runs).
+- `--dataset DIR` (a folder that exists; its manifest is checked when the command runs).
 - Counts and fractions: `int_at_least(n)`, `fraction` (0, 1], `share` [0, 1], `positive_float`.
 - Output paths: `output_file` (--json) and `output_dir` (--out, --checkpoint-dir): the path
   must not be a directory (resp. a file), and the folder it goes into (or its nearest existing
@@ -19,7 +19,6 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from .config import PRESETS
 from .errors import UsageError, user_input
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -131,11 +130,7 @@ def add_dataset_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", metavar="DIR", type=dataset_folder, default=None, help=DATASET_HELP)
 
 
-# ----------------------------------------------------------------------------- device, preset, ranks
-
-
-def add_preset_arg(p: argparse.ArgumentParser, default: str = "tiny", help: str = "model/data preset") -> None:
-    p.add_argument("--preset", default=default, choices=list(PRESETS), help=help)
+# ----------------------------------------------------------------------------- device, ranks
 
 
 def add_device_arg(p: argparse.ArgumentParser) -> None:

@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, required=True, help="write the profile record here")
     p.add_argument("--other-rows", type=int, default=20, help="rows of the printed 'other' table")
     a = p.parse_args(argv)
-    from gemref.config import get_preset, record_version
+    from gemref.train.presets import get_preset
+    from gemref.train.record import record_version
 
     try:
         record = json.loads(a.waterfall.read_text())

@@ -29,7 +29,7 @@ settings.register_profile("thorough", deadline=None, print_blob=True, max_exampl
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 settings.load_profile(PROFILE)
 
-from gemref.config import get_preset
+from gemref.train.presets import get_preset
 from gemref.data.loader import EventDataset, make_loader
 from gemref.data.shards import ensure_dataset, shard_paths
 
@@ -47,7 +47,7 @@ def tiny_dataset(data_root):
     from gemref.data.shards import dataset_dir
 
     preset = get_preset("tiny")
-    folder = dataset_dir(preset, data_root)
+    folder = dataset_dir(preset.name, preset.model, preset.data, data_root)
     ensure_dataset(preset.model, preset.data, folder)
     return EventDataset(shard_paths(folder, "train")[:1], preset.model)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from gemref.config import ModelConfig
+from gemref.model.config import ModelConfig
 from gemref.data.batches import batch_with_lengths
-from gemref.model import GEMRef, ranking_loss
+from gemref.model.gem import GEMRef, ranking_loss
 
 
 def skewed_lengths(max_len: int, max_size: int = 6):

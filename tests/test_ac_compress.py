@@ -8,7 +8,9 @@ from gemref.activation_compression import FORMATS
 from gemref.autoac import applied_plan, saved_compression
 from gemref.measure.batch_search import gemref_activation_bytes as activation_bytes
 from gemref.cli import main
-from gemref.config import AC_COMPRESSIONS, get_preset, override
+from gemref.autoac.config import AC_COMPRESSIONS
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.train import sample_batch, setup
 from gemref.measure.run import measure_step_memory, run
 

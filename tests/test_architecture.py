@@ -1,7 +1,7 @@
 """The package's shape (docs/design.md, Layers): no import circles between modules (imports inside
-functions count) nor between packages (every module folded into its first-level package), the
-layers hold (model/ sees only model, attention, data, config and the foundations' errors and
-lazy exports; nothing below the entry points imports them; nothing but the entry points imports
+functions count) nor between packages (every module folded into its first-level package:
+gemref.x.y -> gemref.x, a technique's config module included), the layers hold (model/ sees
+only model, attention, data, config; nothing below the entry points imports them; nothing but the entry points imports
 a bench module), each config dataclass is defined in its technique's package, and the top level
 stays small: at most MAX_TOP_LEVEL modules beside the packages."""
 from __future__ import annotations
@@ -124,31 +124,32 @@ def test_no_import_circles():
     assert circles(graph()) == []
 
 
-# Where each config dataclass is defined: its technique's package (in `<package>/config.py`),
-# or gemref.config for what assembles a run. A reader copying a technique finds its settings
-# beside its code (docs/design.md, "Where config lives"); this table keeps them from drifting back.
+# Where each config dataclass is defined: its technique's config module, or gemref/train/ for
+# what assembles a run. A reader copying a technique finds its settings beside its code
+# (docs/design.md, "Where config lives"); this table keeps them from drifting back.
 CONFIG_HOMES = {
-    "ActivationCheckpointConfig": "gemref.autoac", "AttentionConfig": "gemref.attention",
-    "BalanceConfig": "gemref.balance", "CheckpointConfig": "gemref.checkpoint", "CompileConfig": "gemref.compile",
-    "DataConfig": "gemref.data", "DatasetFolder": "gemref.data", "EmbeddingConfig": "gemref.parallel",
-    "MeshShape": "gemref.parallel", "ModelConfig": "gemref.model", "ParallelConfig": "gemref.parallel",
-    "PrecisionConfig": "gemref.precision", "Preset": "gemref.config", "TrainConfig": "gemref.config",
+    "ActivationCheckpointConfig": "gemref.autoac.config", "AttentionConfig": "gemref.attention.config",
+    "BalanceConfig": "gemref.balance.config", "CheckpointConfig": "gemref.checkpoint.config",
+    "CompileConfig": "gemref.compile.config", "DataConfig": "gemref.data.config", "DatasetFolder": "gemref.data.config",
+    "EmbeddingConfig": "gemref.parallel.config", "MeshShape": "gemref.parallel.config",
+    "ModelConfig": "gemref.model.config", "ParallelConfig": "gemref.parallel.config",
+    "PrecisionConfig": "gemref.precision.config", "Preset": "gemref.train.presets", "TrainConfig": "gemref.train.config",
 }
-# A technique's config module is a foundation (layer 1, with gemref.config, which gathers it):
-# it imports only these (test_a_technique_config_module_imports_only_configs_helpers).
+ASSEMBLY = ("gemref.train.config", "gemref.train.presets", "gemref.train.record", "gemref.train.override")
+# gemref/config/ is the bottom layer: it imports nothing of gemref but gemref.errors. A technique's
+# config module imports only it and gemref.errors (test_a_technique_config_module_imports_only_configs_helpers).
 CONFIG_MODULE_IMPORTS = {"gemref.errors", "gemref.config.checks", "gemref.config.section", "gemref.config.values"}
 
 
 def config_modules() -> set[str]:
     """The technique packages' config modules (gemref.<package>.config)."""
-    return {f"{home}.config" for home in CONFIG_HOMES.values() if home != "gemref.config"}
+    return {home for home in CONFIG_HOMES.values() if home not in ASSEMBLY}
 
 
 def first_level(module: str) -> str:
     """The first-level package a module belongs to: gemref.attention.cpu_fused.op ->
-    gemref.attention; a technique's config module -> gemref.config (layer 1, whichever folder
-    holds it); top-level modules stay themselves."""
-    return "gemref.config" if module in config_modules() else ".".join(module.split(".")[:2])
+    gemref.attention, gemref.data.config -> gemref.data; top-level modules stay themselves."""
+    return ".".join(module.split(".")[:2])
 
 
 def packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
@@ -160,7 +161,9 @@ def packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
     return out
 
 
-def test_no_circles_between_packages():
+def test_no_circles_between_first_level_packages():
+    """Folded into first-level packages (imports inside functions count), gemref has no circle:
+    each package can be read, copied and tested with only the packages below it."""
     assert circles(packages(graph())) == []
 
 
@@ -169,6 +172,22 @@ def test_package_folding_finds_a_circle_the_modules_do_not_have():
     edges = {"gemref.a.x": {"gemref.b.y"}, "gemref.b.y": set(), "gemref.b.z": {"gemref.a.w"}, "gemref.a.w": set()}
     assert circles(edges) == []
     assert circles(packages(edges)) == [["gemref.a", "gemref.b"]]
+
+
+def test_package_folding_finds_the_old_config_circle():
+    """The layout this package had: gemref/config/ held both the sections' helpers and the
+    presets, which import data's section; data's modules took a Preset. Folded, config <-> data."""
+    edges = {"gemref.config.presets": {"gemref.data.config", "gemref.config.section"},
+             "gemref.config.section": set(), "gemref.data.config": {"gemref.config.section"},
+             "gemref.data.batches": {"gemref.config.presets", "gemref.data.config"}}
+    assert circles(edges) == []
+    assert circles(packages(edges)) == [["gemref.config", "gemref.data"]]
+
+
+def test_the_config_layer_imports_nothing_of_gemref_but_errors():
+    edges = graph()
+    assert {m: sorted(ts) for m, ts in edges.items() if first_level(m) == "gemref.config"
+            and not all(t == "gemref.errors" or first_level(t) == "gemref.config" for t in ts)} == {}
 
 
 MAX_TOP_LEVEL = 10
@@ -180,17 +199,17 @@ def test_top_level_is_small():
 
 
 def test_each_config_class_is_defined_in_its_techniques_package():
-    import gemref.config
-    from gemref.config.train import sections
+    import importlib
+
+    from gemref.train.config import sections
 
     assert sorted({cls.__name__ for cls in sections().values()} - set(CONFIG_HOMES)) == []   # a new section names its home
-    where = {name: getattr(gemref.config, name).__module__ for name in CONFIG_HOMES}
-    home = lambda name: CONFIG_HOMES[name] + ("." if CONFIG_HOMES[name] == "gemref.config" else ".config")  # noqa: E731
-    assert {name: module for name, module in where.items() if not (module + ".").startswith(home(name))} == {}
+    where = {name: getattr(importlib.import_module(home), name).__module__ for name, home in CONFIG_HOMES.items()}
+    assert {name: module for name, module in where.items() if module != CONFIG_HOMES[name]} == {}
 
 
-LAZY_PACKAGES = ("gemref.config", "gemref.attention", "gemref.autoac", "gemref.checkpoint", "gemref.compile",
-                 "gemref.data", "gemref.model")
+LAZY_PACKAGES = ("gemref.attention", "gemref.autoac", "gemref.checkpoint", "gemref.compile", "gemref.data",
+                 "gemref.train")
 
 
 def test_every_name_a_lazy_package_exports_is_defined_where_it_says():
@@ -215,17 +234,19 @@ def test_a_technique_config_module_imports_only_configs_helpers():
 
 
 def test_importing_the_config_loads_no_torch_and_nothing_above_the_foundations():
-    """TrainConfig and every section load without torch (`gemref train --help` stays cheap): of a
-    package above layer 1, only the __init__ of one holding a section loads, and it imports nothing heavy."""
+    """TrainConfig, the presets, the record's config, `override` and every section load without
+    torch (`gemref train --help` stays cheap): above layer 1 only the assembly, the sections and
+    their packages' __init__s load, and those import nothing heavy."""
     import subprocess
     import sys
 
-    probe = ("import sys, gemref.config as c; [getattr(c, n) for n in c.__all__]; "
+    probe = (f"import sys, {', '.join(ASSEMBLY)}; "
              "print(' '.join(m for m in sys.modules if m == 'torch' or m.startswith('gemref.')))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
-    layers, inits = design_layers(), set(CONFIG_HOMES.values())
+    layers = design_layers()
+    light = set(ASSEMBLY) | config_modules() | {first_level(m) for m in config_modules() | set(ASSEMBLY)}
     assert "torch" not in loaded
-    assert [m for m in loaded if m.startswith("gemref.") and m not in inits and layer(m, layers) > 1] == []
+    assert [m for m in loaded if m.startswith("gemref.") and m not in light and layer(m, layers) > 1] == []
 
 
 def test_circle_finder_finds_a_planted_circle():
@@ -234,10 +255,9 @@ def test_circle_finder_finds_a_planted_circle():
 
 
 def test_model_imports_only_what_is_below_it():
-    allowed = ("gemref.model", "gemref.attention", "gemref.data", "gemref.config", "gemref.errors",
-               "gemref.runtime.lazy")
-    bad = [(m, t) for m, targets in graph().items() if m.startswith("gemref.model")
-           for t in targets if not t.startswith(allowed)]
+    allowed = {"gemref.model", "gemref.attention", "gemref.data", "gemref.config"}
+    bad = [(m, t) for m, targets in graph().items() if first_level(m) == "gemref.model"
+           for t in targets if first_level(t) not in allowed]
     assert bad == []
 
 
@@ -294,7 +314,7 @@ def missing_in_technique_table(rows: list[dict[str, list[str]]]) -> list[str]:
     names), config sections (TrainConfig fields that are sections) and switches (each one of its
     row's section)."""
     from gemref.bench import bench_names
-    from gemref.config.train import sections, switch_fields_of
+    from gemref.train.config import sections, switch_fields_of
 
     root = PACKAGE.parent
     missing = []
@@ -395,13 +415,14 @@ def test_importing_the_training_loop_loads_no_lab_module():
     import subprocess
     import sys
 
-    probe = "import sys, gemref.train; print(' '.join(m for m in sys.modules if m.startswith('gemref.')))"
+    probe = "import sys, gemref.train.loop; print(' '.join(m for m in sys.modules if m.startswith('gemref.')))"
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     sides = design_sides()
     assert [m for m in loaded if sides[".".join(m.split(".")[:2])] == "lab"] == []
 
 
-# A code-size budget, not a speed bound: what `import gemref.train` loads stays a reader's size.
+# A code-size budget, not a speed bound: what the loop and the composition load (gemref.train's
+# train and setup, `import gemref.train.loop`) stays a reader's size.
 # The kernels' sources (cpu_fused, cpu_jagged, triton) are not counted; optional and CPU-only
 # paths (the CPU GEMM work, MX emulation, checkpoints, data generation, AutoAC, TorchRec, the
 # sharding, compile's planning) are imported where they are used, not by the import.
@@ -419,14 +440,14 @@ def test_importing_the_training_loop_loads_at_most_the_line_budget():
     import subprocess
     import sys
 
-    probe = ("import json, sys, gemref.train; print(json.dumps({n: m.__file__ for n, m in list(sys.modules.items()) "
+    probe = ("import json, sys, gemref.train.loop; print(json.dumps({n: m.__file__ for n, m in list(sys.modules.items()) "
              "if n.split('.')[0] == 'gemref' and getattr(m, '__file__', None)}))")
     files = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                                       check=True).stdout)
     lines = counted_lines(files)
     top = "\n".join(f"{n:6d} {name}" for name, n in sorted(lines.items(), key=lambda kv: -kv[1])[:25])
     assert sum(lines.values()) <= TRAIN_IMPORT_MAX_LINES, \
-        f"import gemref.train loads {sum(lines.values()):,} lines of gemref (budget {TRAIN_IMPORT_MAX_LINES:,}):\n{top}"
+        f"import gemref.train.loop loads {sum(lines.values()):,} lines of gemref (budget {TRAIN_IMPORT_MAX_LINES:,}):\n{top}"
 
 
 def test_the_line_budget_leaves_out_only_the_kernels_sources():

@@ -22,9 +22,10 @@ from gemref.measure.batch_search import (SEARCH_CAP, find_batch_size, gemref_act
 from gemref.mfu.memory import SavedTensors
 from gemref.autoac.plan import option_cost
 from gemref.data.batches import batch_with_lengths
-from gemref.config import get_preset, override
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.mfu.flops import executed_flops, recompute_flops
-from gemref.model import GEMRef
+from gemref.model.gem import GEMRef
 from gemref.train import forward_loss
 from my_rec import MyRec, make_batch, my_loss
 
@@ -433,7 +434,7 @@ def test_bad_plans_and_settings_are_value_errors(profiled):
 def test_records_of_the_old_mode_name_still_load():
     """ac 'pt2' was renamed 'memory_budget' (torchtitan's name); records that carry it load."""
     from dataclasses import asdict
-    from gemref.config.record import train_from_record
+    from gemref.train.record import train_from_record
 
     new = override(TINY.train, compile=True, ac="memory_budget", ac_budget=0.5)
     stored = asdict(new)
@@ -503,7 +504,7 @@ def test_autoac_profiles_the_batch_each_rank_runs(monkeypatch):
 
     sizes = []
     real = batches.representative_batch      # build_model imports it when it profiles
-    monkeypatch.setattr(batches, "representative_batch", lambda p, n, *a, **k: sizes.append(n) or real(p, n, *a, **k))
+    monkeypatch.setattr(batches, "representative_batch", lambda m, d, n, *a, **k: sizes.append(n) or real(m, d, n, *a, **k))
     monkeypatch.setattr(compose, "parallelize", lambda *a, **k: None)       # no process group here
     fake = type("P", (), {"world": 4})()
     compose.build_model(TINY, override(TINY.train, jagged=True, batch_size=64, ac="auto", ac_budget=0.5),

@@ -14,9 +14,9 @@ from gemref.activation_compression import CompressionSpec
 from gemref.measure.autoac_regions import (pareto_front, region_budgets, region_bytes, uniform_front, uniform_plan,
                                            without_option)
 from gemref.cli import main
-from gemref.config import get_preset
+from gemref.train.presets import get_preset
 from gemref.data.batches import batch_with_lengths
-from gemref.model import GEMRef
+from gemref.model.gem import GEMRef
 
 OPTIONS = ("save_matmuls", "full", "compressed")
 CFG = get_preset("tiny").model

@@ -244,7 +244,8 @@ def test_loss_divisor_values_and_errors():
 def test_training_divides_by_loss_divisor():
     """gemref's training (Setup.normalizer) uses loss_divisor of the global batch, summing gradients."""
     from types import SimpleNamespace
-    from gemref.config import get_preset, override
+    from gemref.train.presets import get_preset
+    from gemref.train.override import override
     from gemref.train.compose import Setup
     train = override(get_preset("tiny").train, batch_size=40)
     for parallel, expected in ((SimpleNamespace(world=4, rank=0), loss_divisor(40, 4, "sum")), (None, None)):

@@ -8,8 +8,8 @@ import pytest
 
 from gemref.measure.quality import METRICS, band_rows, variant_quality, variant_run
 from gemref.cli import main
-from gemref.config import get_preset, override
-from gemref.data.folder import dataset_preset
+from gemref.train.presets import get_preset, dataset_preset
+from gemref.train.override import override
 from gemref.data.shards import generate_dataset
 from gemref.waterfall import LADDER, run_waterfall
 

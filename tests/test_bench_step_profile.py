@@ -45,7 +45,8 @@ def test_op_classes(name, ancestors, expected):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_tiny_run_writes_its_record_and_its_gemm_flops_match_the_flop_counter(precision, tmp_path, capsys, data_root):
-    from gemref.config import get_preset, override
+    from gemref.train.presets import get_preset
+    from gemref.train.override import override
     from gemref.mfu.gemm_paths import probe_paths
     from gemref.train import sample_batch, setup
 

@@ -44,7 +44,8 @@ def test_limit_stacks_by_hand():
 
 
 def test_profile_rung_runs_one_ranks_step_of_the_rung(data_root):
-    from gemref.config import get_preset, override
+    from gemref.train.presets import get_preset
+    from gemref.train.override import override
 
     preset = get_preset("tiny")
     train = override(preset.train, jagged=True, kernel="auto", mesh="1x2", balance="kk")

@@ -109,8 +109,8 @@ def test_the_checker_tells_core_from_lab():
     assert "imports" in uses_technique("from gemref.measure.run import run\nrun(p)\nx.backward()")
     assert "imports" in uses_technique("from gemref.mfu.attention_cost import compare_kernels\ncompare_kernels()")
     assert "imports" in uses_technique("from gemref import walkthrough\nwalkthrough.show()\nx.backward()")
-    assert uses_technique("from gemref.model import GEMRef\nx.backward()") == "calls no gemref API"
-    assert uses_technique("from gemref.model import GEMRef\nm = GEMRef(c)") == "runs no backward"
+    assert uses_technique("from gemref.model.gem import GEMRef\nx.backward()") == "calls no gemref API"
+    assert uses_technique("from gemref.model.gem import GEMRef\nm = GEMRef(c)") == "runs no backward"
     assert uses_technique("import torch\ntorch.ones(1)") == "imports nothing from gemref"
 
 

@@ -11,14 +11,16 @@ import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
-from gemref.config import get_preset, override
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.data.batches import batch_with_lengths
-from gemref.model import GEMRef, ranking_loss
+from gemref.model.gem import GEMRef, ranking_loss
 from gemref.checkpoint.folder import complete_checkpoints
 from gemref.parallel.rowwise import row_state_dict
 from gemref.train.compose import make_optimizer
-from gemref.checkpoint import (latest_checkpoint, load_checkpoint, resume_checkpoint, run_description,
-                                        save_checkpoint, start_from_checkpoint)
+from gemref.checkpoint import (latest_checkpoint, load_checkpoint, resume_checkpoint, save_checkpoint,
+                               start_from_checkpoint)
+from gemref.train.loop import run_description
 
 TINY = get_preset("tiny")
 KEY = dict(global_batch=4, seed=0)

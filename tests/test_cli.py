@@ -12,7 +12,8 @@ import pytest
 
 from gemref import cli
 from gemref.cli import build_parser, main
-from gemref.config import get_preset, switch_names
+from gemref.train.presets import get_preset
+from gemref.train.config import switch_names
 from gemref.errors import UsageError
 
 
@@ -222,16 +223,14 @@ def test_data_generate_prints_a_table(tmp_path, capsys):
 
 
 def test_data_flag_picks_the_data_folder_and_the_config_s_own_subfolder(tmp_path):
-    from dataclasses import replace
-
-    from gemref.config import override
+    from gemref.train.override import override
     from gemref.data.shards import dataset_dir
 
     r = gemref("--data", str(tmp_path), "data", "generate", "--preset", "tiny", "--quiet",
                "--set", "n_train=200", "--set", "n_eval=50", "--set", "seed=7")
     assert r.returncode == 0, r.stderr
     tiny = get_preset("tiny")
-    expected = dataset_dir(replace(tiny, data=override(tiny.data, n_train=200, n_eval=50, seed=7)), tmp_path)
+    expected = dataset_dir("tiny", tiny.model, override(tiny.data, n_train=200, n_eval=50, seed=7), tmp_path)
     assert json.loads((expected / "manifest.json").read_text())["data"]["seed"] == 7
     assert [p.name for p in tmp_path.iterdir()] == [expected.name]
 

@@ -6,7 +6,8 @@ Every expected value is worked out by hand on concrete numbers in the comment be
 """
 import pytest
 
-from gemref.config import MeshShape, get_preset
+from gemref.parallel.config import MeshShape
+from gemref.train.presets import get_preset
 from gemref.parallel.volume import lookups
 from gemref.simulate.collectives import (PAT_RANK_S, CollectiveCost, LinkTier, algorithm_cost, best, bus_bandwidth,
                                          price)

@@ -8,8 +8,10 @@ from gemref.measure.batch_search import gemref_forward_with_bytes as forward_wit
 from gemref.train import forward_loss
 from gemref.data.batches import batch_with_lengths
 from gemref.compile import compile_model, compile_stats, gemref_regions
-from gemref.config import COMPILE_REGIONS, get_preset, override
-from gemref.model import GEMRef, ranking_loss
+from gemref.compile.config import COMPILE_REGIONS
+from gemref.train.presets import get_preset
+from gemref.train.override import override
+from gemref.model.gem import GEMRef, ranking_loss
 
 TINY = get_preset("tiny")
 CFG = TINY.model
@@ -154,7 +156,7 @@ def test_only_the_named_region_kinds_are_compiled_and_the_rest_stay_eager():
 
 def test_region_kinds_and_the_config_names_agree():
     from gemref.compile import REGION_KINDS
-    from gemref.config import COMPILE_REGIONS
+    from gemref.compile.config import COMPILE_REGIONS
 
     assert (*REGION_KINDS, "loss") == COMPILE_REGIONS
 

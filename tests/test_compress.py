@@ -14,9 +14,10 @@ from gemref.autoac import apply_plan, remove_plan, saved_compression
 from gemref.measure.batch_search import gemref_activation_bytes as activation_bytes
 from gemref.train import forward_loss
 from gemref.compile import compile_model, gemref_regions
-from gemref.config import COMPILE_REGIONS, get_preset
+from gemref.compile.config import COMPILE_REGIONS
+from gemref.train.presets import get_preset
 from gemref.data.batches import batch_with_lengths
-from gemref.model import GEMRef, ranking_loss
+from gemref.model.gem import GEMRef, ranking_loss
 
 CFG = get_preset("tiny").model
 U = 2.0 ** -4          # E4M3: 3 mantissa bits, round to nearest: half an ulp relative

@@ -7,11 +7,16 @@ from dataclasses import asdict, fields
 
 import pytest
 
-from gemref.config import (AC_COMPRESSIONS, KERNEL_NAMES, RECORD_VERSION, ActivationCheckpointConfig,
-                           AttentionConfig, CheckpointConfig, CompileConfig, EmbeddingConfig, ParallelConfig,
-                           PrecisionConfig, TrainConfig, get_preset, override, record_version, switch_values,
-                           train_as_record, train_from_record, with_switches)
-from gemref.config.train import sections, switch_fields
+from gemref.autoac.config import AC_COMPRESSIONS, ActivationCheckpointConfig
+from gemref.attention.config import KERNEL_NAMES, AttentionConfig
+from gemref.train.record import RECORD_VERSION, record_version, train_as_record, train_from_record
+from gemref.checkpoint.config import CheckpointConfig
+from gemref.compile.config import CompileConfig
+from gemref.parallel.config import EmbeddingConfig, ParallelConfig
+from gemref.precision.config import PrecisionConfig
+from gemref.train.config import TrainConfig, switch_values, with_switches, sections, switch_fields
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.errors import UsageError
 
 TINY = get_preset("tiny").train

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from gemref.config import get_preset
+from gemref.train.presets import get_preset
 from gemref.data.loader import EventDataset, make_loader, read_shard
 from gemref.data.schema import samples_to_table
 from gemref.data.manifest import write_manifest

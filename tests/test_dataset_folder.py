@@ -14,11 +14,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from gemref.cli import main
-from gemref.config import get_preset, override, preset_on_dataset
+from gemref.train.presets import get_preset, preset_on_dataset, dataset_preset
+from gemref.train.override import override
 from gemref.data.batches import lengths_from_percentiles, representative_batch
-from gemref.data.folder import check_section, dataset_preset, open_dataset
+from gemref.data.folder import check_section, open_dataset
 from gemref.data.manifest import write_manifest
 from gemref.data.shards import generate_dataset
 from gemref.errors import UsageError
@@ -246,7 +248,35 @@ def test_lengths_drawn_from_percentiles_follow_them():
 
 def test_the_autoac_profile_batch_of_a_dataset_draws_its_lengths(folder):
     preset = dataset_preset("tiny", folder)
-    lengths = np.diff(representative_batch(preset, 4096, seed=3).offsets.numpy())
+    lengths = np.diff(representative_batch(preset.model, preset.data, 4096, seed=3).offsets.numpy())
     assert lengths.max() <= preset.model.max_len
     median = preset.data.train_lengths[50]
     assert abs(float(np.median(lengths)) - median) <= 2, (np.median(lengths), median)
+
+
+def test_the_data_layer_reads_only_a_models_data_half():
+    """data/ takes a DataShape (it never imports the model): a ModelConfig and a DataSizes with
+    the same vocab sizes, feature counts and max_len give the same batch."""
+    from gemref.data.batches import batch_with_lengths
+    from gemref.data.movielens.convert import DataSizes
+
+    model = get_preset("tiny").model
+    sizes = DataSizes(item_vocab=model.item_vocab, action_vocab=model.action_vocab, time_buckets=model.time_buckets,
+                      sparse_vocab=model.sparse_vocab, n_dense=model.n_dense, max_len=model.max_len)
+    a, b = batch_with_lengths(model, [3, 0, 5], seed=2), batch_with_lengths(sizes, [3, 0, 5], seed=2)
+    assert all(torch.equal(x, y) for x, y in zip(a.tensors(), b.tensors()))
+    assert sizes.n_sparse == model.n_sparse
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"item_vocab": 0}, "DataSizes.item_vocab must be >= 1, got 0"),
+    ({"sparse_vocab": ()}, "DataSizes.sparse_vocab needs >= 1 table of vocab >= 1, got ()"),
+    ({"sparse_vocab": (4, 0)}, r"DataSizes.sparse_vocab needs >= 1 table of vocab >= 1, got \(4, 0\)"),
+    ({"max_len": 2.5}, "max_len"),
+])
+def test_data_sizes_refuse_what_no_table_or_history_can_hold(change, message):
+    from gemref.data.movielens.convert import DataSizes
+
+    good = dict(item_vocab=10, action_vocab=2, time_buckets=4, sparse_vocab=(3,), n_dense=1, max_len=8)
+    with pytest.raises(UsageError, match=message):
+        DataSizes(**(good | change))

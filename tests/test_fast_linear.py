@@ -9,10 +9,10 @@ from hypothesis import given, settings, strategies as st
 from torch import nn
 
 from gemref.data.batches import batch_with_lengths
-from gemref.config import get_preset
+from gemref.train.presets import get_preset
 from gemref.mfu.gemm_paths import MODEL_PATHS, check_fp32, check_path
 from gemref.mfu.row_blocks import WHOLE_BELOW
-from gemref.model import GEMRef, ranking_loss
+from gemref.model.gem import GEMRef, ranking_loss
 from gemref.precision import fast_linear as fl
 
 pytestmark = pytest.mark.skipif(not check_fp32("onednn")[0], reason="no fp32 oneDNN path in this torch build")

@@ -6,10 +6,10 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gemref.config import get_preset
+from gemref.train.presets import get_preset
 from gemref.attention.flops import allowed_pairs_per_sequence, attention_model_flops
 from gemref.mfu.flops import count_with_flop_counter, executed_flops, model_flops, sample_cost_coefficients
-from gemref.model import GEMRef, ranking_loss
+from gemref.model.gem import GEMRef, ranking_loss
 from gemref.data.batches import batch_with_lengths
 
 TINY = get_preset("tiny").model

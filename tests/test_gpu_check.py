@@ -384,7 +384,7 @@ def test_the_rungs_fit_an_80_gb_card_by_the_estimate():
     found = _children(
         "dict(state=state, base_state=base_state, per_sample=per_sample, "
         "batches=[rungs.fitting_batch(80e9, state, e, 256) for e in per_sample])", "rungs", setup=(
-            "import torch\nfrom gemref.config import MeshShape, get_preset\n"
+            "import torch\nfrom gemref.parallel.config import MeshShape\nfrom gemref.train.presets import get_preset\n"
             "from gemref.parallel.memory import projected_rank_bytes\n"
             "from gemref.waterfall import LADDER, Context\nfrom gemref.waterfall.rungs import plan\n"
             "preset = rungs.gpu_preset(get_preset('base'))\n"
@@ -444,7 +444,8 @@ def test_chapters_on_a_gpu_fall_back_to_a_batch_that_fits(monkeypatch):
     """batch_that_fits (chapters 00, 01 and 10 under notebooks/params/gpu.yaml) on a pretend GPU
     whose memory holds batch 64: it probes the padded layout, halves, and says so."""
     import gemref.measure.run as run_module
-    from gemref.config import get_preset, override
+    from gemref.train.presets import get_preset
+    from gemref.train.override import override
 
     class FakeSetup:
         def __init__(self, train):

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gemref.config import get_preset, override
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.data.loader import make_loader
 from gemref.train.compose import setup
 

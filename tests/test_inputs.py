@@ -19,7 +19,11 @@ import pytest
 from gemref.cli import main
 from gemref.options import (MAX_RANKS_ENV, RANKS_PER_CPU, check_local_ranks, check_output_dir,
                                   check_output_file, max_local_ranks)
-from gemref.config import DataConfig, ModelConfig, TrainConfig, get_preset, override
+from gemref.data.config import DataConfig
+from gemref.model.config import ModelConfig
+from gemref.train.config import TrainConfig
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.errors import UsageError, user_input
 from gemref.commands.switches import parse_switch
 from gemref.config.values import has_type, parse_field

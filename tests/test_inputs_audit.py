@@ -18,7 +18,9 @@ import torch
 from gemref.attention.api import gdpa
 from gemref.cli import main
 from gemref.options import RANKS_PER_CPU, check_output_file, check_workers
-from gemref.config import MAX_SEED, get_preset, override
+from gemref.config.checks import MAX_SEED
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.data.shards import default_data_root, generate_dataset, min_dataset_bytes
 from gemref.errors import UsageError
 

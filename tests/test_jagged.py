@@ -98,9 +98,9 @@ def test_select_and_concat_roundtrip(lengths, data):
 # ----------------------------------------------------------------------------- the model's boundary
 
 def _model_and_batch():
-    from gemref.config import get_preset
+    from gemref.train.presets import get_preset
     from gemref.data.batches import batch_with_lengths
-    from gemref.model import GEMRef
+    from gemref.model.gem import GEMRef
 
     cfg = get_preset("tiny").model
     return GEMRef(cfg, jagged=True), cfg, batch_with_lengths(cfg, [3, 5, 0, 7], seed=1)
@@ -151,9 +151,9 @@ def test_the_model_checks_a_batch_that_no_loader_validated(case, message):
 
 
 def test_a_loader_validated_batch_is_not_checked_again(tiny_batch, monkeypatch):
-    from gemref.config import get_preset
+    from gemref.train.presets import get_preset
     from gemref.data.jagged import model_contract
-    from gemref.model import GEMRef
+    from gemref.model.gem import GEMRef
 
     cfg = get_preset("tiny").model
     model = GEMRef(cfg, jagged=True)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gemref.config import get_preset, override
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.parallel.launch import spawn
 from gemref.parallel.mesh import _meshes, build_mesh, release_meshes
 
@@ -122,7 +123,7 @@ def test_the_fsdp_launch_path_ends_cleanly_twenty_times_in_a_row(data_root):
 def _mesh_after_a_new_group(rank, world):
     import torch.distributed as dist
 
-    from gemref.config import MeshShape
+    from gemref.parallel.config import MeshShape
     from gemref.parallel.launch import free_port, shutdown
 
     first = build_mesh(MeshShape(1, world), "cpu")

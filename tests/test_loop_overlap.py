@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from gemref.checkpoint import latest_checkpoint
-from gemref.config import get_preset, override
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.mfu.timing import StepFlops, timed_step
 from gemref.step import NonFiniteError
 from gemref.train import setup, train

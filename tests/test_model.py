@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from gemref.data.batches import batch_with_lengths
-from gemref.config import get_preset
-from gemref.model import GEMRef, ranking_loss
+from gemref.train.presets import get_preset
+from gemref.model.gem import GEMRef, ranking_loss
 
 import model_cases
 from model_cases import assert_jagged_matches_padded

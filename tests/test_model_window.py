@@ -6,12 +6,13 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from gemref.config import get_preset, override
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.data.batches import batch_with_lengths
 from gemref.errors import UsageError
 from gemref.config.values import parse_field
-from gemref.config import ModelConfig
-from gemref.model import GEMRef
+from gemref.model.config import ModelConfig
+from gemref.model.gem import GEMRef
 from gemref.model.blocks import CrossBlock, SequenceBlock
 from gemref.model.layout import SequenceLayout
 

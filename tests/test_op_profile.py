@@ -91,7 +91,8 @@ def test_the_waterfall_and_step_profile_give_the_same_other_for_the_same_profile
 
 
 def test_a_real_profile_gives_both_accounts_the_same_classes(tiny_batch):
-    from gemref.config import get_preset, override
+    from gemref.train.presets import get_preset
+    from gemref.train.override import override
     from gemref.train import setup
 
     preset = get_preset("tiny")

@@ -6,8 +6,8 @@ import copy
 
 import torch
 
-from gemref.config import get_preset
-from gemref.model import GEMRef
+from gemref.train.presets import get_preset
+from gemref.model.gem import GEMRef
 from gemref.train import make_optimizer
 
 

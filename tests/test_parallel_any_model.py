@@ -70,7 +70,7 @@ def _full(p):
 def _train(rank, world, configs):
     import torch.distributed as dist
 
-    from gemref.config import parse_mesh
+    from gemref.parallel.config import parse_mesh
     from gemref.parallel.mesh import build_mesh
 
     out = {}
@@ -127,7 +127,7 @@ def test_four_ranks_2x2_match_one_process():
 
 
 def _forgotten_sync(rank, world):
-    from gemref.config import parse_mesh
+    from gemref.parallel.config import parse_mesh
     from gemref.parallel.mesh import build_mesh
 
     mesh = build_mesh(parse_mesh("2x1"), "cpu")
@@ -209,7 +209,7 @@ def test_a_runs_fsdp_dtype_is_its_gemm_dtype_on_cuda():
 
 
 def _gathered_dtypes(rank, world):
-    from gemref.config import parse_mesh
+    from gemref.parallel.config import parse_mesh
     from gemref.parallel.mesh import build_mesh
 
     mesh = build_mesh(parse_mesh("1x2"), "cpu")

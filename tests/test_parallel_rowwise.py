@@ -154,7 +154,7 @@ def _local(t):
 
 def _sharded_rank(rank, world, mesh_spec, modes, interval, kind="adagrad"):
     """Every rank steps its own ids; returns, per mode and step, each table's local rows and state."""
-    from gemref.config import parse_mesh
+    from gemref.parallel.config import parse_mesh
     from gemref.parallel.mesh import build_mesh
     from gemref.parallel.sparse import shard_tables
 
@@ -244,7 +244,7 @@ def test_replicas_differ_between_syncs_and_agree_right_after_one():
 def _count_rank(rank, world):
     import torch.distributed as dist
 
-    from gemref.config import parse_mesh
+    from gemref.parallel.config import parse_mesh
     from gemref.parallel.mesh import build_mesh
     from gemref.parallel.sparse import fuse_lookups, shard_tables
 
@@ -314,7 +314,7 @@ def _bce(model, b: RecBatch):
 
 
 def _myrec(rank, world, mesh_spec):
-    from gemref.config import parse_mesh
+    from gemref.parallel.config import parse_mesh
     from gemref.parallel.fsdp import apply_fsdp
     from gemref.parallel.mesh import build_mesh
     from gemref.parallel.sparse import fuse_lookups, shard_tables
@@ -385,7 +385,7 @@ def _myrec_resume(rank, world, mesh_spec, mode, kind, interval, folder):
     fresh model (one step on other data first) loaded from it and stepped the last 2; returns both
     ends: every parameter, the dense Adam state and the row state, local to this rank."""
     from gemref.checkpoint import load_checkpoint, save_checkpoint
-    from gemref.config import parse_mesh
+    from gemref.parallel.config import parse_mesh
     from gemref.parallel.fsdp import apply_fsdp
     from gemref.parallel.mesh import build_mesh
     from gemref.parallel.rowwise import row_state_dict
@@ -453,7 +453,8 @@ def test_sharded_row_state_resumes_bit_exact(tmp_path, mesh_spec, mode, kind, in
 
 
 def test_table_switches_are_checked():
-    from gemref.config import get_preset, override
+    from gemref.train.presets import get_preset
+    from gemref.train.override import override
     from gemref.errors import UsageError
 
     base = get_preset("tiny").train
@@ -479,7 +480,8 @@ def test_table_switches_are_checked():
 
 @pytest.mark.parametrize("table_optimizer", ["rowwise_adagrad", "rowwise_adam"])
 def test_gemref_one_process_steps_only_touched_rows_and_keeps_tables_out_of_adamw(table_optimizer):
-    from gemref.config import get_preset, override
+    from gemref.train.presets import get_preset
+    from gemref.train.override import override
     from gemref.data.batches import representative_batch
     from gemref.step import train_step
     from gemref.train.compose import build_model, make_optimizer
@@ -490,7 +492,7 @@ def test_gemref_one_process_steps_only_touched_rows_and_keeps_tables_out_of_adam
     optimizer = make_optimizer(model, train)
     adamw = {id(p) for g in optimizer.param_groups for p in g["params"]}
     assert not any(id(p) in adamw for p in model.tables.parameters())
-    batch = representative_batch(preset, 8, torch.device("cpu"), seed=0)
+    batch = representative_batch(preset.model, preset.data, 8, torch.device("cpu"), seed=0)
     before = {n: t.weight.detach().clone() for n, t in model.tables.items()}
     train_step(model, optimizer, batch)
     item = model.tables["item"].weight.detach()

@@ -36,7 +36,7 @@ def _dense_tables():
 def _rank(rank, world, modes):
     import torch.distributed as dist
 
-    from gemref.config import MeshShape
+    from gemref.parallel.config import MeshShape
     from gemref.parallel.mesh import build_mesh
     from gemref.parallel.sparse import ShardedEmbedding, shard_tables, sync_replica_grads
 
@@ -100,7 +100,7 @@ def _bag_inputs(rank: int, include_last: bool, weighted: bool, fixed: bool):
 def _bags_rank(rank, world):
     import torch.distributed as dist
 
-    from gemref.config import MeshShape
+    from gemref.parallel.config import MeshShape
     from gemref.parallel.mesh import build_mesh
     from gemref.parallel.sparse import shard_tables, sync_replica_grads
 
@@ -176,7 +176,7 @@ def _count_syncs(fn):
 
 
 def _syncs_rank(rank, world):
-    from gemref.config import MeshShape
+    from gemref.parallel.config import MeshShape
     from gemref.parallel.mesh import build_mesh
     from gemref.parallel.sparse import fuse_lookups, shard_tables
 
@@ -213,7 +213,7 @@ def test_a_fused_lookup_step_has_one_host_sync():
 
 
 def _bad_ids_rank(rank, world):
-    from gemref.config import MeshShape
+    from gemref.parallel.config import MeshShape
     from gemref.parallel.mesh import build_mesh
     from gemref.parallel.sparse import shard_tables
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gemref.config import get_preset, override
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.checkpoint import latest_checkpoint
 from gemref.parallel.launch import spawn
 from gemref.runtime.files import to_jsonable
@@ -60,7 +61,7 @@ def test_loss_trajectory_matches_one_process(four_ranks, one_process, config):
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_bytes_per_rank_are_one_over_s(four_ranks, config):
     from gemref.parallel.memory import projected_rank_bytes
-    from gemref.config import parse_mesh
+    from gemref.parallel.config import parse_mesh
 
     S = SHARDS[config]
     projected = projected_rank_bytes(TINY.model, parse_mesh(CONFIGS[config]["mesh"]),

@@ -8,15 +8,16 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from gemref.config import get_preset, override
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.data.sampler import StepBatches
 from gemref.train import batch_sampler
-from gemref.model import GEMRef
+from gemref.model.gem import GEMRef
 from gemref.measure import comm
 from gemref.parallel import backend
 from gemref.simulate.cost_model import HARDWARE, LinkTier, collective_time, get_profile, group_tier
 from gemref.parallel.fsdp import padded_numel
-from gemref.config import MeshShape, parse_mesh
+from gemref.parallel.config import MeshShape, parse_mesh
 from gemref.parallel.mesh import check_world
 from gemref.parallel.sparse import plan_tables
 from gemref.parallel.volume import lookups, model_units, step_volume, table_shapes

@@ -17,7 +17,7 @@ from torch import nn
 from gemref.cli import main
 from gemref.precision.mx_reference import mx_linear_reference
 from gemref.precision.sqnr import compare_linear, model_sqnr, sqnr
-from gemref.config import PRECISIONS
+from gemref.precision.config import PRECISIONS
 from gemref.precision.apply import MIN_DIM, apply_precision, default_module_filter
 from gemref.precision.support import native_support
 from gemref.precision.torchao_layers import MXFP8Linear

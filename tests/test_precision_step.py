@@ -7,7 +7,8 @@ import json
 import pytest
 
 from gemref.cli import main
-from gemref.config import get_preset, override
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.errors import UsageError
 from gemref.mfu import timing
 from gemref.measure import precision_step

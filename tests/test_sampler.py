@@ -178,7 +178,8 @@ def test_exchange_depends_on_where_the_lengths_are_not_on_the_policy_name():
 
 
 def test_shared_is_refused_with_the_policy_it_was():
-    from gemref.config import get_preset, override
+    from gemref.train.presets import get_preset
+    from gemref.train.override import override
     from gemref.errors import UsageError
     for old, new in (("shared", "lpt"), ("round_robin", "none")):
         with pytest.raises(UsageError, match=f"balance='{old}' is policy '{new}' under another name"):

@@ -13,7 +13,8 @@ import pytest
 
 from gemref.balance import SampleCost, lpt, rank_loads, round_robin
 from gemref.cli import main
-from gemref.config import MeshShape, get_preset
+from gemref.parallel.config import MeshShape
+from gemref.train.presets import get_preset
 from gemref.measure.balance_compare import imbalance
 from gemref.mfu.flops import sample_cost_coefficients
 from gemref.simulate.cost_model import HardwareProfile, LinkTier, collective_time, get_profile, sm_count

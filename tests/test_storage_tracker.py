@@ -83,9 +83,9 @@ def test_an_opaque_kernels_first_call_caches_are_no_activations():
     no activation. Counted, they went to whichever pass ran first (the profiler's fully
     checkpointed reference: every block's "full" freed bytes came out short by them)."""
     from gemref.attention.cpu_jagged import plan, tiles
-    from gemref.config import get_preset
+    from gemref.train.presets import get_preset
     from gemref.data.batches import batch_with_lengths
-    from gemref.model import GEMRef
+    from gemref.model.gem import GEMRef
     from gemref.train import forward_loss
 
     cfg = get_preset("tiny").model

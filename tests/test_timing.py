@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from gemref.data.batches import batch_with_lengths
-from gemref.config import get_preset
+from gemref.train.presets import get_preset
 from gemref.mfu.timing import StepFlops, StepRecord, compute_seconds, interleaved, timed_step
-from gemref.model import GEMRef
+from gemref.model.gem import GEMRef
 from gemref.step import train_step
 
 

@@ -16,7 +16,10 @@ import pytest
 import torch
 
 from gemref.cli import main
-from gemref.config import MeshShape, TrainConfig, get_preset, override
+from gemref.parallel.config import MeshShape
+from gemref.train.config import TrainConfig
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.errors import UsageError
 from gemref.interop.lib import available
 
@@ -51,7 +54,7 @@ def test_the_cli_refuses_2d_on_cpu_in_one_line_before_any_rank_starts(capsys):
 @needs_torchrec
 def test_the_library_refuses_2d_on_cpu_in_one_line():
     from gemref.interop.sharders import use_torchrec_tables
-    from gemref.model import GEMRef
+    from gemref.model.gem import GEMRef
 
     model = GEMRef(get_preset("tiny").model)
     with pytest.raises(UsageError, match="DMPCollection .* needs CUDA") as e:
@@ -106,7 +109,7 @@ def test_the_plan_is_made_for_the_sharding_group_and_remaps_inside_each_ranks_gr
 
     from gemref.interop.sharders import dmp_collection_groups, plan_tables, sharders
     from gemref.interop.tables import TorchRecTables
-    from gemref.model import GEMRef
+    from gemref.model.gem import GEMRef
 
     cfg = get_preset("tiny").model
     world, shard = 4, 2
@@ -140,6 +143,6 @@ def test_the_plan_is_made_for_the_sharding_group_and_remaps_inside_each_ranks_gr
 @needs_torchrec
 def test_sync_replicas_leaves_other_engines_alone():
     from gemref.interop.sharders import sync_replicas
-    from gemref.model import GEMRef
+    from gemref.model.gem import GEMRef
 
     sync_replicas(GEMRef(get_preset("tiny").model))   # native tables: nothing to sync, no collective

@@ -69,7 +69,7 @@ TINY_TABLES = {"item": (2000, 32), "action": (4, 32), "time_gap": (16, 32), "pos
 def test_compare_sharded_weighs_both_engines_by_hand_counts():
     pytest.importorskip("torchrec", reason="TorchRec is not installed (requirements-nodeps.txt)")
     from gemref.measure.table_engines import compare_sharded
-    from gemref.config import get_preset
+    from gemref.train.presets import get_preset
     from gemref.parallel.volume import table_shapes
 
     assert table_shapes(get_preset("tiny").model) == TINY_TABLES

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from gemref.cli import main
-from gemref.config import TrainConfig, get_preset, override
+from gemref.train.config import TrainConfig
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.data.batches import batch_with_lengths
 from gemref.errors import UsageError
 
@@ -108,6 +110,6 @@ def test_train_on_two_ranks_with_torchrec_records_the_plan(data_root, tmp_path, 
     for entry in engine["plan"].values():
         assert entry["kernel"] == "fused" and set(entry["ranks"]) <= {0, 1} and entry["ranks"]
     assert all(map(lambda x: x == x and x < 10, record["loss_curve"]))
-    from gemref.model import GEMRef
+    from gemref.model.gem import GEMRef
     assert record["parameters"] == sum(p.numel() for p in GEMRef(get_preset("tiny").model).parameters())
     assert "TorchRec plan" in capsys.readouterr().out

@@ -8,10 +8,9 @@ import sys
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from gemref.config import get_preset
+from gemref.train.presets import get_preset
 from gemref.data.batches import batch_with_lengths
 from gemref.errors import UsageError
 from gemref.interop import lib
@@ -113,8 +112,8 @@ def test_gemref_imports_and_trains_natively_without_torchrec():
     model step still work."""
     code = ("import sys; sys.modules['torchrec'] = None\n"
             "import gemref.interop, gemref.interop.kjt, gemref.train.compose\n"
-            "from gemref.config import get_preset\nfrom gemref.data.batches import batch_with_lengths\n"
-            "from gemref.model import GEMRef, ranking_loss\ncfg = get_preset('tiny').model\n"
+            "from gemref.train.presets import get_preset\nfrom gemref.data.batches import batch_with_lengths\n"
+            "from gemref.model.gem import GEMRef, ranking_loss\ncfg = get_preset('tiny').model\n"
             "b = batch_with_lengths(cfg, [3, 0, 2])\nranking_loss(GEMRef(cfg)(b), b.labels).backward()\n"
             "assert 'torchrec' not in [m for m in sys.modules if sys.modules[m] is not None]\nprint('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

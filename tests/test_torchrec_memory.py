@@ -20,7 +20,8 @@ SHARDINGS = ("row_wise", "table_wise", "data_parallel")
 
 
 def _preset():
-    from gemref.config import get_preset, override
+    from gemref.train.presets import get_preset
+    from gemref.train.override import override
 
     preset = get_preset("tiny")
     return override(preset, model=override(preset.model, **ODD))
@@ -35,7 +36,7 @@ def _rows(cfg) -> dict[str, int]:
 
 
 def _rank(rank, world):
-    from gemref.config import override
+    from gemref.train.override import override
     from gemref.data.batches import batch_with_lengths
     from gemref.parallel.memory import rank_bytes
     from gemref.parallel.parallelize import parallel_state
@@ -93,7 +94,7 @@ def _tables(result) -> dict:
 
 @needs_torchrec
 def test_one_process_torchrec_tables_are_counted_whole_with_their_adagrad_sums():
-    from gemref.config import override
+    from gemref.train.override import override
     from gemref.data.batches import batch_with_lengths
     from gemref.parallel.memory import rank_bytes
     from gemref.step import train_step

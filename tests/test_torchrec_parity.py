@@ -24,7 +24,8 @@ CASES = (("auto", False), ("row_wise", False), ("table_wise", True), ("column_wi
 
 
 def _run(rank, sharding, jagged, engine):
-    from gemref.config import get_preset, override
+    from gemref.train.presets import get_preset
+    from gemref.train.override import override
     from gemref.data.batches import batch_with_lengths
     from gemref.interop.tables import ADAGRAD_EPS, engine_parameters
     from gemref.parallel.parallelize import parallel_state
@@ -69,14 +70,14 @@ def _local_rows(model) -> dict[str, list[tuple[tuple[int, int], torch.Tensor]]]:
 
 def _initial_tables(cfg, seed: int) -> dict[str, torch.Tensor]:
     """The tables as build_model draws them (torch.manual_seed(TrainConfig.seed), then GEMRef)."""
-    from gemref.model import GEMRef
+    from gemref.model.gem import GEMRef
 
     torch.manual_seed(seed)
     return {n: t.weight.detach() for n, t in GEMRef(cfg).tables.items()}
 
 
 def _rank(rank, world):
-    from gemref.config import get_preset
+    from gemref.train.presets import get_preset
 
     out = {}
     for sharding, jagged in CASES:

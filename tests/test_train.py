@@ -12,14 +12,16 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gemref.config import get_preset, override
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.data.batches import batch_with_lengths
 from gemref.data.loader import make_loader
 from gemref.data.sampler import StepBatches
 from gemref.env import resolve_device
 from gemref.mfu.peak import peak_flops
-from gemref.model import GEMRef
-from gemref.checkpoint import latest_checkpoint, load_checkpoint, run_description
+from gemref.model.gem import GEMRef
+from gemref.checkpoint import latest_checkpoint, load_checkpoint
+from gemref.train.loop import run_description
 from gemref.parallel.launch import spawn
 from gemref.report.records import RunRecord
 from gemref.report.seed_band import difference_tolerance, seed_band

@@ -13,7 +13,8 @@ import torch
 
 from gemref.waterfall import ladder
 from gemref.cli import main
-from gemref.config import get_preset, override
+from gemref.train.presets import get_preset
+from gemref.train.override import override
 from gemref.errors import UsageError
 from gemref.mfu.op_classes import CLASSES, classify_cpu, op_class
 from gemref.mfu.timing import StepRecord
@@ -128,7 +129,7 @@ class FakeRung:
 
 @pytest.mark.parametrize("free, expect_groups", [(1e15, [[0, 1, 2]]), (1.0, [[0, 1], [1, 2]])])
 def test_the_rank_program_interleaves_each_group_of_live_rungs(monkeypatch, free, expect_groups):
-    from gemref.config import override
+    from gemref.train.override import override
     from gemref.mfu.peak import Peak
     from gemref.waterfall import runner
 
@@ -237,7 +238,7 @@ def _result(groups_, tokens):
 
 
 def test_rows_under_sliding_pairs_chain_vs_baseline():
-    from gemref.config import TrainConfig
+    from gemref.train.config import TrainConfig
 
     plan = [(rung, TrainConfig()) for rung in LADDER[:3]]
     tokens = [[100, 100, 100], [200, 220, 180], [300, 330, 360]]
@@ -253,7 +254,7 @@ def test_rows_under_sliding_pairs_chain_vs_baseline():
 def test_the_low_precision_row_names_the_format_it_ran_in(precision, label):
     """A ran rung 7 is labelled by the format its ranks resolved (a CPU's bf16 run is never called
     float8/MXFP8); a rung 7 that did not run keeps the ladder's title with its reason."""
-    from gemref.config import TrainConfig
+    from gemref.train.config import TrainConfig
 
     low = next(rung for rung in LADDER if rung.key == "low_precision")
     plan = [(LADDER[0], TrainConfig()), (low, override(TrainConfig(), precision=precision))]
@@ -267,14 +268,14 @@ def test_the_low_precision_row_names_the_format_it_ran_in(precision, label):
 
 
 def test_every_low_precision_recipe_has_a_row_label():
-    from gemref.config import PRECISIONS
+    from gemref.precision.config import PRECISIONS
     from gemref.waterfall.rows import FORMAT_NAMES
 
     assert set(FORMAT_NAMES) == set(PRECISIONS) - {"fp32"}
 
 
 def test_figures_show_e2e_local_and_the_breakdown_and_say_which_rungs_were_not_measured():
-    from gemref.config import TrainConfig
+    from gemref.train.config import TrainConfig
     from gemref.report.figures import waterfall_breakdown_figure, waterfall_figure
 
     plan = [(rung, TrainConfig()) for rung in LADDER[:3]]
@@ -331,7 +332,7 @@ def test_op_classes(name, cls):
 
 
 def test_a_profiled_step_splits_into_classes(tiny_batch):
-    from gemref.config import override
+    from gemref.train.override import override
     from gemref.mfu.profile import quiet_profile
     from gemref.train import setup
 
@@ -584,7 +585,7 @@ def test_the_autoac_rung_builds_on_a_compile_rung_that_compiled_only_some_region
 
 def test_rung_changes_are_the_switches_each_rung_sets():
     """The ladder as code (chapter 10): each row's recorded TrainConfig against the row before."""
-    from gemref.config import RECORD_VERSION, train_as_record
+    from gemref.train.record import RECORD_VERSION, train_as_record
     from gemref.waterfall.rows import rung_changes
 
     base = get_preset("tiny").train

@@ -18,7 +18,8 @@ RUNG6 = {**RUNG5, "mesh": "1x2", "sparse_sharding": "row"}
 
 
 def rank(r, world, preset, windows, steps):
-    from gemref.config import get_preset, override
+    from gemref.train.presets import get_preset
+    from gemref.train.override import override
     from gemref.data.loader import make_loader
     from gemref.data.sampler import StepBatches
     from gemref.train.compose import setup

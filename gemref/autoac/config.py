@@ -3,7 +3,7 @@ saved activations stored compressed; a solved plan as the ac_plan switch's text 
 (`plan_text`, `parse_plan`: gemref/autoac/plan.py solves it).
 
 Mode "memory_budget" is torchtitan's name for torch._functorch.config.activation_memory_budget
-(it was "pt2" before; records that say "pt2" still load, gemref/config/record.py RENAMED)."""
+(it was "pt2" before; records that say "pt2" still load, gemref/train/record.py RENAMED)."""
 from __future__ import annotations
 
 import re

@@ -35,8 +35,7 @@ from dataclasses import asdict
 
 import torch
 
-from ..config import PRESETS
-from ..data.folder import dataset_preset
+from ..train.presets import PRESETS, dataset_preset
 from ..env import versions
 from ..errors import UsageError
 from ..measure.autoac_batch import GAIN_COLUMNS, batch_gain

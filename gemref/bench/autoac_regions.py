@@ -30,7 +30,7 @@ from dataclasses import asdict
 import torch
 
 from ..activation_compression import FORMATS, CompressionSpec
-from ..data.folder import dataset_preset
+from ..train.presets import dataset_preset
 from ..env import versions
 from ..errors import UsageError
 from ..measure.autoac_batch import batch_search

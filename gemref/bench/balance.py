@@ -25,7 +25,8 @@ import os
 import platform
 
 from ..balance import SampleCost
-from ..config import LENGTH_PROFILES, PRESETS, get_preset
+from ..data.config import LENGTH_PROFILES
+from ..train.presets import PRESETS, get_preset
 from ..data.synthetic import draw_lengths
 from ..env import versions
 from ..errors import UsageError

@@ -25,8 +25,7 @@ from dataclasses import asdict
 import torch
 
 from ..options import add_dataset_arg, add_device_arg, int_at_least, output_file, positive_int
-from ..config import PRESETS
-from ..data.folder import dataset_preset
+from ..train.presets import PRESETS, dataset_preset
 from ..compile.plan import call_overhead
 from ..report import format_table
 from ..runtime.files import write_json

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..config import get_preset
+from ..train.presets import get_preset
 from ..env import versions
 from ..errors import UsageError
 from ..measure.table_engines import compare_engines
@@ -32,7 +32,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import TORCHREC_SHARDINGS
+    from ..parallel.config import TORCHREC_SHARDINGS
     from ..interop.lib import torchrec
 
     for name in ("ranks", "per_rank_batch", "windows", "steps_per_window"):

@@ -14,7 +14,7 @@ import argparse
 import os
 
 from ..balance import SAMPLER_POLICIES, SampleCost, check_policy
-from ..config import get_preset
+from ..train.presets import get_preset
 from ..env import versions
 from ..errors import UsageError
 from ..measure.local_balance import SIM_COLUMNS, activation_model, measure, simulate

@@ -20,10 +20,9 @@ import logging
 import torch
 
 from ..options import add_dataset_arg, add_device_arg, device_of, nonnegative_int, output_file, positive_int
-from ..config import PRESETS
-from ..data.folder import dataset_preset
+from ..train.presets import PRESETS, dataset_preset
 from ..errors import UsageError
-from ..config import PRECISION_KERNELS as KERNELS, PRECISIONS
+from ..precision.config import PRECISION_KERNELS as KERNELS, PRECISIONS
 from ..precision.linear_compare import compare_shape
 from ..report import format_table
 from ..runtime.files import write_json

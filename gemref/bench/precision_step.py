@@ -22,8 +22,9 @@ import logging
 
 import torch
 
-from ..config import PRECISIONS, PRESETS, override
-from ..data.folder import dataset_preset
+from ..precision.config import PRECISIONS
+from ..train.presets import PRESETS, dataset_preset
+from ..train.override import override
 from ..env import cpu_info, versions
 from ..runtime.files import write_json
 from ..mfu.cpu_probe import CONTENDED_BELOW   # process CPU / (wall x threads) below it: the run waited for cores

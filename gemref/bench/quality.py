@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import PRESETS
-from ..data.folder import dataset_preset
+from ..train.presets import PRESETS, dataset_preset
 from ..errors import UsageError
 from ..options import add_dataset_arg, add_device_arg, device_of, int_at_least, output_dir, output_file, positive_int
 from ..report import format_table, markdown_table

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 
 from ..options import output_file
-from ..config import PRESETS, get_preset
+from ..train.presets import PRESETS, get_preset
 from ..errors import UsageError
 from ..report import format_table
 from ..runtime.files import write_json

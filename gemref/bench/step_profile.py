@@ -17,8 +17,8 @@ from dataclasses import asdict
 import torch
 
 from ..options import add_dataset_arg, nonnegative_int, output_file, positive_int
-from ..config import PRESETS, override
-from ..data.folder import dataset_preset
+from ..train.presets import PRESETS, dataset_preset
+from ..train.override import override
 from ..mfu.gemm_paths import DTYPES
 from ..mfu.peak import device_name
 from ..mfu.step_profile import profile_step

@@ -8,7 +8,7 @@ gemref/measure/table_sync.py `compare_table_sync`.
 from __future__ import annotations
 
 import argparse
-from ..config import PRESETS
+from ..train.presets import PRESETS
 from ..env import cpu_info, versions
 from ..errors import UsageError
 from ..measure.table_sync import REFERENCE, compare_table_sync

@@ -18,8 +18,7 @@ import os
 import torch
 
 from ..attention import ACTIVATIONS, KERNELS
-from ..config import PRESETS
-from ..data.folder import dataset_preset
+from ..train.presets import PRESETS, dataset_preset
 from ..env import versions
 from ..errors import UsageError
 from ..mfu.attention_cost import window_sweep, window_takeaway

@@ -11,4 +11,4 @@ from ..runtime.lazy import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".config": ("CheckpointConfig",),
     ".dcp": ("claim_checkpoint_dir", "load_checkpoint", "run_identity", "save_checkpoint", "start_from_checkpoint"),
-    ".folder": ("checkpoint_path", "latest_checkpoint", "resume_checkpoint", "run_description", "verify_checkpoint")})
+    ".folder": ("checkpoint_path", "latest_checkpoint", "resume_checkpoint", "verify_checkpoint")})

@@ -14,7 +14,7 @@ Layout under a checkpoint folder D:
     D/.tmp-step-00000030/    a save in progress or one that crashed: never read, removed by the next save
 
 A run's identity is its world size, global batch, seed, the names/shapes/dtypes of its model's
-tensors and the caller's run description (`run_description`: preset, model and data configs,
+tensors and the caller's run description (gemref/train/loop.py `run_description`: preset, model and data configs,
 the training fields that shape the trajectory). A run refuses a folder that another identity
 owns, or that already holds this run's checkpoints at or past the step it would write (which a
 fresh run would otherwise prune or shadow), unless told to `overwrite` (which deletes them).
@@ -56,11 +56,10 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_st
 from ..errors import UsageError
 from ..parallel.rowwise import load_row_state_dict, row_state_dict
 from .folder import (checkpoint_path, claim_folder, complete_checkpoints, fsync_dir, latest_checkpoint,
-                               remove_checkpoint, resume_checkpoint, run_description, verify_checkpoint,
-                               write_manifest)
+                     remove_checkpoint, resume_checkpoint, verify_checkpoint, write_manifest)
 
 __all__ = ["save_checkpoint", "load_checkpoint", "start_from_checkpoint", "claim_checkpoint_dir", "run_identity",
-           "run_description", "latest_checkpoint", "resume_checkpoint", "checkpoint_path", "verify_checkpoint"]
+           "latest_checkpoint", "resume_checkpoint", "checkpoint_path", "verify_checkpoint"]
 
 
 def _rank() -> int:

@@ -16,11 +16,9 @@ import os
 import re
 import shutil
 import stat
-from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import UsageError
-from ..config import Preset, TrainConfig, switch_values
 from ..data.manifest import sha256_file
 from ..runtime.files import atomic_write_text
 from ..runtime.locks import LOCK_NAME
@@ -28,10 +26,6 @@ from ..runtime.locks import LOCK_NAME
 FORMAT = "gemref-checkpoint/1"
 OWNER, MANIFEST = "owner.json", "checkpoint.json"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
-# TrainConfig fields that change the trajectory; steps, evaluation, timing and the switches that
-# change how (not what) the model computes are not part of a run's identity.
-TRAJECTORY_FIELDS = ("batch_size", "lr", "weight_decay", "seed", "precision", "precision_min_dim", "table_optimizer",
-                     "table_sync_interval")
 
 
 def checkpoint_path(root: str | Path, step: int) -> Path:
@@ -61,13 +55,6 @@ def resume_checkpoint(root: str | Path) -> tuple[int, Path]:
         raise UsageError(f"{root}: no complete checkpoint to resume from"
                          + (f" (incomplete saves: {', '.join(partial)})" if partial else ""))
     return found
-
-
-def run_description(preset: Preset, train: TrainConfig) -> dict:
-    """The caller's part of a run's identity: preset name, model and data configs, trajectory fields."""
-    desc = {"preset": preset.name, "model": asdict(preset.model), "data": asdict(preset.data),
-            "train": {name: switch_values(train)[name] for name in TRAJECTORY_FIELDS}}
-    return json.loads(json.dumps(desc))
 
 
 def _difference(there, here, path: str = "", labels=("in the checkpoint", "in this run")) -> str | None:

@@ -15,4 +15,17 @@ Conventions every command follows (docs/design.md, "CLI conventions"):
                              named for it: --steps-per-window, --steps-per-strategy, ...
     --json PATH / --out DIR  checked before any work starts (gemref/options.py)
     user mistakes            UsageError (gemref/errors.py): one line on stderr, exit 2
+    --preset NAME            `add_preset_arg` below (the other shared arguments: gemref/options.py,
+                             which sits in the bottom layer and so cannot see the presets)
 """
+from __future__ import annotations
+
+import argparse
+
+from ..train.presets import PRESETS
+
+
+def add_preset_arg(p: argparse.ArgumentParser, default: str = "tiny", help: str = "model/data preset") -> None:
+    """--preset NAME, one of PRESETS (gemref/train/presets.py)."""
+    p.add_argument("--preset", default=default, choices=list(PRESETS), help=help)
+

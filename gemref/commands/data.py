@@ -11,9 +11,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from ..config import DataConfig, get_preset, override
+from ..data.config import DataConfig
+from ..train.presets import get_preset
+from ..train.override import override
 from ..config.values import parse_field
-from ..options import add_preset_arg, check_output_dir, output_dir, output_file, positive_int, split_pairs
+from . import add_preset_arg
+from ..options import check_output_dir, output_dir, output_file, positive_int, split_pairs
 
 NAME = "data"
 HELP = "datasets: generate synthetic shards, check a dataset folder, convert MovieLens-100K"
@@ -66,7 +69,8 @@ def run_generate(args: argparse.Namespace) -> int:
     from ..report import format_table
 
     preset = data_config(args.preset, args.set)
-    out = Path(args.out) if args.out else Path(check_output_dir(str(dataset_dir(preset)), "data folder"))
+    out = Path(args.out) if args.out else Path(check_output_dir(str(dataset_dir(preset.name, preset.model, preset.data)),
+                                                                   "data folder"))
     with folder_lock(out, "--out" if args.out else "data folder"):     # one writer per dataset folder
         manifest = generate_dataset(preset.model, preset.data, out, progress=not args.quiet)
     rows = [{"split": split, "shards": len(sh), "rows": sum(s["rows"] for s in sh),

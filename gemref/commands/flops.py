@@ -5,8 +5,9 @@ import argparse
 
 from dataclasses import replace
 
-from ..config import get_preset
-from ..options import add_device_arg, add_preset_arg, device_of, output_file
+from ..train.presets import get_preset
+from ..options import add_device_arg, device_of, output_file
+from . import add_preset_arg
 from .switches import add_train_switches, train_config_from_args
 
 NAME = "flops"

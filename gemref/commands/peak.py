@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import PRESETS
+from ..train.presets import PRESETS
 from ..errors import UsageError
 from ..mfu.gpu_table import DTYPES   # a plain table: no torch at import
 from ..report import fmt, format_table
@@ -106,8 +106,8 @@ def _cpu_report(dtype: str, preset: str | None, refresh: bool) -> dict:
 
 
 def _preset_plan(preset: str) -> dict:
-    from ..config import get_preset
-    from ..model import GEMRef
+    from ..train.presets import get_preset
+    from ..model.gem import GEMRef
     from ..precision.fast_linear import use_fastest_cpu_gemms
 
     cfg = get_preset(preset).model      # ValueError for an unknown preset

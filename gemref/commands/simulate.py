@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import PRESETS, TABLE_OPTIMIZERS, get_preset
+from ..train.presets import PRESETS, get_preset
+from ..parallel.config import TABLE_OPTIMIZERS
 from ..errors import user_input
-from ..options import (add_preset_arg, check_local_ranks, int_at_least, nonnegative_int, output_file, positive_float,
-                   positive_int, share)
+from . import add_preset_arg
+from ..options import check_local_ranks, int_at_least, nonnegative_int, output_file, positive_float, positive_int, share
 
 NAME = "simulate"
 HELP = ("project step time and MFU of every rung to thousands of GPUs (project), or check the projection against "

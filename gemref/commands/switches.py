@@ -1,9 +1,9 @@
 """TrainConfig on the command line: one option per setting and per switch, derived from the dataclasses.
 
 Each name `foo_bar` (a TrainConfig setting such as `lr`, or a section's switch such as
-`ac_budget`, gemref/config/train.py) becomes `--foo-bar VALUE`, parsed by the field's declared
+`ac_budget`, gemref/train/config.py) becomes `--foo-bar VALUE`, parsed by the field's declared
 type (gemref/config/values.py); a bool becomes `--foo-bar/--no-foo-bar`; a string with valid
-values lists them. The help line and the valid values live beside each field in gemref/config/;
+values lists them. The help line and the valid values live beside each field, in its section's module;
 every option defaults to the preset's value. `--set KEY=VALUE` sets any of them too (the same
 typed parsing), so scripts written against either form work.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from ..config import TrainConfig, override
-from ..config.train import sections, settings, switch_fields
+from ..train.config import TrainConfig, sections, settings, switch_fields
+from ..train.override import override
 from ..config.values import field_types, parse_as
 from ..errors import UsageError
 from ..options import output_dir, split_pairs

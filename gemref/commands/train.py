@@ -7,11 +7,15 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..config import ModelConfig, TrainConfig, get_preset, override
+from ..model.config import ModelConfig
+from ..train.config import TrainConfig
+from ..train.presets import get_preset
+from ..train.override import override
 from ..errors import UsageError
 from ..config.values import parse_field
-from ..options import (add_dataset_arg, add_device_arg, add_preset_arg, argtype, check_local_ranks, check_workers, device_of, output_dir,
-                       output_file, positive_int)
+from ..options import (add_dataset_arg, add_device_arg, argtype, check_local_ranks, check_workers, device_of,
+                       output_dir, output_file, positive_int)
+from . import add_preset_arg
 from .switches import add_train_switches, train_changes, train_config_from_args
 
 if TYPE_CHECKING:                 # the record's types import torch: only for type checkers
@@ -99,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     from contextlib import nullcontext
 
-    from ..data.folder import dataset_preset
+    from ..train.presets import dataset_preset
     from ..parallel.launch import torchrun_world
     from ..runtime.locks import folder_lock
     from ..report import fmt, format_table

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import get_preset
-from ..options import (add_dataset_arg, add_device_arg, add_preset_arg, device_of, int_at_least, nonnegative_int, output_dir,
+from ..train.presets import get_preset
+from ..options import (add_dataset_arg, add_device_arg, device_of, int_at_least, nonnegative_int, output_dir,
                        output_file, positive_int)
+from . import add_preset_arg
 
 NAME = "waterfall"
 HELP = "the ladder of techniques, one rung at a time: table + figure"
@@ -38,7 +39,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..data.folder import dataset_preset
+    from ..train.presets import dataset_preset
     from ..runtime.locks import folder_lock
     from ..waterfall import check_options
 

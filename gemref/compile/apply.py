@@ -45,7 +45,7 @@ import torch._functorch.config
 import torch.fx.experimental._config as fx_config
 from torch import Tensor, nn
 
-from ..model import ranking_loss
+from ..model.gem import ranking_loss
 from .regions import resolve_regions
 _STATS: "weakref.WeakKeyDictionary[nn.Module, CompileStats]" = weakref.WeakKeyDictionary()
 

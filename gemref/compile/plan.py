@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import COMPILE_REGIONS
-from ..model import ranking_loss
+from ..model.gem import ranking_loss
 from .apply import CompiledRegion, CompileStats, inductor_backend
 from .regions import gemref_regions, resolve_regions
 

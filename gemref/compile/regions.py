@@ -26,7 +26,7 @@ from typing import Sequence
 
 from torch import nn
 
-# GEMRef's region kind -> (block, method) of every GEMLayer; COMPILE_REGIONS (gemref/config) adds "loss"
+# GEMRef's region kind -> (block, method) of every GEMLayer; COMPILE_REGIONS (gemref/compile/config.py) adds "loss"
 REGION_KINDS = {"sequence.project": ("sequence", "project"), "sequence.mix": ("sequence", "mix"),
                 "interaction": ("interaction", "forward"), "cross.project": ("cross", "project"),
                 "cross.mix": ("cross", "mix")}

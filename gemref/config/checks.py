@@ -33,6 +33,13 @@ def check_seed(cfg: Any) -> None:
         raise UsageError(f"{type(cfg).__name__}.seed must be in [0, 2**63 - 1], got {cfg.seed}")
 
 
+def require(ok: bool, message: str) -> None:
+    """A rule of the caller's own (`message` names the fields and values): UsageError unless `ok`.
+    Lets a config module keep to these helpers (gemref/model/config.py imports nothing else)."""
+    if not ok:
+        raise UsageError(message)
+
+
 def one_of(name: str, value: Any, valid: tuple[str, ...]) -> None:
     """`value` (of the field the user knows as `name`) is one of `valid`."""
     if value not in valid:

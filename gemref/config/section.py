@@ -1,11 +1,11 @@
 """What every section of TrainConfig shares: fields that are command-line switches.
 
 A section is one technique's settings, defined beside its code (gemref/attention/config.py,
-gemref/compile/config.py, ...; gemref/config/__init__.py SECTIONS lists them): a frozen
+gemref/compile/config.py, ...; TrainConfig in gemref/train/config.py has one field per section): a frozen
 dataclass whose fields are made with `switch`, which records the field's command-line name
 (its flag: `ac_budget` for ActivationCheckpointConfig.budget), its help line and, for a
 string, its valid values. `gemref train --ac-budget 0.5`, `--set ac_budget=0.5` and
-`override(train, ac_budget=0.5)` all use that name (gemref/config/train.py routes it), so the
+`override(train, ac_budget=0.5)` all use that name (gemref/train/config.py routes it), so the
 command line stayed flat when the config grew sections. A section checks its own fields when
 built (type, valid values, then `check` for its own rules); rules that span sections live in
 TrainConfig.

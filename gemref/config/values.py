@@ -1,7 +1,7 @@
 """Typed values of config dataclass fields: parse a user's string by the field's declared type,
 and check that a value has it.
 
-The declared types gemref/config/ uses are int, float, bool, str, tuple[int, ...],
+The declared types the config dataclasses use are int, float, bool, str, tuple[int, ...],
 int | None, and (checked, never parsed from text) a dataclass, such as TrainConfig's sections:
     int     decimal integers ("12", "-3"); "1.5" and "abc" are errors
     int | None  an integer as above, or "none" (any case) for None

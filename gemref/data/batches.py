@@ -8,13 +8,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..config import ModelConfig, Preset
-from .config import DatasetFolder
+from .config import DataConfig, DatasetFolder, DataShape
 from .jagged import JaggedBatch, lengths_to_offsets
 from .synthetic import draw_lengths
 
 
-def batch_with_lengths(cfg: ModelConfig, lengths, seed: int = 0) -> JaggedBatch:
+def batch_with_lengths(cfg: DataShape, lengths, seed: int = 0) -> JaggedBatch:
     """A batch of random ids, dense features and labels whose histories have these lengths."""
     g = torch.Generator().manual_seed(seed)
     offsets = lengths_to_offsets(torch.as_tensor(np.asarray(lengths), dtype=torch.int64))
@@ -36,12 +35,12 @@ def lengths_from_percentiles(percentiles, n: int, rng: np.random.Generator) -> n
     return np.rint(np.interp(u, np.arange(curve.size, dtype=np.float64), curve)).astype(np.int64)
 
 
-def representative_batch(preset: Preset, batch_size: int, device: torch.device | str = "cpu",
-                         seed: int = 0) -> JaggedBatch:
-    """A batch shaped like the preset's data: lengths drawn from its length profile, or from a
-    dataset folder's train-length percentiles (activation memory depends on the lengths, not
-    on the ids)."""
-    cfg, data, rng = preset.model, preset.data, np.random.default_rng([seed, 4242])
+def representative_batch(cfg: DataShape, data: DataConfig | DatasetFolder, batch_size: int,
+                         device: torch.device | str = "cpu", seed: int = 0) -> JaggedBatch:
+    """A batch shaped like a preset's data (`preset.model, preset.data`): ids within `cfg`'s
+    vocabularies, lengths drawn from `data`'s length profile, or from a dataset folder's
+    train-length percentiles (activation memory depends on the lengths, not on the ids)."""
+    rng = np.random.default_rng([seed, 4242])
     if isinstance(data, DatasetFolder):
         lengths = lengths_from_percentiles(data.train_lengths, batch_size, rng)
     else:

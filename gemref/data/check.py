@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .folder import SECTION, SPLITS, check_lengths, dataset_folder, described_manifest, section_model
+from .folder import SECTION, SPLITS, check_lengths, dataset_folder, described_manifest
 from .loader import EventDataset
 from .manifest import verified_shards
 
@@ -53,11 +53,11 @@ def check_folder(folder: str | Path) -> dict:
     rows, vocab use, and the section's source and label meanings (UsageError on any problem)."""
     path, digest, manifest = described_manifest(folder)
     data = dataset_folder(path, digest, manifest)
-    section, cfg = manifest[SECTION], section_model(data)
+    section = manifest[SECTION]
     sets, rows = [], []
     for split in SPLITS:
         shards = verified_shards(path, split, remember=False, manifest=manifest)
-        sets.append(EventDataset(shards, cfg))
+        sets.append(EventDataset(shards, data))       # a DatasetFolder is the data's half of a ModelConfig
         rows.append(split_row(split, sets[-1], len(shards), section["labels"]))
     check_lengths(data, sets[0].lengths)
     return {"kind": "dataset_check", "folder": str(path), "manifest_sha256": digest, "name": data.name,
@@ -70,4 +70,4 @@ def split_lengths(folder: str | Path, split: str = "train") -> np.ndarray:
     """(N,) history length of every row of a split of a checked dataset folder (never written)."""
     path, digest, manifest = described_manifest(folder)
     shards = verified_shards(path, split, remember=False, manifest=manifest)
-    return EventDataset(shards, section_model(dataset_folder(path, digest, manifest))).lengths
+    return EventDataset(shards, dataset_folder(path, digest, manifest)).lengths

@@ -8,7 +8,11 @@ section describes the data (gemref/data/folder.py reads and checks it). That sec
 a `DatasetFolder`, the `data` of the preset the run trains (in place of the synthetic
 generator's `DataConfig`), so the run record's config names the folder, its manifest's
 sha256 and what the two label columns mean, and the model's vocab sizes, feature counts and
-`max_len` come from the data (`gemref.config.preset_on_dataset`).
+`max_len` come from the data (`gemref.train.presets.preset_on_dataset`).
+
+`DataShape` is what the data code reads of a model's config (vocab sizes, feature counts,
+max_len): a ModelConfig and a DatasetFolder both have it, so data/ takes any of them
+and never imports the model (which sits above it: docs/design.md, Layers).
 
 `default_workers` says how many DataLoader worker processes a loader on a device gets when the
 caller does not say (gemref/data/loader.py make_loader).
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..config.checks import at_least, check_seed, one_of, positive
 from ..config.values import check_field_types
@@ -48,6 +53,20 @@ def default_workers(device_type: str, cores: int | None = None, local_ranks: int
         text = os.environ.get("LOCAL_WORLD_SIZE", "1")
         local_ranks = int(text) if text.isdigit() and int(text) > 0 else 1
     return max(0, min(CUDA_WORKERS, cores // local_ranks - 1))
+
+
+class DataShape(Protocol):
+    """The data's half of a ModelConfig: what a batch, a shard or a generator is sized and checked by."""
+
+    item_vocab: int                # ids of the history's items and of the candidate (one table)
+    action_vocab: int              # action types of history events
+    time_buckets: int              # time-gap buckets of history events
+    sparse_vocab: tuple[int, ...]  # one table per non-sequence categorical feature
+    n_dense: int                   # dense float features per sample
+    max_len: int                   # longest history (events)
+
+    @property
+    def n_sparse(self) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ Every dataset folder's manifest.json (gemref/data/manifest.py) carries, beside i
 
 `check_section` validates it (a UsageError naming the manifest and the field); `open_dataset`
 checks a folder's manifest and returns its `DatasetFolder` (gemref/data/config.py), which
-`dataset_preset` puts under a preset's architecture. The folder is only read, never written:
+gemref/train/presets.py `dataset_preset` puts under a preset's architecture. The folder is only read, never written:
 its shards are verified against the manifest without caching the digests in it
 (gemref/train/compose.py `setup`), and `check_unchanged` refuses a manifest that changed since
 it was opened. The synthetic generator and the MovieLens converter write the section with
@@ -24,14 +24,12 @@ it was opened. The synthetic generator and the MovieLens converter write the sec
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from ..config import ModelConfig, Preset, TrainConfig, get_preset, preset_on_dataset
 from ..errors import UsageError
-from .config import DatasetFolder
+from .config import DatasetFolder, DataShape
 from .manifest import MANIFEST, load_manifest, read_manifest_bytes, sha256_file
 
 SECTION = "dataset"
@@ -46,7 +44,7 @@ def length_percentiles(lengths: np.ndarray) -> list[int]:
     return [int(v) for v in np.floor(np.percentile(np.asarray(lengths, dtype=np.float64), PERCENTILES))]
 
 
-def describe(cfg: ModelConfig, *, name: str, labels: dict[str, tuple[str, str]], train_lengths: np.ndarray,
+def describe(cfg: DataShape, *, name: str, labels: dict[str, tuple[str, str]], train_lengths: np.ndarray,
              max_len: int, sparse_names: list[str] | None = None, dense_names: list[str] | None = None,
              source: dict[str, str] | None = None, conversion: dict | None = None) -> dict:
     """A `dataset` section for data with `cfg`'s vocab sizes and feature counts; `labels` maps
@@ -194,19 +192,3 @@ def check_lengths(data: DatasetFolder, lengths: np.ndarray) -> None:
                          f"is {actual[bad]} (the manifest does not describe these shards)")
 
 
-def dataset_preset(preset: Preset | str, folder: str | Path | None, train: TrainConfig | None = None) -> Preset:
-    """The preset (a name or a Preset) on the dataset in `folder`, with `train` in place of its
-    TrainConfig when given (checked against the dataset's train split, not the preset's own
-    data); the preset itself when folder is None."""
-    preset = get_preset(preset) if isinstance(preset, str) else preset
-    if folder is None:
-        return preset if train is None else replace(preset, train=train)
-    return preset_on_dataset(preset, open_dataset(folder), train)
-
-
-def section_model(data: DatasetFolder) -> ModelConfig:
-    """A ModelConfig holding only the data's half (vocab sizes, feature counts, max_len) and the
-    smallest architecture: what validating the shards needs, without choosing a preset."""
-    return ModelConfig(d_model=1, n_heads=1, n_layers=1, ffn_mult=1, fm_rank=1, max_len=data.max_len,
-                       item_vocab=data.item_vocab, action_vocab=data.action_vocab, time_buckets=data.time_buckets,
-                       sparse_vocab=data.sparse_vocab, n_dense=data.n_dense)

@@ -23,13 +23,12 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
 from ..errors import UsageError
-from ..config import ModelConfig
-from .config import PREFETCH_BATCHES, default_workers
+from .config import PREFETCH_BATCHES, DataShape, default_workers
 from .jagged import JaggedBatch, model_contract
 from .schema import ShardArrays, table_to_arrays
 
 
-def read_shard(path: str | Path, cfg: ModelConfig) -> ShardArrays:
+def read_shard(path: str | Path, cfg: DataShape) -> ShardArrays:
     """Read and validate one Parquet shard; a truncated or foreign file is a ValueError naming it."""
     path = Path(path)
     try:
@@ -42,7 +41,7 @@ def read_shard(path: str | Path, cfg: ModelConfig) -> ShardArrays:
 class EventDataset(Dataset):
     """All samples of some shards, in memory; `__getitems__(indices) -> JaggedBatch`."""
 
-    def __init__(self, paths: Iterable[str | Path], cfg: ModelConfig):
+    def __init__(self, paths: Iterable[str | Path], cfg: DataShape):
         shards = [read_shard(p, cfg) for p in paths]
         if not shards:
             raise UsageError("no shards given")

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import UsageError
-from ..config import ModelConfig
+from .config import DataShape
 
 SCHEMA_VERSION = 1
 HISTORY_COLUMNS = ("hist_item", "hist_action", "hist_time_gap")
@@ -102,7 +102,7 @@ def _check_range(values: np.ndarray, vocab: int, where: str, field: str, rows: n
         raise UsageError(f"{where}: {field} at {row} is {int(values[i])}, outside the table's vocab [0, {vocab})")
 
 
-def table_to_arrays(table: pa.Table, cfg: ModelConfig, where: str) -> ShardArrays:
+def table_to_arrays(table: pa.Table, cfg: DataShape, where: str) -> ShardArrays:
     """Validate an Arrow table against the schema and the model's vocab sizes; return arrays."""
     if table.num_rows == 0:
         raise UsageError(f"{where}: empty shard (0 rows)")

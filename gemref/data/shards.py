@@ -26,10 +26,9 @@ import numpy as np
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from ..config import ModelConfig, Preset
 from ..env import env_folder
 from ..errors import UsageError
-from .config import DataConfig
+from .config import DataConfig, DataShape
 from .manifest import load_manifest, verified_shards, write_manifest
 from .schema import SCHEMA_VERSION, samples_to_table
 
@@ -38,7 +37,7 @@ log = logging.getLogger(__name__)
 GENERATOR_VERSION = 2   # 2: the manifest's dataset section
 
 
-def dataset_fingerprint(model: ModelConfig, data: DataConfig) -> dict:
+def dataset_fingerprint(model: DataShape, data: DataConfig) -> dict:
     """What the generated files depend on (JSON-normalised, so it compares with a loaded manifest)."""
     fp = {"schema_version": SCHEMA_VERSION, "generator_version": GENERATOR_VERSION, "data": asdict(data),
           "vocab": {"item_vocab": model.item_vocab, "action_vocab": model.action_vocab,
@@ -47,13 +46,13 @@ def dataset_fingerprint(model: ModelConfig, data: DataConfig) -> dict:
     return json.loads(json.dumps(fp))
 
 
-def min_dataset_bytes(model: ModelConfig, data: DataConfig) -> int:
+def min_dataset_bytes(model: DataShape, data: DataConfig) -> int:
     """A lower bound of a dataset's size on disk (bytes): its float32 dense features at 2 bytes
     each (random floats; zstd keeps well over half of them), every other column left out."""
     return (data.n_train + data.n_eval) * model.n_dense * 2
 
 
-def check_disk_space(model: ModelConfig, data: DataConfig, out_dir: Path) -> None:
+def check_disk_space(model: DataShape, data: DataConfig, out_dir: Path) -> None:
     """UsageError, before any shard is written, when the folder's disk cannot hold the dataset."""
     folder = out_dir.absolute()
     while not folder.exists():
@@ -64,7 +63,7 @@ def check_disk_space(model: ModelConfig, data: DataConfig, out_dir: Path) -> Non
                          f"{need / 1e9:,.1f} GB (their dense features alone), {folder} has {free / 1e9:,.1f} GB free")
 
 
-def generate_dataset(model: ModelConfig, data: DataConfig, out_dir: str | Path, *,
+def generate_dataset(model: DataShape, data: DataConfig, out_dir: str | Path, *,
                      progress: bool = False) -> dict:
     """Write train/eval shards and manifest.json into out_dir; return the manifest."""
     out = Path(out_dir)
@@ -80,7 +79,7 @@ def generate_dataset(model: ModelConfig, data: DataConfig, out_dir: str | Path, 
         raise
 
 
-def _generate(model: ModelConfig, data: DataConfig, out: Path, written: list[Path], progress: bool) -> dict:
+def _generate(model: DataShape, data: DataConfig, out: Path, written: list[Path], progress: bool) -> dict:
     from .folder import describe       # generating only: a cached dataset is read without them
     from .synthetic import Teacher
     teacher = Teacher.create(model, data)
@@ -118,7 +117,7 @@ def shard_paths(folder: str | Path, split: str) -> list[Path]:
     return verified_shards(folder, split)
 
 
-def fingerprint_hash(model: ModelConfig, data: DataConfig) -> str:
+def fingerprint_hash(model: DataShape, data: DataConfig) -> str:
     """8 hex digits naming a dataset folder, so different configs never share one."""
     text = json.dumps(dataset_fingerprint(model, data), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
@@ -141,7 +140,7 @@ def _folder_lock(folder: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def ensure_dataset(model: ModelConfig, data: DataConfig, out_dir: str | Path, *,
+def ensure_dataset(model: DataShape, data: DataConfig, out_dir: str | Path, *,
                    progress: bool = False) -> dict:
     """Reuse out_dir when its manifest matches (model vocab, data config, versions); else generate."""
     folder = Path(out_dir)
@@ -171,6 +170,8 @@ def default_data_root() -> Path:
     return Path.home() / ".cache" / "gemref" / "data"
 
 
-def dataset_dir(preset: Preset, data_root: str | Path | None = None) -> Path:
+def dataset_dir(name: str, model: DataShape, data: DataConfig, data_root: str | Path | None = None) -> Path:
+    """Where the synthetic data of preset `name` (its `model`, `data`) is cached: `data_root`, else
+    `default_data_root()`, then NAME-FINGERPRINT, so a changed config never reads stale shards."""
     root = Path(data_root) if data_root else default_data_root()
-    return root / f"{preset.name}-{fingerprint_hash(preset.model, preset.data)}"
+    return root / f"{name}-{fingerprint_hash(model, data)}"

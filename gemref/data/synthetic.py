@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import ModelConfig
-from .config import LENGTH_PROFILES, DataConfig
+from .config import LENGTH_PROFILES, DataConfig, DataShape
 
 TEACHER_DIM = 8          # width of the hidden vectors
 N_CATEGORIES = 64        # item categories (item id % N_CATEGORIES)
@@ -82,7 +81,7 @@ class Teacher:
     conv_bias: float
 
     @staticmethod
-    def create(model: ModelConfig, data: DataConfig) -> "Teacher":
+    def create(model: DataShape, data: DataConfig) -> "Teacher":
         rng = np.random.default_rng([data.seed, 7919])
         cats = rng.normal(size=(N_CATEGORIES, TEACHER_DIM)) / np.sqrt(TEACHER_DIM) * 2.0
         feats = [rng.normal(size=(min(v, 97), TEACHER_DIM)) / np.sqrt(TEACHER_DIM) for v in model.sparse_vocab]
@@ -94,7 +93,7 @@ class Teacher:
         teacher.conv_bias = _bias_for_rate(cal["conv_logit"], data.pos_rate / 4)
         return teacher
 
-    def sample(self, model: ModelConfig, data: DataConfig, rng: np.random.Generator, n: int) -> dict:
+    def sample(self, model: DataShape, data: DataConfig, rng: np.random.Generator, n: int) -> dict:
         """Draw n samples: features, history and (bias-free) label logits."""
         lengths = draw_lengths(data.length_profile, n, model.max_len, min(data.median_len, model.max_len),
                                data.len_sigma, rng)
@@ -139,7 +138,7 @@ class Teacher:
                     sparse=sparse, dense=dense, ad_ids=ad_ids,
                     click_logit=click_logit, conv_logit=conv_logit)
 
-    def draw(self, model: ModelConfig, data: DataConfig, split: str, shard: int, n: int) -> dict:
+    def draw(self, model: DataShape, data: DataConfig, split: str, shard: int, n: int) -> dict:
         """One shard's samples with labels; deterministic in (data.seed, split, shard)."""
         rng = np.random.default_rng([data.seed, SPLITS[split], shard])
         s = self.sample(model, data, rng, n)

@@ -40,7 +40,8 @@ from ..activation_compression import CompressionSpec
 from ..autoac.plan import ActivationProfile, Plan, partial_plans, plan_of, saved_compression, solve
 from .batch_search import gemref_forward_with_bytes, gemref_profile
 from ..mfu.flops import model_flops
-from ..config import Preset, get_preset, override
+from ..train.presets import Preset, get_preset
+from ..train.override import override
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches
 from ..train import evaluate, setup

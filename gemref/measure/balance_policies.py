@@ -32,7 +32,8 @@ from torch import nn
 from ..balance import POLICIES, Calibration, CostLike, SampleCost, calibrate, check_costs, loss_divisor, nnls, \
     partition, sample_costs
 from .balance_compare import compare
-from ..config import get_preset, override
+from ..train.presets import get_preset
+from ..train.override import override
 from ..data.batches import batch_with_lengths
 from ..parallel.launch import cpu_ranks, launch, to_rank0
 from ..parallel.replicate import all_reduce_grads

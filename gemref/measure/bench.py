@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from ..autoac import Plan, applied_plan
-from ..config import Preset, TrainConfig, get_preset, override
+from ..train.presets import Preset, get_preset
+from ..train.config import TrainConfig
+from ..train.override import override
 from ..data.loader import EventDataset, make_loader
 from ..mfu.flops import step_flops
 from ..mfu.meter import mfu, run_peak

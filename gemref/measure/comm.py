@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ..config import Preset
+from ..train.presets import Preset
 from ..mfu.profile import quiet_profile
 from ..parallel.fsdp import reshard_all
 from ..parallel.mesh import group_dims

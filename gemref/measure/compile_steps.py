@@ -13,7 +13,7 @@ import statistics
 
 from ..compile import compile_stats
 from ..compile.plan import RegionPlan, plan_gemref_regions
-from ..config import override
+from ..train.override import override
 from ..mfu.meter import percentile
 from ..mfu.timing import interleaved
 from ..train import build_model

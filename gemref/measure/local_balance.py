@@ -31,7 +31,7 @@ from .batch_search import gemref_activation_bytes as activation_bytes
 from ..balance import SAMPLER_POLICIES, SampleCost, calibrate
 from ..balance import loss_divisor
 from .balance_compare import compare, exchange_bytes
-from ..config import get_preset
+from ..train.presets import get_preset
 from ..data.batches import batch_with_lengths
 from ..data.sampler import BalancedDistributedBatchSampler
 from ..data.synthetic import draw_lengths

@@ -29,7 +29,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
-from ..config import Preset, TrainConfig, override
+from ..train.presets import Preset
+from ..train.config import TrainConfig
+from ..train.override import override
 from ..data.loader import make_loader
 from ..errors import UsageError
 from ..mfu.meter import percentile

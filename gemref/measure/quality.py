@@ -39,10 +39,11 @@ from dataclasses import asdict, replace
 import numpy as np
 import torch
 
-from ..config import Preset, get_preset, override
+from ..train.presets import Preset, get_preset
+from ..train.override import override
 from ..data.baselines import Ids, fit_baselines
 from ..data.folder import described_manifest
-from ..model import TASKS
+from ..model.gem import TASKS
 from ..precision.support import Support, precision_support
 from ..train.metrics import normalized_entropy, roc_auc
 from ..report.records import RunRecord, provenance

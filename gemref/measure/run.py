@@ -24,7 +24,8 @@ import torch
 from ..autoac import applied_plan, saved_compression
 from ..autoac.plan import wrappers
 from ..compile import compile_stats
-from ..config import Preset, TrainConfig
+from ..train.presets import Preset
+from ..train.config import TrainConfig
 from ..data.jagged import JaggedBatch
 from ..data.sampler import StepBatches
 from ..env import resolve_device
@@ -71,7 +72,7 @@ def batch_that_fits(preset: Preset, train: TrainConfig, device: str, *, log: Cal
     training step of its padded, materialised-attention twin (the costliest layout: what a
     chapter's baseline runs) fits on `device`, saying so when it falls back; `train` itself off
     CUDA (host memory does not raise out of memory). Costs one setup and one step per batch tried."""
-    from ..config import override
+    from ..train.override import override
 
     if resolve_device(device).type != "cuda":
         return train

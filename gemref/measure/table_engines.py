@@ -28,7 +28,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..config import get_preset, override
+from ..train.presets import get_preset
+from ..train.override import override
 from ..data.batches import representative_batch
 from ..errors import UsageError
 from ..interop.lib import quiet_torchrec
@@ -80,7 +81,8 @@ def _measure(rank, world, preset_name, per_rank_batch, windows, steps, variants,
     def batch(k: int, i: int):
         if (k, i) not in batches:
             batches.clear() if len(batches) > 4 * steps else None
-            batches[(k, i)] = representative_batch(preset, per_rank_batch, seed=seed + 7919 * (k * steps + i) + rank)
+            batches[(k, i)] = representative_batch(preset.model, preset.data, per_rank_batch,
+                                                   seed=seed + 7919 * (k * steps + i) + rank)
         return batches[(k, i)]
 
     def window(label):

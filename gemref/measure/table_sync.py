@@ -26,7 +26,8 @@ import statistics
 
 import torch.distributed as dist
 
-from ..config import get_preset, override
+from ..train.presets import get_preset
+from ..train.override import override
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches
 from ..errors import UsageError
@@ -38,7 +39,7 @@ from ..parallel.rowwise import RowWiseAdagrad
 from ..report.seed_band import seed_band_rows
 from ..train.compose import setup
 from ..train.loop import evaluate
-from ..config import parse_mesh
+from ..parallel.config import parse_mesh
 
 REFERENCE = "rowwise every 1"
 PROFILE_CHUNK = 5       # steps per profiler session (100 steps at once held ~5 GB per rank on tiny)

@@ -26,7 +26,7 @@ import torch
 
 from ..attention import KERNELS, attention_model_flops
 from ..attention.api import padded_executed_flops
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from .timing import StepFlops
 
 COMPONENTS = ("sequence_projections", "sequence_attention", "sequence_ffn", "interaction",

@@ -1,6 +1,4 @@
-"""The GEM-like ranking model."""
-from ..runtime.lazy import lazy_exports
-
-__all__, __getattr__, __dir__ = lazy_exports(__name__, {".config": ("ModelConfig",),
-                                                        ".gem": ("TASKS", "GEMRef", "ranking_loss"),
-                                                        ".layout": ("SequenceLayout",)})
+"""The GEM-like ranking model: its shape (config.py, ModelConfig, without torch), the model
+(gem.py: GEMRef, ranking_loss, TASKS), its layers (blocks.py) and its sequence layouts
+(layout.py). This file imports nothing, so `import gemref.model.config` loads only that module:
+import a name from its module (`from gemref.model.gem import GEMRef`)."""

@@ -1,14 +1,14 @@
 """The model's shape (ModelConfig): widths, depth, vocabularies, the attention's activation and window.
 
-It imports only gemref/config/'s helpers (never torch): presets, TrainConfig's checks and the
-command line read it without loading the model."""
+It imports only gemref/config/'s helpers (never torch, nor gemref/errors.py: `require` raises
+its UsageError): presets, TrainConfig's checks, the command line and the data layer's callers
+read it without loading the model."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config.checks import at_least, one_of
+from ..config.checks import at_least, one_of, require
 from ..config.values import check_field_types
-from ..errors import UsageError
 
 ATTENTION_ACTIVATIONS = (
     "softmax", "silu", "gelu", "gelu_tanh", "relu", "relu2", "leaky_relu", "identity",
@@ -40,14 +40,13 @@ class ModelConfig:
         check_field_types(self)
         at_least(self, 1, "d_model", "n_heads", "n_layers", "ffn_mult", "max_len", "item_vocab",
                   "action_vocab", "time_buckets", "n_dense", "fm_rank")
-        if self.d_model % self.n_heads:
-            raise UsageError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        require(self.d_model % self.n_heads == 0, f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         one_of("activation", self.activation, ATTENTION_ACTIVATIONS)
-        if self.window is not None and not 1 <= self.window <= self.max_len:
-            raise UsageError(f"ModelConfig.window must be None (full causal) or in [1, max_len={self.max_len}] "
-                             f"(events attended per event; a wider window is full causal), got {self.window}")
-        if not self.sparse_vocab or min(self.sparse_vocab) < 1:
-            raise UsageError(f"sparse_vocab needs >= 1 table of vocab >= 1, got {self.sparse_vocab}")
+        require(self.window is None or 1 <= self.window <= self.max_len,
+                f"ModelConfig.window must be None (full causal) or in [1, max_len={self.max_len}] "
+                f"(events attended per event; a wider window is full causal), got {self.window}")
+        require(bool(self.sparse_vocab) and min(self.sparse_vocab, default=0) >= 1,
+                f"sparse_vocab needs >= 1 table of vocab >= 1, got {self.sparse_vocab}")
 
     @property
     def head_dim(self) -> int:

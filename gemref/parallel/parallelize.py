@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from ..config import TrainConfig
+from ..train.config import TrainConfig
 from ..errors import UsageError
 from .backend import ncclx_mesh_built
 from .config import MeshShape

@@ -26,7 +26,7 @@ from collections import defaultdict
 
 import torch
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from .config import MeshShape
 from .fsdp import padded_numel
 from .sparse import plan_tables
@@ -46,7 +46,7 @@ def row_state_values(table_optimizer: str, d: int) -> int:
 
 def model_units(cfg: ModelConfig, sparse_sharding: str = "none") -> dict[str, list[torch.Size]]:
     """FSDP unit -> parameter shapes ("layers.i" per GEMLayer, "root" for the rest)."""
-    from ..model import GEMRef
+    from ..model.gem import GEMRef
 
     with torch.device("meta"):
         model = GEMRef(cfg)

@@ -19,7 +19,9 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 import torch
 
-from ..config import RECORD_VERSION, Preset, TrainConfig, train_as_record
+from ..train.record import RECORD_VERSION, train_as_record
+from ..train.presets import Preset
+from ..train.config import TrainConfig
 from ..env import knobs, versions
 from ..mfu.meter import MeterSummary, gemm_dtype
 from ..mfu.timing import StepRecord
@@ -75,7 +77,7 @@ class MemoryRecord(TypedDict):
 class RunRecord(MeterSummary):
     """A training run (`kind` "train"), with the meter's summary keys (gemref/mfu/meter.py)."""
 
-    record_version: int                   # gemref/config/record.py RECORD_VERSION (none before the config's sections: 1)
+    record_version: int                   # gemref/train/record.py RECORD_VERSION (none before the config's sections: 1)
     kind: Literal["train"]
     preset: str
     config: dict[str, dict[str, Any]]     # {"model", "data", "train"}: the dataclasses as dicts (the switches, by section)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..config import TrainConfig, record_version, train_from_record
+from ..train.config import TrainConfig
+from ..train.record import record_version, train_from_record
 
 if TYPE_CHECKING:                 # records imports torch; the CLI's tables must not
     from .records import RunRecord
@@ -14,7 +15,7 @@ RUN_COLUMNS = ("preset", "jagged", "kernel", "precision", "median_step_s", "samp
 
 
 def recorded_train(r: RunRecord) -> TrainConfig:
-    """The TrainConfig a run record ran (records of every readable version, gemref/config/record.py)."""
+    """The TrainConfig a run record ran (records of every readable version, gemref/train/record.py)."""
     return train_from_record(r["config"]["train"], record_version(r))
 
 

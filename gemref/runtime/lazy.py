@@ -3,7 +3,7 @@
 A technique package keeps its settings in a small `config.py` that TrainConfig and the command
 line import; Python runs the package's `__init__` first, so an `__init__` that imported the
 technique's code would load torch (and the model) just to read a switch. With `lazy_exports`,
-`from gemref.model import GEMRef` still works, but `import gemref.model.config` loads only
+`from gemref.data import JaggedBatch` still works, but `import gemref.data.config` loads only
 that module. Nothing else changes: a name is imported from its module the first time it is read.
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import MeshShape
+from ..parallel.config import MeshShape
 from .collectives import CollectiveCost, LinkTier, bus_bandwidth, collective_time, price  # noqa: F401 (re-exported)
 
 

@@ -64,7 +64,8 @@ import numpy as np
 
 from ..balance import SampleCost
 from ..measure.balance_compare import compare
-from ..config import MeshShape, Preset
+from ..parallel.config import MeshShape
+from ..train.presets import Preset
 from ..data.synthetic import draw_lengths
 from ..waterfall.ladder import RUNGS
 from ..mfu.flops import executed_flops, model_flops, sample_cost_coefficients

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import MeshShape
+from ..parallel.config import MeshShape
 from .cost_model import get_profile, price_group, sm_share
 from .step_model import predict_step
 

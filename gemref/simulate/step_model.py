@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 
-from ..config import TABLE_OPTIMIZERS, MeshShape
+from ..parallel.config import TABLE_OPTIMIZERS, MeshShape
 from ..parallel.fsdp import padded_numel
 from ..parallel.sparse import plan_tables
 from ..parallel.volume import model_units, row_state_values, step_volume, table_shapes

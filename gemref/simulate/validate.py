@@ -48,7 +48,9 @@ import torch
 import torch.distributed as dist
 
 from ..balance import SampleCost
-from ..config import Preset, TrainConfig, get_preset, override
+from ..train.presets import Preset, get_preset
+from ..train.config import TrainConfig
+from ..train.override import override
 from ..mfu.flops import sample_cost_coefficients
 from .collectives import LinkTier, collective_time
 from ..measure.balance_compare import imbalance
@@ -164,7 +166,7 @@ def _plans(preset: Preset, train: TrainConfig, ranks: int, steps: int):
     from ..data.loader import EventDataset
     from ..data.shards import ensure_dataset, shard_paths
 
-    folder = dataset_dir(preset)
+    folder = dataset_dir(preset.name, preset.model, preset.data)
     ensure_dataset(preset.model, preset.data, folder)
     lengths = EventDataset(shard_paths(folder, "train"), preset.model).lengths
     sampler = batch_sampler(lengths, preset, train, 0, ranks)

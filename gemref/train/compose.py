@@ -24,7 +24,9 @@ from ..attention import resolve_model_kernel
 from ..attention.triton.variant import current_variant
 from ..balance import SampleCost, loss_divisor
 from ..compile import compile_model, gemref_regions
-from ..config import DatasetFolder, Preset, TrainConfig, get_preset
+from ..data.config import DatasetFolder
+from .presets import Preset, get_preset
+from .config import TrainConfig
 from ..data.jagged import JaggedBatch
 from ..data.loader import EventDataset, make_loader
 from ..data.manifest import verified_shards
@@ -34,7 +36,7 @@ from ..env import resolve_device
 from ..errors import UsageError
 from ..mfu.flops import sample_cost_coefficients, step_flops
 from ..mfu.timing import PendingStep, StepRecord, timed_step
-from ..model import GEMRef, ranking_loss
+from ..model.gem import GEMRef, ranking_loss
 from ..parallel.parallelize import ParallelState, parallel_state, parallelize
 from ..precision.apply import PrecisionReport, apply_precision
 from ..step import backward, forward_loss, train_step
@@ -157,7 +159,7 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
         apply_plan(model, parse_plan(ac.plan, blocks), compression=compression)
     elif ac.mode == "auto":                      # profiled eagerly at the batch this rank runs
         from ..data.batches import representative_batch   # a batch of chosen lengths: only to profile
-        batch = representative_batch(preset, per_rank, device, seed=train.seed)
+        batch = representative_batch(preset.model, preset.data, per_rank, device, seed=train.seed)
         options = ("full",) if train.compilation.enabled else ("save_matmuls", "full")
         auto_checkpoint(model, blocks, lambda: forward_loss(model, batch, report.autocast_dtype), ac.budget,
                         options=options + (("compressed",) if compression else ()), compression=compression,
@@ -246,7 +248,7 @@ def datasets(preset: Preset, data_root: str | Path | None = None,
                      for split in ("train", "eval"))
         check_lengths(preset.data, sets[0].lengths)
         return sets
-    folder = dataset_dir(preset, data_root)
+    folder = dataset_dir(preset.name, preset.model, preset.data, data_root)
     ensure_dataset(preset.model, preset.data, folder, progress=progress)
     return EventDataset(shard_paths(folder, "train"), preset.model), EventDataset(shard_paths(folder, "eval"), preset.model)
 

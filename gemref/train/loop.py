@@ -21,6 +21,7 @@ summary is gemref/mfu/meter.py's: E2E MFU = local MFU x scaling ratio.
 """
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import asdict, dataclass
 from typing import Iterator, Sequence
@@ -37,10 +38,12 @@ from ..errors import UsageError
 from ..mfu.meter import MeterSummary, run_peak, summary
 from ..mfu.peak import Peak
 from ..mfu.timing import PendingStep, StepRecord
-from ..model import TASKS, ranking_loss
+from ..model.gem import TASKS, ranking_loss
 from ..step import NonFiniteError, nonfinite
 from .compose import Setup
+from .config import TrainConfig, switch_values
 from .metrics import EvalResult, normalized_entropy, roc_auc
+from .presets import Preset
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +106,20 @@ def evaluate(s: Setup, batches: int, step: int) -> EvalResult:
     return out
 
 
+# TrainConfig fields that change the trajectory; steps, evaluation, timing and the switches that
+# change how (not what) the model computes are not part of a run's identity.
+TRAJECTORY_FIELDS = ("batch_size", "lr", "weight_decay", "seed", "precision", "precision_min_dim", "table_optimizer",
+                     "table_sync_interval")
+
+
+def run_description(preset: Preset, train: TrainConfig) -> dict:
+    """The loop's part of a run's identity in its checkpoints (gemref/checkpoint/dcp.py `run`):
+    preset name, model and data configs, trajectory fields, as JSON values."""
+    desc = {"preset": preset.name, "model": asdict(preset.model), "data": asdict(preset.data),
+            "train": {name: switch_values(train)[name] for name in TRAJECTORY_FIELDS}}
+    return json.loads(json.dumps(desc))
+
+
 def resume_step(s: Setup) -> int:
     """The step to start from: when resuming, that of the newest complete checkpoint (verified
     against this run before anything is unpickled); else 0, after claiming the checkpoint
@@ -110,7 +127,7 @@ def resume_step(s: Setup) -> int:
     tc = s.train
     if not (tc.checkpoint.every or tc.checkpoint.resume):
         return 0
-    from ..checkpoint import run_description, start_from_checkpoint   # checkpoints: loaded only by a run that keeps them
+    from ..checkpoint import start_from_checkpoint   # checkpoints: loaded only by a run that keeps them
     step = start_from_checkpoint(tc.checkpoint.folder, s.model, s.optimizer, global_batch=tc.batch_size,
                                  seed=tc.seed, resume=tc.checkpoint.resume, run=run_description(s.preset, tc),
                                  overwrite=tc.checkpoint.overwrite)
@@ -180,7 +197,7 @@ def train(s: Setup, *, hooks: Sequence[LoopHooks] = (), progress: bool = True,
     batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, start),
                                num_workers=tc.num_workers, device=s.device))
     if tc.checkpoint.every or start:   # checkpoints: loaded only by a run that keeps them
-        from ..checkpoint import checkpoint_path, run_description, save_checkpoint
+        from ..checkpoint import checkpoint_path, save_checkpoint
     good = checkpoint_path(tc.checkpoint.folder, start) if start else None   # newest checkpoint of a good state
     for hook in hooks:
         hook.on_start(s, start)

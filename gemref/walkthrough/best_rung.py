@@ -44,11 +44,13 @@ def profile_rung(preset, row: dict, *, ranks: int = 1, warmup: int = 2, timed_st
     activation compression included) at its per-rank batch; load balancing and sharding are
     left out, as they split the work and add communication but leave one rank's local step as
     it is. `version`: the record_version of the waterfall record the row comes from (None: this
-    gemref's; older records' flat switches load too, gemref/config/record.py). Returns
+    gemref's; older records' flat switches load too, gemref/train/record.py). Returns
     profile_step's record with "rung" (key), "title", "batch_size" and "stacks" (limit_stacks)."""
     from dataclasses import replace
 
-    from ..config import RECORD_VERSION, ModelConfig, override, train_from_record
+    from ..train.record import RECORD_VERSION, train_from_record
+    from ..model.config import ModelConfig
+    from ..train.override import override
     from ..mfu.step_profile import profile_step
     from ..train import sample_batch, setup
 

@@ -80,7 +80,7 @@ def long_history(preset, max_len: int | None = None, len_sigma: float | None = N
     """`preset` with longer histories: up to `max_len` events and log-normal sigma `len_sigma`
     (same median: a heavier tail), on a dataset of `samples` training rows (a quarter as many
     eval rows), generated once on first use. None keeps the preset's value; both None: unchanged."""
-    from ..config import override
+    from ..train.override import override
 
     if max_len is None and len_sigma is None:
         return preset

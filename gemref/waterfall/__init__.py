@@ -27,7 +27,10 @@ from pathlib import Path
 
 import torch
 
-from ..config import RECORD_VERSION, MeshShape, Preset, override, train_as_record
+from ..train.record import RECORD_VERSION, train_as_record
+from ..parallel.config import MeshShape
+from ..train.presets import Preset
+from ..train.override import override
 from ..env import knobs
 from ..runtime.files import write_json
 from ..parallel import launch

@@ -7,7 +7,8 @@ and notebook 10 print.
 """
 from __future__ import annotations
 
-from ..config import switch_values, train_from_record
+from ..train.config import switch_values
+from ..train.record import train_from_record
 from ..report import fmt
 from .schedule import CONTENDED_BELOW, Round, Window
 from .stats import breakdown, chain, kept_windows, median_window, paired_ratio

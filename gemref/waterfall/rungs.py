@@ -33,7 +33,9 @@ import torch
 
 from ..measure.batch_search import larger_batch, step_bytes
 from ..compile.plan import plan_gemref_regions
-from ..config import Preset, TrainConfig, override
+from ..train.presets import Preset
+from ..train.config import TrainConfig
+from ..train.override import override
 from ..data.batches import representative_batch
 from ..errors import UsageError
 from .ladder import RUNGS, RungSpec
@@ -131,7 +133,7 @@ def _compile(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     only add its call overhead), and says by how much each lost."""
     per_rank = max(1, train.batch_size // ctx.ranks)
     model = build_model(ctx.preset, train, ctx.device)[0]
-    batch = representative_batch(ctx.preset, per_rank, ctx.device, seed=train.seed)
+    batch = representative_batch(ctx.preset.model, ctx.preset.data, per_rank, ctx.device, seed=train.seed)
     threads = torch.get_num_threads()
     if ctx.device.type == "cpu" and ctx.ranks > 1:
         torch.set_num_threads(1)               # as a rank runs (gemref/parallel/launch.py)
@@ -155,7 +157,8 @@ def _autoac(train: TrainConfig, ctx: Context) -> TrainConfig | str:
     per_rank = train.batch_size // ctx.ranks
     eager = override(train, compile=False, compile_regions="all", ac="none", ac_compress="none")
     model = build_model(ctx.preset, eager, ctx.device)[0]  # eager twin
-    batch_of = lambda n: representative_batch(ctx.preset, n, ctx.device, seed=train.seed)  # noqa: E731
+    batch_of = lambda n: representative_batch(ctx.preset.model, ctx.preset.data, n, ctx.device,  # noqa: E731
+                                              seed=train.seed)
     compressed = "compressed_ac" in ctx.options
     found = larger_batch(model, batch_of, step_bytes(model, batch_of(per_rank)), per_rank,
                          compress=COMPRESSED_AC_FORMAT if compressed else "none",

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..config import Preset, TrainConfig
+from ..train.presets import Preset
+from ..train.config import TrainConfig
 from ..data.loader import make_loader
 from ..data.sampler import StepBatches
 from ..env import resolve_device

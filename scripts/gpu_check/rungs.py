@@ -118,7 +118,9 @@ def measured_row(spec, batch: int, run_at) -> dict:
 
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
-    from gemref.config import MeshShape, get_preset, override
+    from gemref.parallel.config import MeshShape
+    from gemref.train.presets import get_preset
+    from gemref.train.override import override
     from gemref.data.shards import dataset_dir, ensure_dataset
     from gemref.parallel.memory import projected_rank_bytes
     from gemref.precision.support import precision_support
@@ -138,7 +140,7 @@ def main() -> None:
                     table_rows=None if args.dry_run else TABLE_ROWS, state_bytes=state,
                     steps_per_window=steps, warmup=warmup, windows=windows, tf32=tf32_policy(), rungs=[])
     t0 = time.perf_counter()
-    ensure_dataset(preset.model, preset.data, dataset_dir(preset))
+    ensure_dataset(preset.model, preset.data, dataset_dir(preset.name, preset.model, preset.data))
     result.data["data_seconds"] = round(time.perf_counter() - t0, 1)
     result.save()
 

@@ -104,7 +104,7 @@ def convert(source: str | Path, out: str | Path, *, max_history: int = DEFAULT_M
         splits, facts = build_samples(ml, max_history)
     except ValueError as e:
         raise UsageError(f"{source}: {e}") from None
-    cfg = facts.pop("model")
+    cfg = facts.pop("sizes")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:

@@ -24,9 +24,13 @@ The task, for each rating of user u on movie m at time t:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from ...config import ModelConfig
+from ...config.checks import at_least
+from ...config.values import check_field_types
+from ...errors import UsageError
 from .atomic import GENRES, MovieLens
 
 TIME_BUCKETS = 26           # gaps 0, [1, 2), [2, 4), ..., [2^23, 2^24), [2^24 s (194 days), inf)
@@ -78,12 +82,33 @@ def user_features(ml: MovieLens) -> tuple[dict[int, list[int]], list[str]]:
     return out, occupations
 
 
-def vocab_model(ml: MovieLens, occupations: list[str], max_len: int) -> ModelConfig:
-    """The data half of a ModelConfig for these files (architecture fields at their smallest)."""
-    return ModelConfig(d_model=1, n_heads=1, n_layers=1, ffn_mult=1, fm_rank=1, max_len=max(1, max_len),
-                       item_vocab=max(ml.items), action_vocab=5, time_buckets=TIME_BUCKETS,
-                       sparse_vocab=(max(ml.users), len(AGE_NAMES), 2, len(occupations), 11, len(DECADES) + 1),
-                       n_dense=len(GENRES))
+@dataclass(frozen=True)
+class DataSizes:
+    """A DataShape (gemref/data/config.py) of its own: the data's half of a ModelConfig, for these files."""
+
+    item_vocab: int
+    action_vocab: int
+    time_buckets: int
+    sparse_vocab: tuple[int, ...]
+    n_dense: int
+    max_len: int
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        at_least(self, 1, "item_vocab", "action_vocab", "time_buckets", "n_dense", "max_len")
+        if not self.sparse_vocab or min(self.sparse_vocab) < 1:
+            raise UsageError(f"DataSizes.sparse_vocab needs >= 1 table of vocab >= 1, got {self.sparse_vocab}")
+
+    @property
+    def n_sparse(self) -> int:
+        return len(self.sparse_vocab)
+
+
+def data_sizes(ml: MovieLens, occupations: list[str], max_len: int) -> DataSizes:
+    """The data half of a ModelConfig for these files: vocab sizes, feature counts, max_len."""
+    return DataSizes(max_len=max(1, max_len), item_vocab=max(ml.items), action_vocab=5, time_buckets=TIME_BUCKETS,
+                     sparse_vocab=(max(ml.users), len(AGE_NAMES), 2, len(occupations), 11, len(DECADES) + 1),
+                     n_dense=len(GENRES))
 
 
 def build_samples(ml: MovieLens, max_history: int) -> tuple[dict[str, dict], dict]:
@@ -130,4 +155,4 @@ def build_samples(ml: MovieLens, max_history: int) -> tuple[dict[str, dict], dic
              "release_decades": [f"{d}s" for d in DECADES] + ["unknown"], "genres": list(GENRES),
              "zip_region": "first character of the zip code: 0-9, or 10 for a letter (outside the US)",
              "max_len": int(lengths.max()) if n else 0}
-    return splits, {**facts, "model": vocab_model(ml, occupations, int(lengths.max()) if n else 1)}
+    return splits, {**facts, "sizes": data_sizes(ml, occupations, int(lengths.max()) if n else 1)}

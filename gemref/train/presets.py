@@ -1,13 +1,14 @@
 """Presets: a model, its data and training settings (tiny, small, base, large), and a preset
-moved onto a dataset folder."""
+moved onto a dataset folder (`preset_on_dataset`; by the folder's path: `dataset_preset`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from ..data.config import DataConfig, DatasetFolder
 from ..errors import UsageError
 from ..model.config import ModelConfig
-from .train import TrainConfig
+from .config import TrainConfig
 
 DATA_FIELDS = ("item_vocab", "action_vocab", "time_buckets", "sparse_vocab", "n_dense")   # a dataset's, in a ModelConfig
 
@@ -30,7 +31,7 @@ class Preset:
             for name in DATA_FIELDS:
                 if getattr(self.model, name) != getattr(self.data, name):
                     raise UsageError(f"{where} ModelConfig.{name}={getattr(self.model, name)} but the dataset's "
-                                     f"{name} is {getattr(self.data, name)} (gemref.config.preset_on_dataset sets it)")
+                                     f"{name} is {getattr(self.data, name)} (gemref.train.presets.preset_on_dataset sets it)")
             if self.model.max_len < self.data.max_len:
                 raise UsageError(f"{where} ModelConfig.max_len={self.model.max_len} is shorter than the dataset's "
                                  f"longest history, {self.data.max_len} events")
@@ -102,6 +103,19 @@ PRESETS: dict[str, Preset] = {
         TrainConfig(batch_size=512, steps=500, lr=5e-4),
     ),
 }
+
+
+def dataset_preset(preset: Preset | str, folder: str | Path | None, train: TrainConfig | None = None) -> Preset:
+    """The preset (a name or a Preset) on the dataset in `folder` (its manifest checked:
+    gemref/data/folder.py `open_dataset`), with `train` in place of its TrainConfig when given
+    (checked against the dataset's train split, not the preset's own data); the preset itself
+    when folder is None."""
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    if folder is None:
+        return preset if train is None else replace(preset, train=train)
+    from ..data.folder import open_dataset      # numpy: only a run on a dataset folder needs it
+
+    return preset_on_dataset(preset, open_dataset(folder), train)
 
 
 def get_preset(name: str) -> Preset:

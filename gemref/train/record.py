@@ -21,7 +21,7 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from ..errors import UsageError
-from .train import TrainConfig, sections, with_switches
+from .config import TrainConfig, sections, with_switches
 
 RECORD_VERSION = 3             # the "record_version" of every record gemref writes
 READABLE_VERSIONS = (1, 2, 3)  # 1: flat switches, no "record_version" key

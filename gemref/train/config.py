@@ -20,9 +20,9 @@ from ..compile.config import CompileConfig
 from ..errors import UsageError
 from ..parallel.config import EmbeddingConfig, ParallelConfig
 from ..precision.config import PrecisionConfig
-from .checks import at_least, check_seed, positive
-from .section import Section, flag_of
-from .values import check_field_types, field_types
+from ..config.checks import at_least, check_seed, positive
+from ..config.section import Section, flag_of
+from ..config.values import check_field_types, field_types
 
 
 def setting(default: Any, help: str) -> Any:

@@ -5,13 +5,13 @@ from dataclasses import fields, replace
 from typing import Any
 
 from ..errors import UsageError
-from .train import TrainConfig, with_switches
+from .config import TrainConfig, with_switches
 
 
 def override(cfg: Any, **changes: Any) -> Any:
     """`dataclasses.replace` that rejects unknown field names with a UsageError listing the valid
     ones. A TrainConfig takes its switches by their flat names (`override(train, ac="auto",
-    ac_budget=0.5)`), as the command line does (gemref/config/train.py `with_switches`)."""
+    ac_budget=0.5)`), as the command line does (gemref/train/config.py `with_switches`)."""
     if isinstance(cfg, TrainConfig):
         return with_switches(cfg, **changes)
     valid = {f.name for f in fields(cfg)}
