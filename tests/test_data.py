@@ -130,6 +130,19 @@ def test_the_loader_builds_batches_ahead_on_cuda_and_in_line_on_cpu(tmp_path, mo
         make_loader(ds, 64, num_workers=-1)
 
 
+def test_a_run_leaves_the_workers_to_the_device_unless_told():
+    """TrainConfig.num_workers is None by default (the loader's device default: 2 on CUDA, 0 on
+    CPU); `--num-workers none|N` parses; a negative count is refused naming the field."""
+    from gemref.config.values import parse_field
+    from gemref.train.config import TrainConfig
+
+    assert TrainConfig().num_workers is None
+    assert parse_field(TrainConfig, "num_workers", "none") is None
+    assert TrainConfig(num_workers=parse_field(TrainConfig, "num_workers", "3")).num_workers == 3
+    with pytest.raises(ValueError, match="TrainConfig.num_workers must be >= 0 or None, got -1"):
+        TrainConfig(num_workers=-1)
+
+
 def _write(tmp_path, mutate):
     teacher = Teacher.create(TINY.model, SMALL_DATA)
     s = teacher.draw(TINY.model, SMALL_DATA, "train", 0, 8)

@@ -118,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     device = device_of(args.device)
     train = plan_ranks(train_config_from_args(args, base.train), args.ranks, torchrun_world(), device.type,
                        mesh_given="mesh" in train_changes(args))
-    check_workers(train.num_workers)
+    if train.num_workers is not None:
+        check_workers(train.num_workers)
     preset = dataset_preset(base, args.dataset, train)   # the preset's checks of the config against its data
     out = Path(args.out) if args.out else None
     json_path = args.json or (out / "run.json" if out else None)

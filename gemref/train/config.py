@@ -46,7 +46,8 @@ class TrainConfig:
     eval_every: int = setting(0, "evaluate every N steps (0: once at the end)")
     eval_batches: int = setting(8, "batches per evaluation")
     seed: int = setting(0, "seed of the model init and the batch order")
-    num_workers: int = setting(0, "DataLoader worker processes")
+    num_workers: int | None = setting(None, "DataLoader worker processes (none: the device's default, "
+                                      "2 on CUDA and 0 elsewhere: gemref/data/config.py default_workers)")
     # --- the ladder's switches (docs/design.md), one section per technique ---
     attention: AttentionConfig = section(AttentionConfig)                        # rungs 1-2
     compilation: CompileConfig = section(CompileConfig)                          # rung 3
@@ -60,7 +61,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_field_types(self)
         at_least(self, 1, "batch_size", "steps", "eval_batches")
-        at_least(self, 0, "warmup_steps", "eval_every", "num_workers")
+        at_least(self, 0, "warmup_steps", "eval_every")
+        if self.num_workers is not None and self.num_workers < 0:
+            raise UsageError(f"TrainConfig.num_workers must be >= 0 or None, got {self.num_workers}")
         check_seed(self)
         positive(self, "lr")
         if self.weight_decay < 0:
