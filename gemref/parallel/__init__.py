@@ -15,8 +15,9 @@ qualified names of nn.Embedding / nn.EmbeddingBag modules) returns the sharded t
 `apply_fsdp(model, mesh, layers, device)` (names of the modules to shard as units, forward
 order), `sync_replica_grads(tables, mesh)` after every backward (AdamW tables), or
 `RowWiseAdagrad(tables, lr, sync_interval=N)` or `RowWiseAdam(...)` (stepped inside backward,
-replicas averaged every N steps; `row_state_dict(model)` for a checkpoint), `fuse_lookups(model, tables, features)` for one exchange per forward. A missing or wrong name, or
-an R > 1 mesh whose tables are never synced, is a ValueError. Units: ranks, rows, bytes.
+replicas averaged every N steps; `row_state_dict(model)` for a checkpoint), `fuse_lookups(model,
+tables, features)` for one exchange per forward. A missing or wrong name, or an R > 1 mesh whose
+tables are never synced, is a ValueError. Units: ranks, rows, bytes.
 
 Copying FSDP2 2D + sharded tables into your trainer: read sparse.py (the tables, their exchange
 and replica sync; it imports nothing from gemref), then fsdp.py (the dense units; it imports
