@@ -157,7 +157,7 @@ def test_the_step_fuses_every_tables_all_to_alls_into_one_per_direction():
     args = (TINY.model, MeshShape(1, 4), 16, 200, True, 4, "row")
     per_table = next(r for r in step_collectives(*args, fuse_all_to_alls=False) if r["kind"] == "all_to_all")
     fused = next(r for r in step_collectives(*args) if r["kind"] == "all_to_all")
-    # gemref's own tables fuse every lookup too (parallel/lookup.py): counts, ids, rows and gradients, once each
+    # gemref's own tables fuse every lookup too (parallel/sparse.py): counts, ids, rows and gradients, once each
     assert per_table["count"] == 4 and len(lookups(TINY.model, 16, 200, True)) > 1
     # TorchRec: input dist (ids), output dist (rows) and its backward (gradients): one each, the same bytes
     assert fused["count"] == FUSED_ALL_TO_ALLS == 3 and fused["bytes"] == per_table["bytes"]

@@ -1,5 +1,5 @@
 """Row-wise Adagrad and row-wise Adam on embedding tables (gemref/parallel/rowwise.py), the fused
-exchange (gemref/parallel/lookup.py, sparse.py `fuse_lookups`) and the 2D replica sync, on gloo ranks.
+exchange (gemref/parallel/sparse.py `exchange`, `fuse_lookups`) and the 2D replica sync, on gloo ranks.
 
 The references are the plain algorithms on the dense gradient of a plain table: Adagrad row by row
 (`_reference_step`: for each row the batch touched, state += mean(g^2), w -= lr g / (sqrt(state) + eps)),

@@ -16,11 +16,10 @@ from gemref.model.gem import GEMRef
 from gemref.measure import comm
 from gemref.parallel import backend
 from gemref.simulate.cost_model import HARDWARE, LinkTier, collective_time, get_profile, group_tier
-from gemref.parallel.fsdp import padded_numel
 from gemref.parallel.config import MeshShape, parse_mesh
 from gemref.parallel.mesh import check_world
 from gemref.parallel.sparse import plan_tables
-from gemref.parallel.volume import lookups, model_units, step_volume, table_shapes
+from gemref.parallel.volume import lookups, model_units, padded_numel, step_volume, table_shapes
 
 TINY = get_preset("tiny")
 SETTINGS = settings(max_examples=30, deadline=None)

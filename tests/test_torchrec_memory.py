@@ -47,7 +47,7 @@ def _rank(rank, world):
     out = {}
     for sharding in SHARDINGS:
         train = override(preset.train, mesh="2x1", embeddings="torchrec", torchrec_sharding=sharding)
-        parallel, device = parallel_state(train, torch.device("cpu"))
+        parallel, device = parallel_state(train.parallelism, torch.device("cpu"))
         model, _, _ = build_model(preset, train, device, parallel)
         optimizer = make_optimizer(model, train)
         batch = batch_with_lengths(preset.model, [3, 0, 5], seed=rank)

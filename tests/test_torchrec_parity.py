@@ -35,7 +35,7 @@ def _run(rank, sharding, jagged, engine):
     preset = get_preset("tiny")
     train = override(preset.train, mesh="2x1", jagged=jagged, embeddings=engine,
                      torchrec_sharding=sharding if engine == "torchrec" else "auto")
-    parallel, device = parallel_state(train, torch.device("cpu"))
+    parallel, device = parallel_state(train.parallelism, torch.device("cpu"))
     model, _, _ = build_model(preset, train, device, parallel)
     engine_owned = engine_parameters(model)
     dense = [p for n, p in model.named_parameters() if not n.startswith("tables.") and id(p) not in engine_owned]

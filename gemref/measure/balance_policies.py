@@ -9,7 +9,7 @@ GEM training step: every rank builds the preset's GEMRef and its optimizer as tr
 (`gem_model`), and on each global batch (synthetic ids, the given lengths) takes its samples
 split by round_robin and by kk in turn and runs training's step (`step.train_step`) with the
 loss divided by training's `loss_divisor` of the global batch; between backward and the optimizer update the gradients
-are all-reduced (gemref/parallel/replicate.py `all_reduce_grads`), timed apart from the
+are all-reduced (`all_reduce_grads`: one flat buffer, as DDP without buckets), timed apart from the
 forward+backward (`timed_step`). Per rank: compute time and wait (+comm) time in the
 all-reduce; per step: step time (max over ranks), imbalance of compute wall time and of compute
 CPU time, idle share. With more ranks than CPU cores, or other jobs on the machine, ranks
@@ -36,7 +36,6 @@ from ..train.presets import get_preset
 from ..train.override import override
 from ..data.batches import batch_with_lengths
 from ..parallel.launch import cpu_ranks, launch, to_rank0
-from ..parallel.replicate import all_reduce_grads
 from ..step import train_step
 from ..train import build_model, make_optimizer
 
@@ -60,6 +59,15 @@ def gem_model(preset: str, max_len: int) -> tuple[nn.Module, torch.optim.Optimiz
     train = override(p.train, jagged=True, kernel="auto", precision="fp32", seed=0)
     model = build_model(replace(p, model=replace(p.model, max_len=max_len)), train, torch.device("cpu"))[0]
     return model, make_optimizer(model, train)
+
+
+def all_reduce_grads(model: nn.Module) -> None:
+    """Sum the gradients over the ranks in one flat buffer (replicated data parallelism, as DDP
+    without buckets, nothing overlapped), written back so every rank steps the same model."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)
+    torch._foreach_copy_(grads, [g.view_as(p) for g, p in zip(flat.split([g.numel() for g in grads]), grads)])
 
 
 def timed_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch, normalizer: int) -> tuple[float, float, float]:

@@ -31,12 +31,12 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ..train.presets import Preset
 from ..mfu.profile import quiet_profile
-from ..parallel.fsdp import reshard_all
 from ..parallel.mesh import group_dims
 from ..parallel.parallelize import ParallelState
 from ..parallel.volume import step_volume, total_bytes
@@ -225,6 +225,14 @@ def attach_times(collectives: list[Collective], prof) -> int:
 
 
 # ----------------------------------------------------------------------------- a run's comm record
+def reshard_all(model: nn.Module) -> None:
+    """Free every FSDP-gathered parameter, as after a training step's backward: a no-grad forward
+    (evaluation) leaves the root unit gathered, and a step measured after it would miss its all-gather."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def rank_times(state: ParallelState, step_s: list[float], cpu_s: list[float], samples: list[int]) -> list[dict]:
     """Per rank (medians over timed steps): step wall time, its compute, and the rest: waiting.
 
@@ -238,11 +246,12 @@ def rank_times(state: ParallelState, step_s: list[float], cpu_s: list[float], sa
     return state.gather(mine)
 
 
-def measure_comm(state: ParallelState, preset: Preset, model: nn.Module, batch, fwd_bwd: Callable[[], None]) -> dict:
+def measure_comm(state: ParallelState, preset: Preset, model: nn.Module, batch, fwd_bwd: Callable[[], None], *,
+                 jagged: bool) -> dict:
     """One profiled forward+backward under the CollectiveRecorder: recorded vs analytic bytes, exposed comm.
 
-    Returns (on every rank) world totals per (kind, dim), the ratio recorded / analytic, and
-    each rank's overlap figures.
+    `jagged`: the run's attention layout (the analytic volume's shapes). Returns (on every rank)
+    world totals per (kind, dim), the ratio recorded / analytic, and each rank's overlap figures.
     """
     cuda = state.mesh.device_type == "cuda"
     reshard_all(model)      # start from the sharded state a training step starts from
@@ -254,13 +263,12 @@ def measure_comm(state: ParallelState, preset: Preset, model: nn.Module, batch, 
         if cuda:
             torch.cuda.synchronize()
     attach_times(recorder.collectives, prof)
-    tc = state.train
+    layout = state.layout
     analytic = step_volume(preset.model, state.shape, rank=state.rank, batch=batch.batch_size,
-                           tokens=batch.num_tokens, jagged=tc.attention.jagged, param_bytes=2 if cuda else 4,
-                           reduce_bytes=4, reshard_after_forward=tc.parallelism.reshard_after_forward,
-                           sparse_sharding=tc.parallelism.sparse_sharding,
-                           table_optimizer=tc.parallelism.table_optimizer,
-                           table_sync_interval=tc.parallelism.table_sync_interval)
+                           tokens=batch.num_tokens, jagged=jagged, param_bytes=2 if cuda else 4,
+                           reduce_bytes=4, reshard_after_forward=layout.reshard_after_forward,
+                           sparse_sharding=layout.sparse_sharding, table_optimizer=layout.table_optimizer,
+                           table_sync_interval=layout.table_sync_interval)
     per_rank = state.gather({"recorded": recorder.summary(), "analytic": analytic,
                              "overlap": comm_overlap(prof)})
     rows: dict[tuple[str, str], dict] = {}

@@ -31,11 +31,10 @@ from ..data.sampler import StepBatches
 from ..env import resolve_device
 from ..interop.lib import quiet_torchrec
 from ..interop.tables import engine_record
-from .comm import measure_comm, rank_times
+from .comm import measure_comm, rank_times, reshard_all
 from ..mfu.memory import track_peak_memory
 from ..mfu.profile import time_breakdown
 from ..parallel import launch
-from ..parallel.fsdp import reshard_all
 from ..parallel.memory import global_parameters, rank_bytes
 from ..report.records import MemoryRecord, ParallelRecord, RunRecord, run_record
 from ..runtime.files import to_jsonable, write_json
@@ -146,7 +145,7 @@ def parallel_record(s: Setup, batch: JaggedBatch, timed: list[StepResult]) -> Pa
     par, tc = s.parallel, s.train
     reshard_all(s.model)    # evaluation leaves FSDP's root unit gathered
     memory = par.gather(rank_bytes(s.model, s.optimizer))
-    comm = measure_comm(par, s.preset, s.model, batch, lambda: s.gradients(batch))
+    comm = measure_comm(par, s.preset, s.model, batch, lambda: s.gradients(batch), jagged=tc.attention.jagged)
     s.optimizer.zero_grad(set_to_none=True)
     times = rank_times(par, [r.work.wall_s for r in timed], [r.work.cpu_s for r in timed],
                        [r.work.samples for r in timed])

@@ -73,7 +73,7 @@ def _measure(rank, world, preset_name, per_rank_batch, windows, steps, variants,
     runs = {}
     for label, engine, sharding in variants:
         train = _variant_config(base, engine, sharding)
-        parallel, device = parallel_state(train, torch.device("cpu"))
+        parallel, device = parallel_state(train.parallelism, torch.device("cpu"))
         model, _, _ = build_model(preset, train, device, parallel)
         runs[label] = (model, make_optimizer(model, train), parallel, engine)
     batches = {}

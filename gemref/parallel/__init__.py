@@ -15,25 +15,31 @@ qualified names of nn.Embedding / nn.EmbeddingBag modules) returns the sharded t
 `apply_fsdp(model, mesh, layers, device)` (names of the modules to shard as units, forward
 order), `sync_replica_grads(tables, mesh)` after every backward (AdamW tables), or
 `RowWiseAdagrad(tables, lr, sync_interval=N)` or `RowWiseAdam(...)` (stepped inside backward,
-replicas averaged every N steps; `row_state_dict(model)` for a checkpoint), `fuse_lookups(model, tables, features)` for one exchange per forward. A missing or wrong name, or
-an R > 1 mesh whose tables are never synced, is a ValueError. Units: ranks, rows, bytes.
+replicas averaged every N steps; `row_state_dict(model)` for a checkpoint), `fuse_lookups(model,
+tables, features)` for one exchange per forward. A missing or wrong name, or an R > 1 mesh whose
+tables are never synced, is a ValueError. Units: ranks, rows, bytes.
 
+Copying FSDP2 2D + sharded tables into your trainer: read sparse.py (the tables, their exchange
+and replica sync; it imports nothing from gemref), then fsdp.py (the dense units; it imports
+sparse.py only to leave the tables out). Build the mesh with init_device_mesh and dims
+("replicate", "shard"), or copy mesh.py. For how GEMRef composes them, parallelize.py third.
+
+    sparse.py       named Embedding/EmbeddingBag tables sharded row- or table-wise over "shard",
+                    the exchange (one counts, ids and rows all-to-all for any number of tables,
+                    one per forward with fuse_lookups), the replicas' gradient sum
+    fsdp.py         dense: FSDP2 fully_shard per named layer and on the root (FSDP 1D / HSDP 2D)
+    parallelize.py  GEMRef's path: the mesh of a run (parallel_state), its tables then FSDP
+                    applied last (parallelize; the names passed by train/compose.py)
+    replicate.py    replicated data parallelism (mesh Rx1): DDP's bucketed all-reduce, overlapped
     config.py       the switches: ParallelConfig (mesh, resharding, tables, backend), the RxS
                     spec (MeshShape, parse_mesh), EmbeddingConfig (native or TorchRec tables)
-    mesh.py         the 2D DeviceMesh ("replicate", "shard") over the process group
-    replicate.py    replicated data parallelism (mesh Rx1): DDP's bucketed all-reduce, overlapped
-    fsdp.py         dense: FSDP2 fully_shard per named layer and on the root (FSDP 1D / HSDP 2D)
-    sparse.py       named Embedding/EmbeddingBag tables sharded row- or table-wise over "shard",
-                    their lookups (one fused exchange per forward), the replicas' gradient sum
-    lookup.py       the exchange: one counts, ids and rows all-to-all for any number of tables
     rowwise.py      row-wise Adagrad and Adam stepped inside backward; the replicas' weight + state average
-    parallelize.py  GEMRef's path: the mesh of a run, its tables then FSDP applied last (the names
-                    passed by train/compose.py)
-    memory.py       bytes per rank of parameters, gradients and optimizer state
+    mesh.py         the 2D DeviceMesh ("replicate", "shard") over the process group
     backend.py      backend choice (gloo, nccl, ncclx) and the NCCLX mesh
-    volume.py       analytic bytes per step of every collective (the lab's comm measurement,
-                    gemref/measure/comm.py, sets what was recorded beside it)
     launch.py       local spawned ranks and torchrun's environment
+    memory.py       bytes per rank of parameters, gradients and optimizer state (the lab's)
+    volume.py       analytic bytes per step of every collective, FSDP's padded sizes (the lab's
+                    comm measurement, gemref/measure/comm.py, sets what was recorded beside it)
 
 Checkpoints (gemref/checkpoint/) and what every command needs from the OS, files, folder locks
 and interrupts (gemref/runtime/), have packages of their own: none of them is parallelism.

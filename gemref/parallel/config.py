@@ -1,9 +1,6 @@
-"""Rung 6's sections of TrainConfig: `ParallelConfig` (the RxS device mesh, FSDP's resharding, the
-native tables' sharding and optimizer, the collectives' backend) and `EmbeddingConfig` (native
-tables or TorchRec's, gemref/interop/). `batch_size` (TrainConfig) is the global batch.
-
-This module imports only gemref/config/'s helpers (never torch), so TrainConfig and the command
-line read it without loading parallelism."""
+"""Rung 6's sections of a run's config: `ParallelConfig` (the RxS mesh, FSDP's resharding, the native
+tables' sharding and optimizer, the backend) and `EmbeddingConfig` (native tables or TorchRec's,
+gemref/interop/). No torch: the command line reads them without loading parallelism."""
 from __future__ import annotations
 
 import re
@@ -32,8 +29,7 @@ class MeshShape:
         return self.replicate * self.shard
 
     def coordinates(self, rank: int) -> tuple[int, int]:
-        """(replicate index, shard index) of a global rank."""
-        return divmod(rank, self.shard)
+        return divmod(rank, self.shard)    # (replicate index, shard index) of a global rank
 
     def __str__(self) -> str:
         return f"{self.replicate}x{self.shard}"
@@ -75,7 +71,6 @@ class ParallelConfig(Section):
 
     @property
     def shape(self) -> MeshShape:
-        """The mesh as R and S."""
         return parse_mesh(self.mesh)
 
 

@@ -67,7 +67,6 @@ import torch.multiprocessing as mp
 
 from ..env import resolve_device
 from ..errors import UsageError, user_input
-from ..options import check_local_ranks
 from .backend import finalize_ncclx, init_ncclx, resolve_backend
 from .config import MeshShape
 from ..runtime.files import atomic_write_text
@@ -312,6 +311,7 @@ def preflight(device: str, backends: Sequence[str], meshes: Sequence[MeshShape],
         for shape in meshes:
             check_world(shape, world)
         if torchrun is None and (world > 1 or group):
+            from ..options import check_local_ranks   # options loads the presets: only when spawning
             check_local_ranks(world, dev.type)
         if torchrun is None and backend == "ncclx":
             raise ValueError("backend 'ncclx' is launched with torchrun (torchcomms bootstraps from its variables)")

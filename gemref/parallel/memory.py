@@ -110,9 +110,8 @@ def projected_rank_bytes(cfg, mesh, sparse_sharding: str = "none", *, optimizer_
     (dim 0 padded); tables follow their sparse plan (or sit in FSDP's root unit when not
     sharded). Transient gathered parameters and activations are not included.
     """
-    from .fsdp import padded_numel
     from .sparse import plan_tables
-    from .volume import model_units, table_shapes
+    from .volume import model_units, padded_numel, table_shapes
 
     S = mesh.shard
     dense = sum(padded_numel(shape, S) for shapes in model_units(cfg, sparse_sharding).values()

@@ -25,7 +25,7 @@ moves every row each step). `RowWiseAdagrad(tables, lr, eps, sync_interval)` and
 `loss.backward()`; the dense parameters keep their own optimizer:
 
   * a ShardedEmbedding (sparse.py): its exchange hands the owner (local row ids, row gradients) in
-    backward (lookup.py); the rows are summed per unique id and stepped in a callback queued at the
+    backward (sparse.py `exchange`); the rows are summed per unique id and stepped in a callback queued at the
     end of the backward. No dense gradient of the table is formed.
   * a plain nn.Embedding / nn.EmbeddingBag (one process, the parity reference): a forward pre-hook
     records the ids, the weight's post-accumulate-grad hook takes the recorded rows of the (dense)

@@ -28,10 +28,19 @@ import torch
 
 from ..model.config import ModelConfig
 from .config import MeshShape
-from .fsdp import padded_numel
 from .sparse import plan_tables
 
 ID_BYTES = 8     # int64 ids and counts
+
+
+def padded_numel(shape: torch.Size | tuple[int, ...], shards: int) -> int:
+    """Elements of a parameter once FSDP pads its dim 0 to a multiple of `shards` (fsdp.py)."""
+    if not shape:
+        return shards
+    rest = 1
+    for n in shape[1:]:
+        rest *= n
+    return -(-shape[0] // shards) * shards * rest
 
 
 def row_state_values(table_optimizer: str, d: int) -> int:

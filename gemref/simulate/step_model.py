@@ -32,9 +32,8 @@ from __future__ import annotations
 import functools
 
 from ..parallel.config import TABLE_OPTIMIZERS, MeshShape
-from ..parallel.fsdp import padded_numel
 from ..parallel.sparse import plan_tables
-from ..parallel.volume import model_units, row_state_values, step_volume, table_shapes
+from ..parallel.volume import model_units, padded_numel, row_state_values, step_volume, table_shapes
 from .collectives import best
 from .cost_model import HardwareProfile, collective_sms as kind_sms, price_group, sm_share as kind_share
 
@@ -42,7 +41,7 @@ from .cost_model import HardwareProfile, collective_sms as kind_sms, price_group
 # (KJTAllToAll: every table's ids, with their counts, to the ranks that hold their rows), the output
 # dist (every table's looked-up rows back) and its backward (every table's row gradients). volume.py
 # counts four per step (counts, ids, rows, gradients), the way gemref's own fused exchange
-# (gemref/parallel/lookup.py) issues them; TorchRec moves the same bytes in these three.
+# (gemref/parallel/sparse.py) issues them; TorchRec moves the same bytes in these three.
 FUSED_ALL_TO_ALLS = 3
 
 
@@ -71,7 +70,7 @@ def step_collectives(cfg, mesh: MeshShape, batch: int, tokens: int, jagged: bool
     dim "tables", each row with `overlappable_bytes`: the layer units' share. With
     `fuse_all_to_alls` the embedding all-to-alls are FUSED_ALL_TO_ALLS calls carrying every
     table's bytes (TorchRec); without, volume.py's four per step (gemref's own fused exchange:
-    counts, ids, rows and their gradients, gemref/parallel/lookup.py).
+    counts, ids, rows and their gradients, gemref/parallel/sparse.py).
     `table_optimizer`: "adamw" (the tables' summed gradient every step) or "rowwise_adagrad" /
     "rowwise_adam" (their weights and row state averaged; comm_rows' `table_sync_every` sets how often)."""
     rows, numel, held = _volume(cfg, mesh.shard, mesh.replicate > 1, batch, tokens, jagged, gather_bytes, sparse,

@@ -175,7 +175,7 @@ def build_model(preset: Preset, train: TrainConfig, device: torch.device,
         use_torchrec_tables(model, lr=train.lr, sharding=tables.torchrec_sharding, batch_size=per_rank,
                             two_d_shard=parallel.shape.shard if tables.torchrec_2d and parallel else None)
     if parallel is not None:
-        parallelize(model, train, parallel, device, layers=[f"layers.{i}" for i in range(len(model.layers))],
+        parallelize(model, parallel, device, layers=[f"layers.{i}" for i in range(len(model.layers))],
                     tables=[f"tables.{name}" for name in model.tables] if tables.engine != "torchrec" else (),
                     ignored=model.tables if tables.engine == "torchrec" else None, features=_gem_lookups(model),
                     param_dtype=fsdp_param_dtype(report, device))
@@ -260,7 +260,7 @@ def setup(preset: Preset | str, train: TrainConfig | None = None, *, device: str
     preset = get_preset(preset) if isinstance(preset, str) else preset
     train = train or preset.train
     current_variant()        # GEMREF_GDPA checked before any work (resolve_device checks the other knobs)
-    parallel, dev = parallel_state(train, resolve_device(device))
+    parallel, dev = parallel_state(train.parallelism, resolve_device(device))
     train_set, eval_set = datasets(preset, data_root, progress)
     model, kernel, precision = build_model(preset, train, dev, parallel)
     rank, world = (parallel.rank, parallel.world) if parallel else (0, 1)
