@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .display import formatted_value, prediction_bundle, show
+from .display import formatted_value, is_number, prediction_bundle, show
 from .metrics import record_metrics
 from .params import NOTEBOOK_DIR, load_profile
 from .static_figures import use_static_figures
@@ -118,7 +118,7 @@ class Chapter:
             for p in self.predictions:
                 value = metrics[p.metric]
                 measured = ("not measured in this run" if value is None else
-                            value * p.scale if isinstance(value, (int, float)) and not isinstance(value, bool) else value)
+                            value * p.scale if is_number(value) else value)
                 answers.append(prediction_bundle(p.question, p.guess, measured, p.fmt, p.unit, p.parameter))
             show({"text/html": "".join(h for h, _ in answers), "text/plain": "\n".join(t for _, t in answers)})
         failed = [what for what, held in checks.items() if not held]

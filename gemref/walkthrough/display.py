@@ -13,7 +13,10 @@ Every output carries `text/html` (what JupyterLab and the reading copy render) a
 from __future__ import annotations
 
 import html
+import numbers
 from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from ..report import format_table, html_table
 
@@ -36,9 +39,14 @@ def show_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None 
               "text/plain": format_table(rows, columns, title)})
 
 
+def is_number(value) -> bool:
+    """A real number (numpy's included), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
 def formatted_value(value, fmt: str, unit: str) -> str:
     """A number through `fmt` with its unit; anything else (a bool, a name) as text."""
-    return f"{value:{fmt}}{unit}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+    return f"{value:{fmt}}{unit}" if is_number(value) else str(value)
 
 
 def prediction_bundle(question: str, guess, measured, fmt: str = ".3g", unit: str = "",
