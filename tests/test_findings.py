@@ -1,8 +1,8 @@
 """gemref/walkthrough/findings.py: the sentences follow the measurements, whichever way they went."""
 import pytest
 
-from gemref.walkthrough.findings import (autoac_findings, compile_findings, engines_findings, ladder_findings,
-                                         ratio_verdict, tail_findings, trend)
+from gemref.walkthrough.findings import (autoac_findings, balance_findings, baseline_findings, compile_findings,
+                                         engines_findings, ladder_findings, ratio_verdict, tail_findings, trend)
 
 
 @pytest.mark.parametrize("ratio, low, high, verdict", [
@@ -135,3 +135,39 @@ def test_engines_findings_judge_one_window_by_the_noise_band():
     one = engines_findings(_engines(0.97, windows=1))      # 1.03x: inside +-5% without a measured spread
     assert "1.03x its speed (one window): no measurable difference" in one[0]
     assert "faster." not in one[0]
+
+
+def test_baseline_findings_state_the_measured_step():
+    report = {"executed_flops": 3.0e9, "model_flops": 1.2e9, "relative_error": 0.004}
+    record = {"tokens_per_s": 12345.6, "mfu": 0.0123, "peak_flops": 2.5e11, "peak_source": "measured: fp32 GEMM"}
+    breakdown = [{"region": "sequence", "seconds": 3.0}, {"region": "heads", "seconds": 1.0},
+                 {"region": "backward", "seconds": 5.0}, {"region": "optimizer", "seconds": 1.0}]
+    assert baseline_findings("tiny", report, record, breakdown) == [
+        "One padded step of the tiny preset executes 2.50x the model's 1.2e+09 FLOPs; FlopCounterMode agrees with the "
+        "analytic executed count to 0.40% (tolerance 2%).",
+        "The baseline trains at 12,346 tokens/s, MFU 1.23% of this device's peak (250 GFLOP/s, measured).",
+        "The backward takes 50% of the profiled step; in the forward, sequence leads with 30%."]
+
+
+def _policy(policy, imbalance, kept, of_optimum, idle=None, plan_ms=1.0, exchange=0, moved=0):
+    return {"policy": policy, "imbalance": imbalance, "kept": kept, "of_optimum": of_optimum,
+            "idle": 1 - 1 / imbalance if idle is None else idle, "plan_ms": plan_ms, "exchange_bytes": exchange,
+            "displacement_max": moved, "once": True}
+
+
+def test_balance_findings_follow_the_rank_counts_and_the_real_rows():
+    def at(rr_kept, kk=True):
+        rows = [_policy("round_robin", 1 / rr_kept, rr_kept, rr_kept), _policy("lpt", 1.01, 0.99, 0.995, exchange=512),
+                _policy("local", 1.05, 0.95, 0.96, moved=3)]
+        return rows + ([_policy("kk", 1.001, 0.999, 0.9995, exchange=512, plan_ms=20.0)] if kk else [])
+    falling = balance_findings({8: at(0.8), 1024: at(0.6, kk=False)}, 32, 256)
+    assert falling[0].startswith("At 8 ranks x 32 samples, round robin idles 20.0% of the cluster's time (imbalance 1.250)")
+    assert "the more ranks, the likelier one draws the tail." in falling[1] and "lpt 99.0% at 1024" in falling[1]
+    assert "(kk skipped above 256 ranks)" in falling[2]
+    assert "8 ranks: local keeps 96.0% of the optimum (round robin 80.0%, the kept share of section 3" in falling[3]
+    assert "lpt 99.5%), receiving 0 bytes per step where lpt all-gathers 512" in falling[4] and len(falling) == 5
+    rising = balance_findings({8: at(0.6), 64: at(0.8)}, 32, 256,
+                              ("MovieLens-100K", [_policy("round_robin", 1.2, 0.8, 0.8), _policy("kk", 1.0, 1.0, 1.0)]))
+    assert "more ranks did not lower it at every step here." in rising[1] and ", Karmarkar-Karp 20 ms" in rising[2]
+    assert rising[-1].startswith("On MovieLens-100K rows at 8 ranks round robin's imbalance is 1.200 (synthetic 1.667)")
+    assert "equal counts leave real rows less unbalanced than the synthetic ones; " in rising[-1]

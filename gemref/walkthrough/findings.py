@@ -52,6 +52,71 @@ def _x(r: float) -> str:
     return f"{r:.2f}x"
 
 
+def baseline_findings(preset: str, report: dict, record: dict, breakdown: list[dict]) -> list[str]:
+    """Chapter 00: what a padded step executes against the model FLOPs and how FlopCounterMode
+    agrees (`report`: gemref.mfu.verify.flops_report), the baseline's throughput and MFU (`record`:
+    the run record), and where the profiled step's seconds go (`breakdown`: rows of region, seconds)."""
+    step_s = sum(r["seconds"] for r in breakdown)
+    backward = sum(r["seconds"] for r in breakdown if r["region"] == "backward") / step_s
+    top = max((r for r in breakdown if r["region"] not in ("backward", "optimizer")), key=lambda r: r["seconds"])
+    return [f"One padded step of the {preset} preset executes {report['executed_flops'] / report['model_flops']:.2f}x "
+            f"the model's {report['model_flops']:.3g} FLOPs; FlopCounterMode agrees with the analytic executed count to "
+            f"{report['relative_error']:.2%} (tolerance 2%).",
+            f"The baseline trains at {record['tokens_per_s']:,.0f} tokens/s, MFU {record['mfu']:.2%} of this device's "
+            f"peak ({record['peak_flops'] / 1e9:.0f} GFLOP/s, {record['peak_source'].split(':')[0]}).",
+            f"The backward takes {backward:.0%} of the profiled step; in the forward, {top['region']} leads with "
+            f"{top['seconds'] / step_s:.0%}."]
+
+
+def balance_findings(by_ranks: dict[int, list[dict]], per_rank: int, kk_max_ranks: int,
+                     real: tuple[str, list[dict]] | None = None) -> list[str]:
+    """Chapter 06: the bubble round robin leaves and Karmarkar-Karp removes, the MFU share each
+    keeps as ranks grow, what planning a step costs, and local rebalancing against the global
+    splits. `by_ranks`: {ranks: gemref.measure.balance_compare.compare rows} (round_robin, lpt,
+    local; kk up to `kk_max_ranks`); `real`: (dataset name, compare rows of its real rows at the
+    smallest rank count), or None."""
+    ranks = list(by_ranks)
+    at = {R: {r["policy"]: r for r in rows} for R, rows in by_ranks.items()}
+    naive, best = at[ranks[0]]["round_robin"], at[ranks[0]]["kk"]
+    out = [f"At {ranks[0]} ranks x {per_rank} samples, round robin idles {naive['idle']:.1%} of the cluster's time "
+           f"(imbalance {naive['imbalance']:.3f}); Karmarkar-Karp idles {best['idle']:.2%} "
+           f"(imbalance {best['imbalance']:.4f}): the bubble is {1 - best['idle'] / naive['idle']:.2%} smaller."]
+    top_best = at[ranks[-1]].get("kk") or at[ranks[-1]]["lpt"]
+    kept_rr = [at[R]["round_robin"]["kept"] for R in ranks]
+    out.append("Over the epoch round robin keeps " + ", ".join(f"{k:.1%} at {R} ranks" for k, R in zip(kept_rr, ranks))
+               + f" of single-device MFU, {top_best['policy']} {top_best['kept']:.1%} at {ranks[-1]}: "
+               + ("the more ranks, the likelier one draws the tail." if all(a > b for a, b in zip(kept_rr, kept_rr[1:]))
+                  else "more ranks did not lower it at every step here."))
+    last = at[ranks[-1]]
+    out.append(f"Planning one step at {ranks[-1]} ranks: LPT {last['lpt']['plan_ms']:.1f} ms"
+               + (f", Karmarkar-Karp {last['kk']['plan_ms']:.0f} ms" if "kk" in last
+                  else f" (kk skipped above {kk_max_ranks} ranks)")
+               + f". LPT keeps {last['lpt']['of_optimum']:.1%} of the optimum, for 0 bytes when every rank holds the "
+                 f"lengths and an all-gather of {last['lpt']['exchange_bytes']:,} bytes per step when it does not. "
+                 "`gemref bench local_balance --ranks 1024` prices both at larger scales.")
+    for R in ranks:
+        loc, rr = at[R]["local"], at[R]["round_robin"]
+        global_best = at[R].get("kk", at[R]["lpt"])
+        same = f"{rr['of_optimum']:.1%}" == f"{rr['kept']:.1%}"
+        out.append(f"{R} ranks: local keeps {loc['of_optimum']:.1%} of the optimum (round robin {rr['of_optimum']:.1%}, "
+                   + ("the kept share of section 3: no sample outweighed a rank's fair share; " if same else
+                      f"above its kept share of {rr['kept']:.1%}, since the best split of these batches is not perfect; ")
+                   + f"{global_best['policy']} {global_best['of_optimum']:.1%}), receiving 0 bytes per step where "
+                   f"{global_best['policy']} all-gathers {global_best['exchange_bytes']:,}; samples move at most "
+                   f"{loc['displacement_max']} steps, every one used once: {loc['once']}.")
+    if real:
+        name, rows = real
+        rr_real, kk_real = (next(r for r in rows if r["policy"] == p) for p in ("round_robin", "kk"))
+        out.append(f"On {name} rows at {ranks[0]} ranks round robin's imbalance is {rr_real['imbalance']:.3f} "
+                   f"(synthetic {naive['imbalance']:.3f}) and Karmarkar-Karp's {kk_real['imbalance']:.4f}: "
+                   + ("equal counts leave real rows about as unbalanced as the synthetic ones (within 5%); "
+                      if abs(rr_real["imbalance"] / naive["imbalance"] - 1) <= 0.05 else
+                      "equal counts leave real rows less unbalanced than the synthetic ones; "
+                      if rr_real["imbalance"] < naive["imbalance"] else "equal counts leave real rows more unbalanced; ")
+                   + "balancing by cost removes the bubble on both.")
+    return out
+
+
 def compile_findings(steps: dict, regions: list[dict], fused_kernels: int,
                      overhead_s: float | None = None) -> list[str]:
     """Chapter 04: compile time, the step-time verdict of every compiled variant, how many regions
