@@ -1,8 +1,9 @@
 """gemref/walkthrough/findings.py: the sentences follow the measurements, whichever way they went."""
 import pytest
 
-from gemref.walkthrough.findings import (autoac_findings, balance_findings, baseline_findings, compile_findings,
-                                         engines_findings, ladder_findings, ratio_verdict, tail_findings, trend)
+from gemref.walkthrough.findings import (autoac_findings, autoac_takeaway, balance_findings, baseline_findings, best_rung_findings,
+                                         compile_findings, engines_findings, ladder_findings, ratio_verdict,
+                                         tail_findings, trend)
 
 
 @pytest.mark.parametrize("ratio, low, high, verdict", [
@@ -171,3 +172,44 @@ def test_balance_findings_follow_the_rank_counts_and_the_real_rows():
     assert "more ranks did not lower it at every step here." in rising[1] and ", Karmarkar-Karp 20 ms" in rising[2]
     assert rising[-1].startswith("On MovieLens-100K rows at 8 ranks round robin's imbalance is 1.200 (synthetic 1.667)")
     assert "equal counts leave real rows less unbalanced than the synthetic ones; " in rising[-1]
+
+
+def _profile(best_rate_ms, peak_ms, wall_s=0.010):
+    limits = [{"case": "step", "step_ms": 10.0, "mfu": 0.05}, {"case": "gemm_at_best_rate", "step_ms": best_rate_ms, "mfu": 0.06},
+              {"case": "gemm_at_peak", "step_ms": peak_ms, "mfu": 0.08}, {"case": "gemm_free", "step_ms": 2.5, "mfu": None}]
+    classes = [{"class": "gemm", "share": 0.5}, {"class": "attention", "share": 0.3}, {"class": "other", "share": 0.2}]
+    return {"limits": limits, "classes": classes, "step_wall_s": [wall_s] * 3, "step_cpu_s": [0.010] * 3}
+
+
+def test_best_rung_findings_place_the_gap_inside_or_outside_the_gemms():
+    outside = best_rung_findings("fused_attention", "highest MFU", _profile(9.99, 6.0))
+    assert outside[0] == ("What this run measured: fused_attention (highest MFU): a step of 10.0 ms wall, 10.0 ms of "
+                          "process CPU: the core was this process's. GEMMs take 50% of its step (the profiler's cost "
+                          "out), attention 30%.")
+    assert "they already take their best path here" in outside[1] and "more than 4.00x faster" in outside[2]
+    assert outside[3].startswith("The gap to the limit is mostly outside the GEMMs: with them at the peak the step keeps 60%")
+    inside = best_rung_findings("jagged", "highest MFU", _profile(8.0, 4.0, wall_s=0.020))
+    assert "other jobs shared the core" in inside[0] and "would take 8.0 ms instead of 10.0 ms: MFU 6.0%" in inside[1]
+    assert inside[3].startswith("The gap to the limit is mostly in the GEMMs: at the peak rate they would cut the step to 40%")
+
+
+def test_autoac_takeaway_reads_the_sweep_the_regions_and_the_compression():
+    sweep = _sweep(60, 90, 1.0, 1.5)
+    sweep["rows"][0].update(act_pct=10.0)
+    sweep["rows"][1].update(act_pct=48.0, plan="sequence:F", act_bytes=49, predicted_bytes=50)
+    sweep.update(done_when={"auto_over_full": 0.33, "flops_plan_over_full": 0.25}, head_to_head=None)
+    mem = [{"act_mb": 4.0}, {"act_mb": 1.5, "vs_none": 0.375, "compressed_mb": 3.0, "stored_mb": 0.5}]
+    cbatch = {"rows": [{"no_ac_batch": 64, "full_ac_batch": 128}, {"no_ac_batch": 256}], "max_batch": 256}
+    lines = autoac_takeaway(sweep, None, {"fronts": {"uniform": [(1, 2, "x")] * 3}, "joint_no_worse_at": "3 of 3"}, True,
+                            "mxfp8", mem, cbatch, {"mean_difference": 0.0001, "within_band": False, "seed_band": 0.002},
+                            "3 seeds x 20 steps")
+    assert lines[0] == ("No checkpointing keeps 0.00 MiB of activations; checkpointing every block cuts that to 10% and "
+                        "recomputes 30.0% of the step's model FLOPs.")
+    assert lines[1] == ("  budget 50%: AutoAC keeps 48% and recomputes 10.0% (plan sequence:F; its bytes within 2.00% "
+                        "of the solver's)")
+    assert lines[2].startswith("At 50%, AutoAC by time recomputes 0.33") and lines[3] == autoac_findings(sweep, None)[0]
+    assert "reaches 3 plans; at each one's bytes, per-region budgets recompute no more (3 of 3)" in lines[5]
+    assert "in mxfp8: 1.50 MiB instead of 4.00 MiB (38%)" in lines[6]
+    assert "grows 64 -> at least 256 (the search's cap) with compression alone" in lines[7] and "reaches 128 by" in lines[7]
+    assert lines[8] == ("Loss parity over 3 seeds x 20 steps: mean difference +0.00010, OUTSIDE the uncompressed seed "
+                        "band of 0.00200.")

@@ -11,6 +11,7 @@ never claims what the run did not show. The verdicts are the same everywhere:
 """
 from __future__ import annotations
 
+import statistics
 from typing import Sequence
 
 NOISE = 0.05     # a ratio without a measured interval must leave 1 +- NOISE to count
@@ -117,6 +118,40 @@ def balance_findings(by_ranks: dict[int, list[dict]], per_rank: int, kk_max_rank
     return out
 
 
+def best_rung_findings(rung: str, chosen: str, prof: dict) -> list[str]:
+    """Chapter 10: the best rung's step (`prof`: gemref.walkthrough.best_rung.profile_rung) by op
+    class, what it would take with its GEMMs at the probe's best rate, at the CPU's peak and at no
+    time at all, and whether the gap to the limit lies inside or outside the GEMMs."""
+    limits = {r["case"]: r for r in prof["limits"]}
+    now, attainable, at_peak, gemm_free = (limits[c] for c in ("step", "gemm_at_best_rate", "gemm_at_peak", "gemm_free"))
+    shares = {r["class"]: r["share"] for r in prof["classes"] if r["share"] > 0}
+    biggest = max((c for c in shares if c != "gemm"), key=shares.get)
+    kept = at_peak["step_ms"] / now["step_ms"]
+    wall, cpu = (statistics.median(prof[k]) for k in ("step_wall_s", "step_cpu_s"))
+    shared = (": other jobs shared the core, and every time here is inflated" if wall > 1.2 * cpu else
+              ": the core was this process's")
+    out = [f"What this run measured: {rung} ({chosen}): a step of {1e3 * wall:.1f} ms wall, {1e3 * cpu:.1f} ms of "
+           f"process CPU{shared}. GEMMs take {shares.get('gemm', 0):.0%} of its step (the profiler's cost out), "
+           f"{biggest} {shares[biggest]:.0%}."]
+    if attainable["step_ms"] < 0.98 * now["step_ms"]:
+        out.append(f"With every GEMM at the best rate the probe found for its shape the step would take "
+                   f"{attainable['step_ms']:.1f} ms instead of {now['step_ms']:.1f} ms: MFU {attainable['mfu']:.1%} "
+                   f"instead of {now['mfu']:.1%}.")
+    else:
+        out.append(f"Timed alone on every path, its GEMM shapes ran no faster than inside the step "
+                   f"({attainable['step_ms']:.1f} ms vs {now['step_ms']:.1f} ms): they already take their best path here.")
+    out.append(f"With every GEMM at the CPU's peak: MFU {at_peak['mfu']:.1%} instead of {now['mfu']:.1%}. With no GEMM "
+               f"time at all the step would take {gemm_free['step_ms']:.1f} ms: no faster GEMM, a lower precision "
+               f"included, can make it more than {now['step_ms'] / gemm_free['step_ms']:.2f}x faster.")
+    out.append(f"The gap to the limit is mostly outside the GEMMs: with them at the peak the step keeps {kept:.0%} of "
+               f"its time, most of it {biggest}. That is the part to attack next (fewer, larger ops; fused kernels)."
+               if kept > 0.5 else
+               f"The gap to the limit is mostly in the GEMMs: at the peak rate they would cut the step to {kept:.0%} of "
+               "its time. Their shapes (small M or K) keep them below the peak: larger batches or fused projections "
+               "help.")
+    return out
+
+
 def compile_findings(steps: dict, regions: list[dict], fused_kernels: int,
                      overhead_s: float | None = None) -> list[str]:
     """Chapter 04: compile time, the step-time verdict of every compiled variant, how many regions
@@ -197,6 +232,48 @@ def autoac_findings(sweep: dict, gain: dict | None) -> list[str]:
                    f"{auto_row['batch_size']}{cap}; samples/s {_x(gain['samples_per_s_ratio'])}: {verdict}"
                    + (f" (MFU {none_row['mfu']:.2%} -> {auto_row['mfu']:.2%})" if none_row["mfu"] is not None else "")
                    + ".")
+    return out
+
+
+def autoac_takeaway(sweep: dict, gain: dict | None, regions: dict, joint_no_worse: bool, compress_format: str,
+                    mem: list[dict], cbatch: dict | None, parity: dict | None, parity_runs: str) -> list[str]:
+    """Chapter 05's takeaway: what no, full and AutoAC checkpointing keep and recompute per budget
+    (`sweep`: gemref.measure.autoac_sweep.budget_sweep), `autoac_findings`, per-region against one
+    global budget (`regions`: gemref.measure.autoac_regions, `joint_no_worse` judged by the chapter),
+    and compressed saved activations: their bytes (`mem`: no compression, then `compress_format`),
+    the batch they fit (`cbatch`) and loss parity over `parity_runs` ("3 seeds x 20 steps")."""
+    full_row = next(r for r in sweep["rows"] if r["strategy"] == "full")
+    out = [f"No checkpointing keeps {sweep['profile']['base_bytes'] / 2**20:.2f} MiB of activations; checkpointing "
+           f"every block cuts that to {full_row['act_pct']:.0f}% and recomputes {full_row['recompute_pct']:.1f}% of the "
+           "step's model FLOPs."]
+    out += [f"  budget {r['budget']:.0%}: AutoAC keeps {r['act_pct']:.0f}% and recomputes {r['recompute_pct']:.1f}% "
+            f"(plan {r['plan']}; its bytes within {abs(r['act_bytes'] / r['predicted_bytes'] - 1):.2%} of the solver's)"
+            for r in sweep["rows"] if r["strategy"] == "auto" and "act_pct" in r]
+    if half := sweep["done_when"]:
+        out.append(f"At 50%, AutoAC by time recomputes {half['auto_over_full']:.2f} of full checkpointing's FLOPs; by "
+                   f"FLOPs its plan would recompute {half['flops_plan_over_full']:.2f}.")
+    if (head := sweep["head_to_head"]) and "rows" in head:
+        out += [f"  {r['strategy']}: step {r['step_s']:.4f} s, {r['vs_full']:.2f}x full checkpointing's (median of "
+                f"{head['rounds']} interleaved rounds; plan {r['plan']})" for r in head["rows"]]
+    out += autoac_findings(sweep, gain)
+    out.append(f"One fraction for every region reaches {len(regions['fronts']['uniform'])} plans; at each one's bytes, "
+               "per-region budgets recompute " + ("no more" if joint_no_worse else "MORE (a solver bug)")
+               + f" ({regions['joint_no_worse_at']}).")
+    plain, compressed = mem[0], mem[1]
+    out.append(f"Every block's saved activations in {compress_format}: {compressed['act_mb']:.2f} MiB instead of "
+               f"{plain['act_mb']:.2f} MiB ({compressed['vs_none']:.0%}); the {compressed['compressed_mb']:.2f} MiB it "
+               f"compressed are stored in {compressed['stored_mb']:.2f} MiB, nothing recomputed.")
+    if cbatch:
+        plain_b, comp_b = cbatch["rows"]
+        def reach(r, key):
+            return f"at least {r[key]} (the search's cap)" if r[key] >= cbatch["max_batch"] else str(r[key])
+        out.append(f"In the same memory the batch grows {plain_b['no_ac_batch']} -> {reach(comp_b, 'no_ac_batch')} with "
+                   f"compression alone (no recompute); full checkpointing reaches {reach(plain_b, 'full_ac_batch')} by "
+                   "recomputing every block.")
+    if parity:
+        out.append(f"Loss parity over {parity_runs}: mean difference {parity['mean_difference']:+.5f}, "
+                   f"{'inside' if parity['within_band'] else 'OUTSIDE'} the uncompressed seed band of "
+                   f"{parity['seed_band']:.5f}.")
     return out
 
 
