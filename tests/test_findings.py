@@ -1,9 +1,9 @@
 """gemref/walkthrough/findings.py: the sentences follow the measurements, whichever way they went."""
 import pytest
 
-from gemref.walkthrough.findings import (autoac_findings, autoac_takeaway, balance_findings, baseline_findings, best_rung_findings,
-                                         compile_findings, engines_findings, ladder_findings, ratio_verdict,
-                                         tail_findings, trend)
+from gemref.walkthrough.findings import (autoac_findings, autoac_takeaway, balance_findings, baseline_findings,
+                                         best_rung_findings, compile_findings, engines_findings, flash_findings,
+                                         jagged_findings, ladder_findings, ratio_verdict, tail_findings, trend)
 
 
 @pytest.mark.parametrize("ratio, low, high, verdict", [
@@ -213,3 +213,32 @@ def test_autoac_takeaway_reads_the_sweep_the_regions_and_the_compression():
     assert "grows 64 -> at least 256 (the search's cap) with compression alone" in lines[7] and "reaches 128 by" in lines[7]
     assert lines[8] == ("Loss parity over 3 seeds x 20 steps: mean difference +0.00010, OUTSIDE the uncompressed seed "
                         "band of 0.00200.")
+
+
+def _layout_run(tokens_per_s, mfu, peak_bytes, executed=None):
+    return {"tokens_per_s": tokens_per_s, "mfu": mfu, "peak_memory_bytes": peak_bytes, "executed_flops_per_step": executed}
+
+
+def test_jagged_findings_say_whether_the_flop_cut_showed_in_the_time():
+    skewed = {"mean_len": 20.4, "padded_over_model": 6.0, "jagged_over_model": 1.5}
+    gained = jagged_findings(skewed, _layout_run(100, 0.01, 4 << 20), _layout_run(250, 0.025, 1 << 20), 256, 32)
+    assert gained[0].startswith("Skewed histories (mean 20 of max 256 events): a padded step executes 6.00x")
+    assert "jagged runs 2.50x the padded tokens per second with 4.0x less peak memory; MFU 1.00% -> 2.50%" in gained[1]
+    assert gained[2].startswith("The 4.0x cut in executed FLOPs shows as 2.50x") and len(gained) == 3
+    flat = jagged_findings(skewed, _layout_run(100, 0.01, 4 << 20), _layout_run(105, 0.0105, 1 << 20), 256, 32)
+    assert flat[2].startswith("No gain at this size: 4.0x fewer FLOPs, but at d_model 32")
+    assert flat[3] == "timing note: jagged executes 4.0x fewer FLOPs but ran only 1.05x as fast"
+
+
+def test_flash_findings_follow_the_lengths_in_the_order_measured():
+    def at(ref_mib, sdpa_mib, speedup):
+        return {"reference": {"peak_mib": ref_mib}, "sdpa": {"peak_mib": sdpa_mib, "speedup_fwdbwd": speedup}}
+    lines = flash_findings({256: at(2.0, 1.0, 1.1), 2048: at(128.0, 8.0, 1.1)},
+                           _layout_run(0, 0.01, 64 << 20, 9e9), _layout_run(0, 0.011, 16 << 20, 3e9), "small")
+    assert lines[0] == ("From L = 256 to 2048 (8x longer) the materialised kernel's peak memory grew 64.0x and the flash "
+                        "kernel's 8.0x; at L = 2048 the gap is 16.0x and flash runs forward+backward 1.10x faster.")
+    assert lines[1] == ("The whole model (small, softmax): 3.00x fewer executed FLOPs per step, peak memory 64 -> 16 MiB, "
+                        "MFU 1.00% -> 1.10% (1.10x).")
+    assert lines[2].startswith("No gain for the model at this size")
+    assert lines[3:] == ["timing note: flash only 1.10x at L = 2048",
+                         "timing note: 3.0x less executed work per step but MFU only 1.10x"]
