@@ -1,9 +1,10 @@
-"""gemref/walkthrough/findings.py: the sentences follow the measurements, whichever way they went."""
+"""gemref/walkthrough/findings.py and takeaways.py: the sentences follow the measurements, whichever way they went."""
 import pytest
 
-from gemref.walkthrough.findings import (autoac_findings, autoac_takeaway, balance_findings, baseline_findings,
-                                         best_rung_findings, compile_findings, engines_findings, flash_findings,
-                                         jagged_findings, ladder_findings, ratio_verdict, tail_findings, trend)
+from gemref.walkthrough.findings import (autoac_findings, compile_findings, engines_findings, ladder_findings,
+                                         ratio_verdict, tail_findings, trend)
+from gemref.walkthrough.takeaways import (autoac_takeaway, balance_findings, baseline_findings, best_rung_findings,
+                                          flash_findings, gdpa_findings, jagged_findings)
 
 
 @pytest.mark.parametrize("ratio, low, high, verdict", [
@@ -242,3 +243,23 @@ def test_flash_findings_follow_the_lengths_in_the_order_measured():
     assert lines[2].startswith("No gain for the model at this size")
     assert lines[3:] == ["timing note: flash only 1.10x at L = 2048",
                          "timing note: 3.0x less executed work per step but MFU only 1.10x"]
+
+
+def test_gdpa_findings_read_the_kernels_the_model_and_the_window():
+    kernels = [{"activation": "silu", "kernel": "cpu_fused", "exec_over_model": 1.0, "peak_mib": 2.0, "speedup_fwdbwd": 3.0},
+               {"activation": "silu", "kernel": "cpu_jagged", "exec_over_model": 1.0, "peak_mib": 2.0, "speedup_fwdbwd": 2.0},
+               {"activation": "gelu", "kernel": "cpu_fused", "exec_over_model": 1.0, "peak_mib": 2.0, "speedup_fwdbwd": 1.1}]
+    reference_rows = {a: {"exec_over_model": 4.0, "peak_mib": 10.0} for a in ("silu", "gelu")}
+    def window(L, variant, flops, speedup):
+        return {"history_len": L, "variant": variant, "window": 64, "flops_vs_full": 0.5, "executed_flops": flops,
+                "speedup": speedup, "wall_ms": 1.0, "cpu_over_wall": 1.0, "peak_mib": 1.0, "model_flops": flops}
+    windows = [window(1024, "full", 9e6, 1.0), window(1024, "window", 2e6, 0.9)]
+    lines = gdpa_findings([200, 3, 17], 256, kernels, reference_rows, _layout_run(0, 0.01, 0, 6e9),
+                          _layout_run(0, 0.0105, 0, 2e9), "small", windows)
+    assert lines[0] == ("On a batch of 3 sequences up to 256 events (220 rows), the reference executes 4.0x the model "
+                        "FLOPs and cpu_fused 1.00x; forward+backward runs 1.10x-3.00x faster across silu, gelu, with "
+                        "5.0x less peak memory.")
+    assert lines[1] == "The whole model (small): 3.00x fewer executed FLOPs per step; MFU 1.00% -> 1.05% (1.05x)."
+    assert lines[2].startswith("No gain for the model at this size") and lines[3].startswith("At L = 1024 events a window")
+    assert lines[-3:] == ["timing note: gelu: only 1.10x", "timing note: 3.0x less executed work per step but MFU only 1.05x",
+                          "timing note: L=1024: window only 0.90x"]

@@ -7,6 +7,7 @@ What a notebook imports (`from gemref.walkthrough import ...`):
     show_table, show                                                display.py
     e2e_mfu_calculator, memory_calculator                           calculators.py
     the sentences about this run's results                          findings.py
+    each chapter's takeaway sentences, one call per chapter            takeaways.py
     engine_rows, plan_rows, engines_figure (gemref's tables vs TorchRec's)   engines.py
     record_metrics (what Chapter.close calls)                       metrics.py
 
