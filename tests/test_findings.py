@@ -4,7 +4,8 @@ import pytest
 from gemref.walkthrough.findings import (autoac_findings, compile_findings, engines_findings, ladder_findings,
                                          ratio_verdict, tail_findings, trend)
 from gemref.walkthrough.takeaways import (autoac_takeaway, balance_findings, baseline_findings, best_rung_findings,
-                                          flash_findings, gdpa_findings, jagged_findings)
+                                          flash_findings, gdpa_findings, jagged_findings, mxfp8_findings,
+                                          real_data_findings)
 
 
 @pytest.mark.parametrize("ratio, low, high, verdict", [
@@ -263,3 +264,42 @@ def test_gdpa_findings_read_the_kernels_the_model_and_the_window():
     assert lines[2].startswith("No gain for the model at this size") and lines[3].startswith("At L = 1024 events a window")
     assert lines[-3:] == ["timing note: gelu: only 1.10x", "timing note: 3.0x less executed work per step but MFU only 1.05x",
                           "timing note: L=1024: window only 0.90x"]
+
+
+def test_real_data_findings_place_the_model_against_the_regression_by_the_seed_spread():
+    def row(ne, auc=0.7, sd=0.001, within=True):
+        return {"ne_click": ne, "auc_click": auc, "ne_click_sd": sd, "seeds": 3, "ne_click_within": within,
+                "auc_click_within": True}
+    by = {"fast": row(0.90), "logistic u+i": row(0.95), "candidate rate": row(0.97), "train base rate": row(1.01),
+          "mxfp8": row(0.90), "window": row(0.93, within=False)}
+    lines = real_data_findings("MovieLens-100K", 80000, 100, 400, "tiny", by, ["mxfp8", "window"])
+    assert lines[0].startswith("On MovieLens-100K (80,000 train rows), the GEM-like model (tiny architecture, 100 steps of "
+                               "batch 400 (0.5 epochs)) reaches eval NE 0.9000 +- 0.0010 and AUC 0.7000 on like over 3 seeds")
+    assert lines[1].startswith("The model beats the id-only regression by 0.0500 NE")
+    assert lines[2] == "Outside the fp32 seed band: window (see the table for by how much)."
+    by["fast"] = row(0.951, sd=0.01)
+    same = real_data_findings("sample", 40, 1, 40, "tiny", by, ["mxfp8"])
+    assert "within the seeds' spread (+0.0010 NE)" in same[1] and same[2].startswith("Every technique stays inside")
+
+
+def test_mxfp8_findings_read_the_blocks_the_layers_and_the_seed_band():
+    from types import SimpleNamespace
+
+    import torch
+
+    from gemref.precision.mx_reference import block_stats, scaling_sqnr
+    from gemref.report.seed_band import paired_difference, seed_band
+
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
+    stats = block_stats(x, scale_mode="rceil")
+    layers = {"mxfp8": [SimpleNamespace(output_db=30.0), SimpleNamespace(output_db=22.5)], "bf16": []}
+    loss = {"fp32": [0.50, 0.52, 0.51], "mxfp8": [0.505, 0.52, 0.512]}
+    bands = {"mxfp8": seed_band(loss["fp32"], loss["mxfp8"])}
+    lines = mxfp8_findings(stats, 31.0, scaling_sqnr(x), layers, {"mxfp8": 25.0}, "fp32", loss, 20, bands,
+                           {"mxfp8": paired_difference(loss["fp32"], loss["mxfp8"])})
+    assert lines[0].startswith("One (16 x 256) activation") and f"median {stats.sqnr_db.median():.1f} dB" in lines[0]
+    assert lines[1].startswith("Worst block:")
+    assert lines[2] == ("mxfp8: 2 layers converted; per-layer output SQNR 22.5-30.0 dB (first layer 30.0 dB, deeper ones "
+                        "compound); the model's output 25.0 dB")
+    assert lines[3] == "fp32 after 20 steps over 3 seeds: eval loss mean 0.5100, seed-to-seed sd 0.0100, 0.5000..0.5200"
+    assert lines[4].startswith("mxfp8 - fp32, seed by seed") and len(lines) == 5

@@ -3,7 +3,7 @@
 The verdicts (`ratio_verdict`, `trend`) and the sentences the benches share are findings.py's;
 these read one chapter's results: 00 `baseline_findings`, 01 `jagged_findings`, 02
 `flash_findings`, 03 `gdpa_findings`, 05 `autoac_takeaway`, 06 `balance_findings`, 10
-`best_rung_findings`. A time that missed a large structural cut is noted ("timing note: ..."),
+`best_rung_findings`, 09 `mxfp8_findings`, 12 `real_data_findings`. A time that missed a large structural cut is noted ("timing note: ..."),
 never judged: it moves with the machine's load.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import statistics
 from typing import Sequence
 
 from ..mfu.attention_cost import window_takeaway
-from .findings import autoac_findings
+from .findings import autoac_findings, paired_findings, scaling_findings
 
 
 def baseline_findings(preset: str, report: dict, record: dict, breakdown: list[dict]) -> list[str]:
@@ -243,3 +243,53 @@ def autoac_takeaway(sweep: dict, gain: dict | None, regions: dict, joint_no_wors
                    f"{parity['seed_band']:.5f}.")
     return out
 
+
+
+def real_data_findings(dataset: str, train_rows: int, steps: int, batch_size: int, architecture: str,
+                       by: dict[str, dict], variants: Sequence[str]) -> list[str]:
+    """Chapter 12: the GEM-like model's eval NE and AUC on like (mean over seeds, `by["fast"]`)
+    beside the id-only baselines ("logistic u+i", "candidate rate", "train base rate"), whether
+    it beats the regression by more than 3 seed standard deviations, and which `variants` left
+    the fp32 seed band (`by`: gemref.measure.quality rows by variant)."""
+    fast, logistic, item = by["fast"], by["logistic u+i"], by["candidate rate"]
+    out = [f"On {dataset} ({train_rows:,} train rows), the GEM-like model ({architecture} architecture, {steps} steps of "
+           f"batch {batch_size} ({steps * batch_size / train_rows:.1f} epochs)) reaches eval NE {fast['ne_click']:.4f} +- "
+           f"{fast['ne_click_sd']:.4f} and AUC {fast['auc_click']:.4f} on like over {fast['seeds']} seeds; the logistic "
+           f"regression on user and movie ids {logistic['ne_click']:.4f} / {logistic['auc_click']:.4f}, the movie's "
+           f"like-rate {item['ne_click']:.4f} / {item['auc_click']:.4f}, the constant train rate "
+           f"{by['train base rate']['ne_click']:.4f}."]
+    gap = fast["ne_click"] - logistic["ne_click"]
+    if gap < -3 * fast["ne_click_sd"]:
+        out.append(f"The model beats the id-only regression by {-gap:.4f} NE: the history and the features carry signal "
+                   "ids alone do not.")
+    elif gap > 3 * fast["ne_click_sd"]:
+        out.append(f"The model is {gap:.4f} NE behind the id-only regression: at this many steps it has not learnt what "
+                   "one weight per user and per movie captures (the cpu profile trains longer).")
+    else:
+        out.append(f"The model and the id-only regression are within the seeds' spread ({gap:+.4f} NE): the history adds "
+                   "little over who rates which movie at this size and training length.")
+    outside = [v for v in variants if not (by[v]["ne_click_within"] and by[v]["auc_click_within"])]
+    out.append("Every technique stays inside the fp32 seed band on like NE and AUC." if not outside else
+               f"Outside the fp32 seed band: {', '.join(outside)} (see the table for by how much).")
+    return out
+
+
+def mxfp8_findings(blocks, theory_db: float, scalings: list[dict], layers: dict[str, list], output_sqnr: dict[str, float],
+                   reference: str, eval_loss: dict[str, list[float]], steps: int, bands: dict, paired: dict) -> list[str]:
+    """Chapter 09: one activation's MX blocks (`blocks`: gemref.precision.sqnr.block_stats columns,
+    dB, counts) against the rounding floor `theory_db`, MX against one scale per tensor
+    (`scalings`), each precision's converted layers and model output SQNR (dB), and each
+    precision's eval loss against the `reference`'s seed band (`bands`, `paired` per precision)."""
+    out = [f"One (16 x 256) activation, rows 1e-4 to 1 and an outlier: MX block SQNR median {blocks.sqnr_db.median():.1f} "
+           f"dB (rounding alone: {theory_db:.1f} dB), worst block {blocks.sqnr_db.min():.1f} dB; "
+           f"{int(blocks.at_max.sum())} values rounded to +-448, {int(blocks.clipped.sum())} clipped, "
+           f"{int(blocks.flushed.sum())} flushed."]
+    out += scaling_findings(scalings, theory_db)[1:2]
+    out += [f"{precision}: {len(ls)} layers converted; per-layer output SQNR {min(l.output_db for l in ls):.1f}-"
+            f"{max(l.output_db for l in ls):.1f} dB (first layer {ls[0].output_db:.1f} dB, deeper ones compound); "
+            f"the model's output {output_sqnr[precision]:.1f} dB" for precision, ls in layers.items() if ls]
+    ref = eval_loss[reference]
+    out.append(f"{reference} after {steps} steps over {len(ref)} seeds: eval loss mean {statistics.mean(ref):.4f}, "
+               f"seed-to-seed sd {statistics.stdev(ref):.4f}, {min(ref):.4f}..{max(ref):.4f}")
+    out += [paired_findings(precision, reference, band, paired[precision]) for precision, band in bands.items()]
+    return out
