@@ -4,8 +4,8 @@ import pytest
 from gemref.walkthrough.findings import (autoac_findings, compile_findings, engines_findings, ladder_findings,
                                          ratio_verdict, tail_findings, trend)
 from gemref.walkthrough.takeaways import (autoac_takeaway, balance_findings, baseline_findings, best_rung_findings,
-                                          flash_findings, gdpa_findings, jagged_findings, mxfp8_findings,
-                                          real_data_findings)
+                                          flash_findings, foreign_model_findings, gdpa_findings, jagged_findings,
+                                          mxfp8_findings, real_data_findings)
 
 
 @pytest.mark.parametrize("ratio, low, high, verdict", [
@@ -303,3 +303,19 @@ def test_mxfp8_findings_read_the_blocks_the_layers_and_the_seed_band():
                         "compound); the model's output 25.0 dB")
     assert lines[3] == "fp32 after 20 steps over 3 seeds: eval loss mean 0.5100, seed-to-seed sd 0.0100, 0.5000..0.5200"
     assert lines[4].startswith("mxfp8 - fp32, seed by seed") and len(lines) == 5
+
+
+def test_foreign_model_findings_split_the_step_and_judge_the_compiled_one():
+    from types import SimpleNamespace
+
+    base = SimpleNamespace(figures={"mfu": 0.02, "local_mfu": 0.025, "scaling_ratio": 0.8}, profiled_step_s=2.0,
+                           op_seconds={"attention": 0.5, "gemm": 1.0, "optimizer": 0.1, "other": 0.4})
+    eager = foreign_model_findings(8, 120, 64, 2.5e9, 5e9, "cpu_jagged", base)
+    assert eager == ["The example ranker's step on 8 skewed histories (120 events) is 2.500 GFLOPs of model work; padded "
+                     "to 64 the same users cost 2.0x as much.",
+                     "With kernel cpu_jagged it ran at 2.00% MFU = local 2.50% x scaling 0.800; attention took 25.0% of "
+                     "a profiled step, GEMMs 50.0%, the optimizer 5.0%, other 20.0%."]
+    slower = foreign_model_findings(8, 120, 64, 2.5e9, 5e9, "cpu_jagged", base, SimpleNamespace(figures={"mfu": 0.019}),
+                                    SimpleNamespace(graphs=1, recompiles=0))
+    assert slower[2].startswith("Compiling the dense region: 1 graph(s), 0 recompiles; MFU 1.90% vs eager 2.00%: here "
+                                "the compiled step was not faster")

@@ -3,7 +3,8 @@
 The verdicts (`ratio_verdict`, `trend`) and the sentences the benches share are findings.py's;
 these read one chapter's results: 00 `baseline_findings`, 01 `jagged_findings`, 02
 `flash_findings`, 03 `gdpa_findings`, 05 `autoac_takeaway`, 06 `balance_findings`, 10
-`best_rung_findings`, 09 `mxfp8_findings`, 12 `real_data_findings`. A time that missed a large structural cut is noted ("timing note: ..."),
+`best_rung_findings`, 09 `mxfp8_findings`, 12 `real_data_findings`, 13
+`foreign_model_findings`. A time that missed a large structural cut is noted ("timing note: ..."),
 never judged: it moves with the machine's load.
 """
 from __future__ import annotations
@@ -292,4 +293,25 @@ def mxfp8_findings(blocks, theory_db: float, scalings: list[dict], layers: dict[
     out.append(f"{reference} after {steps} steps over {len(ref)} seeds: eval loss mean {statistics.mean(ref):.4f}, "
                f"seed-to-seed sd {statistics.stdev(ref):.4f}, {min(ref):.4f}..{max(ref):.4f}")
     out += [paired_findings(precision, reference, band, paired[precision]) for precision, band in bands.items()]
+    return out
+
+
+def foreign_model_findings(batch_size: int, events: int, max_len: int, jagged_flops: float, padded_flops: float,
+                           kernel: str, base, compiled=None, stats=None) -> list[str]:
+    """Chapter 13: a model gemref did not define, measured: its model FLOPs jagged and padded, its
+    MFU (local x scaling) and where its profiled step went (`base`: gemref.mfu.foreign's result,
+    figures and op_seconds), and, when its dense region was compiled (`compiled`, `stats`: that
+    run's result and compile stats), whether the compiled step was faster."""
+    fig, share = base.figures, {k: 100 * v / base.profiled_step_s for k, v in base.op_seconds.items()}
+    out = [f"The example ranker's step on {batch_size} skewed histories ({events} events) is {jagged_flops / 1e9:.3f} "
+           f"GFLOPs of model work; padded to {max_len} the same users cost {padded_flops / jagged_flops:.1f}x as much.",
+           f"With kernel {kernel} it ran at {fig['mfu']:.2%} MFU = local {fig['local_mfu']:.2%} x scaling "
+           f"{fig['scaling_ratio']:.3f}; attention took {share['attention']:.1f}% of a profiled step, GEMMs "
+           f"{share['gemm']:.1f}%, the optimizer {share['optimizer']:.1f}%, other {share['other']:.1f}%."]
+    if compiled is not None:
+        faster = compiled.figures["mfu"] > fig["mfu"]
+        out.append(f"Compiling the dense region: {stats.graphs} graph(s), {stats.recompiles} recompiles; MFU "
+                   f"{compiled.figures['mfu']:.2%} vs eager {fig['mfu']:.2%}: here the compiled step was "
+                   + ("faster." if faster else "not faster: the region is one small MLP, little for inductor to fuse, "
+                                              "and a compiled call pays for its guards."))
     return out
