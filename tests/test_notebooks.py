@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 
 from book_ci import executed, prebuilt, summary
@@ -168,12 +169,22 @@ def _chapter(name: str):
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_every_chapter_opens_with_a_card_and_ends_with_checks(name):
+    """Two calls frame a chapter: `Chapter(...)` right after the parameters (its card and the
+    reader's predictions) and `chapter.close(...)` in the last cell, under a "Checks (for the test
+    run)" heading (metrics, answers, checks). No other cell asserts, bar the worked answers."""
     cells = _chapter(name)
     first_params = next(i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", []))
     card = cells[first_params + 1]
-    assert card.cell_type == "code" and "open_chapter(" in card.source and f'"{name}"' in card.source, card.source
-    last = cells[-1]
-    assert last.cell_type == "code" and "assert " in last.source and "chapter_time()" in last.source, last.source
+    assert card.cell_type == "code" and f'Chapter(\n    "{name}"' in card.source, card.source
+    last, heading = cells[-1], cells[-2]
+    assert last.cell_type == "code" and "\nchapter.close(\n" in "\n" + last.source, last.source
+    assert heading.cell_type == "markdown" and heading.source.startswith("## Checks (for the test run)"), heading.source
+    calls = [i for i, c in enumerate(cells) if c.cell_type == "code" and re.search(
+        r"\b(Chapter|Prediction|predicted|record_metrics|open_chapter|chapter_time)\(|\.close\(", c.source)]
+    assert calls == [first_params + 1, len(cells) - 1], f"{name}: card/prediction/metric/check calls in cells {calls}"
+    asserting = [c.id for c in cells[:-1] if c.cell_type == "code" and re.search(r"^\s*assert ", c.source, re.M)
+                 and not c.metadata.get("jupyter", {}).get("source_hidden")]
+    assert not asserting, f"{name}: cells {asserting} assert: move the check into chapter.close(checks=...)"
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -184,14 +195,65 @@ def test_every_chapter_has_two_predictions_and_two_worked_exercises(name):
     assert len(guesses) >= 2, guesses
     assert set(guesses) <= set(declared_parameters(NOTEBOOK_DIR / f"{name}.ipynb")), \
         "the guesses belong in the parameters cell, where papermill and --param can set them"
-    for guess in guesses:   # each guess is printed beside its measurement
-        assert any("predicted(" in c.source and f"{guess}," in c.source for c in cells), guess
+    card = next(c.source for c in cells if "Chapter(" in c.source)
+    for guess in guesses:   # each guess is a Prediction on the card, answered by a metric at the close
+        assert f'Prediction("{guess}", {guess},' in card, guess
     answers = [i for i, c in enumerate(cells) if c.metadata.get("jupyter", {}).get("source_hidden")]
     assert len(answers) >= 2, "at least two exercises with collapsed worked answers"
     for i in answers:
         question = cells[i - 1]
         assert question.cell_type == "markdown" and re.search(r"\*\*\d\.", question.source), question.source
         assert cells[i].cell_type == "code" and "print(" in cells[i].source
+
+
+class _Page:
+    """What a Chapter shows, captured instead of displayed (no kernel in a unit test)."""
+
+    def __init__(self, monkeypatch):
+        import IPython.display
+
+        from gemref.walkthrough import chapter
+
+        self.shown, self.metrics = [], []
+        monkeypatch.setattr(IPython.display, "display", lambda obj, **kw: self.shown.append(obj.data))
+        monkeypatch.setattr(chapter, "use_static_figures", lambda: None)
+        monkeypatch.setattr(chapter, "show", lambda bundle: self.shown.append(bundle["text/plain"]))
+        monkeypatch.setattr(chapter, "record_metrics", self.metrics.append)
+
+
+def test_chapter_shows_its_card_answers_predictions_and_runs_its_checks(monkeypatch, capsys):
+    from gemref.walkthrough import Chapter, Prediction
+
+    page = _Page(monkeypatch)
+    chapter = Chapter("06_load_balancing", measures="m", runs_on="CPU", command="gemref x", predictions=[
+        Prediction("PREDICT_A", 1.5, "imbalance", "imbalance", fmt=".2f"),
+        Prediction("PREDICT_B", None, "kept", "kept", fmt=".1f", unit="%", scale=100),
+        Prediction("PREDICT_C", None, "gain", "gain")])
+    card = page.shown[0]
+    assert "You will measure" in card and "- imbalance: `PREDICT_A` = 1.50" in card and "`PREDICT_B` = not set" in card
+    chapter.close({"imbalance": 1.25, "kept": 0.875, "gain": None}, checks={"a holds": True, "b holds": 1 > 0})
+    assert page.metrics == [{"imbalance": 1.25, "kept": 0.875, "gain": None}]
+    lines = page.shown[1].splitlines()
+    assert lines[0] == "imbalance  your guess: 1.50  |  measured: 1.25"
+    assert lines[1].startswith("kept  your guess: -  |  measured: 87.5%  (set PREDICT_B in the parameters cell")
+    assert "measured: not measured in this run" in lines[2]
+    assert re.fullmatch(r"all 2 checks passed; chapter ran [0-9.]+ s CPU, [0-9.]+ s wall since its card\n",
+                        capsys.readouterr().out)
+
+
+def test_chapter_close_names_every_failed_check_and_a_missing_answer(monkeypatch):
+    from gemref.walkthrough import Chapter, Prediction
+
+    _Page(monkeypatch)
+    chapter = Chapter("00_x", measures="m", runs_on="CPU", command="c",
+                      predictions=[Prediction("PREDICT_A", None, "q", "a")])
+    with pytest.raises(ValueError, match=r"00_x: predictions answered by metrics close\(\) was not given: "
+                                         r"\[\"PREDICT_A -> 'a'\"\]"):
+        chapter.close({"b": 1}, checks={})
+    with pytest.raises(AssertionError, match="00_x: 2 of 3 checks failed:\n- kk within 2% \\(1.5\\)\n- local once$"):
+        chapter.close({"a": 1}, checks={"kk within 2% (1.5)": False, "lpt no worse": True, "local once": False})
+    with pytest.raises(ValueError, match=r"00_x: a check must be True or False: \['real rows'\]"):
+        chapter.close({"a": 1}, checks={"real rows": None, "kk": np.float64(1.0) < 2})   # None would pass silently
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

@@ -2,7 +2,7 @@
 
 JupyterLab draws `application/vnd.plotly.v1+json` (interactive), but a static viewer
 (nbconvert HTML, the reading copy of `gemref notebooks build`) ignores it. After
-`use_static_figures()` (which `open_chapter` calls), every `fig.show()` also carries
+`use_static_figures()` (which `Chapter` calls), every `fig.show()` also carries
 `text/html` that draws with the plotly.js embedded once per notebook (offline, no CDN:
 plotly's Python package ships plotly.min.js) and, where a Chromium is installed for kaleido,
 an `image/png` fallback for viewers that run no scripts.
