@@ -120,7 +120,7 @@ def test_an_old_flat_record_still_loads():
            "compile_regions": "all", "ac": "auto", "ac_budget": 0.5, "ac_compress": "none", "ac_plan": "",
            "balance": "kk", "mesh": "1x2", "reshard_after_forward": True, "sparse_sharding": "row",
            "backend": "auto", "checkpoint_dir": "", "checkpoint_every": 0, "resume": False,
-           "checkpoint_overwrite": False, "precision": "auto", "precision_kernel": "auto", "precision_min_dim": 64,
+           "checkpoint_overwrite": False, "precision": "auto", "precision_kernel": "auto", "precision_min_dim": None,
            "embeddings": "native", "torchrec_sharding": "auto", "torchrec_2d": False}
     t = train_from_record(old, record_version({"config": {"train": old}}))
     assert (t.batch_size, t.seed, t.attention.kernel, t.activation_checkpoint.budget) == (32, 2, "auto", 0.5)

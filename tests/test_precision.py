@@ -408,6 +408,39 @@ def test_my_rec_min_dim_sets_the_default_filters_threshold():
     assert {s.fqn: s.reason for s in report.skipped}["stack.0.up"] == "too small: min(in, out) = 64 < min_dim=128"
 
 
+# (in_features, out_features) -> converted by native float8 rowwise / tensorwise, read off
+# torchao's H100 rule by hand (rowwise: in > 2048, out > 1024, not both in <= 4096 and out <= 2048;
+# tensorwise: not both out <= 4096 and in <= 1024), including each boundary.
+GPU_PAYS = {(64, 64): (False, False), (1024, 1024): (False, False), (1024, 8192): (False, True),
+            (2048, 8192): (False, True), (2064, 8192): (True, True), (4096, 2048): (False, True),
+            (4096, 2064): (True, True), (8192, 1024): (False, True), (8192, 1040): (True, True),
+            (4112, 2048): (True, True), (1040, 4096): (False, True), (8200, 8192): (False, False)}
+
+
+@pytest.mark.parametrize("precision", ["float8_rowwise", "float8_tensorwise"])
+def test_native_float8_converts_only_the_linears_torchaos_rule_says_pay(monkeypatch, precision):
+    """On native float8 GEMMs (faked here: the kernel choice and the swap; no GPU) and no
+    min_dim, the filter is torchao's H100 rule; a min_dim given keeps gemref's threshold;
+    emulated float8 keeps min_dim 64. Skipped layers say which rule."""
+    import gemref.precision.apply as apply
+    import gemref.precision.torchao_layers as layers
+    monkeypatch.setattr(apply, "_choose_kernel", lambda precision, device, kernel: ("native", "faked native"))
+    monkeypatch.setattr(layers, "convert_float8", lambda *args: None)
+    dims = list(GPU_PAYS)
+    model = lambda: nn.Sequential(*[nn.Linear(k, n, bias=False, device="meta") for k, n in dims])
+    col = 0 if precision == "float8_rowwise" else 1
+    report = apply_precision(model(), precision, device="cpu")
+    assert report.converted == [str(i) for i, d in enumerate(dims) if GPU_PAYS[d][col] and d[0] % 16 == 0]
+    reasons = {s.fqn: s.reason for s in report.skipped}
+    assert reasons["0"].startswith("too small to repay float8's casts on a GPU (torchao's H100 rule")
+    assert reasons[str(dims.index((8200, 8192)))] .startswith("in=8200, out=8192 not both divisible by 16")
+    assert apply_precision(model(), precision, device="cpu", min_dim=64).converted == \
+        [str(i) for i, (k, n) in enumerate(dims) if k % 16 == 0]
+    monkeypatch.setattr(apply, "_choose_kernel", lambda precision, device, kernel: ("emulated", "faked"))
+    assert apply_precision(model(), precision, device="cpu").converted == \
+        [str(i) for i, (k, n) in enumerate(dims) if k % 16 == 0]
+
+
 def test_my_rec_with_a_users_filter_and_filter_fqns():
     """A user's module_filter (torchtitan's kind: fqn and module) and filter_fqns, on MyRec."""
     model = my_rec()

@@ -12,14 +12,19 @@ reason):
      float8, torchao's `_auto_filter_for_recipe` rule 1; 32 for MXFP8, its scaling block):
      a hardware need, whatever the filter says;
   4. `module_filter(fqn, linear)` is True (torchtitan's float8 converter takes the same kind of
-     filter). The default, `default_module_filter(precision, min_dim)`, keeps a Linear whose K
-     and N are both at least `min_dim` (MIN_DIM = 64, the `precision_min_dim` switch's default)
-     and multiples of 16 (32 for MXFP8). The 64 is gemref's own threshold, chosen for its small
-     CPU-sized models whose emulated float8 is about numerics, not measured for speed.
-     torchao's auto filter (`torchao.float8.float8_linear_utils._auto_filter_for_rowwise`, from
-     the H100 tables of the "Performance" section of torchao's float8 README) converts rowwise float8
-     only where it pays on a GPU: N > 2048 and K > 1024, and not N <= 4096 with K <= 2048. For
-     native GPU runs pass a filter with those numbers (or a larger `min_dim`).
+     filter). Without one, the default depends on the GEMMs that will run:
+     - native float8 (a GPU): `gpu_pays_filter(precision)`, torchao's auto filter
+       (`torchao.float8.float8_linear_utils._auto_filter_for_rowwise` / `_for_tensorwise`, which
+       torchtitan turns on with `auto_filter_small_kn`), built from torchao's H100 measurements
+       in the "Performance" section of its float8 README: rowwise converts a Linear only when
+       in_features > 2048, out_features > 1024 and not (in_features <= 4096 and
+       out_features <= 2048); tensorwise unless out_features <= 4096 and in_features <= 1024
+       (torchao reads weight.shape = (out, in) as its (K, N)). Below that the casts cost more
+       than the faster GEMM saves.
+     - otherwise (emulated float8, MXFP8): `default_module_filter(precision, min_dim)`, K and N
+       both at least `min_dim` (MIN_DIM = 64) and aligned. The 64 is gemref's own threshold for
+       its small CPU-sized models, whose emulated low precision is about numerics, not speed.
+     A `min_dim` the caller gives (the `precision_min_dim` switch) always takes the second rule.
 
   fp32               nothing converted; plain fp32 GEMMs.
   bf16               nothing converted; the loop runs under `report.autocast()`
@@ -150,6 +155,24 @@ def _alignment(precision: str) -> int:
     return FLOAT8_ALIGN
 
 
+def gpu_pays_filter(precision: str) -> Callable[[str, nn.Linear], bool]:
+    """torchao's auto filter for a native float8 recipe (module doc, rule 4): True where a
+    Linear's float8 GEMM repays its casts on an H100. `filter(fqn, linear) -> bool`."""
+    if precision not in ("float8_rowwise", "float8_tensorwise"):
+        raise ValueError(f"gpu_pays_filter is float8's (rowwise, tensorwise), got {precision!r}")
+
+    def keep(fqn: str, linear: nn.Linear) -> bool:
+        k, n = linear.in_features, linear.out_features
+        if k % FLOAT8_ALIGN or n % FLOAT8_ALIGN:
+            return False
+        if precision == "float8_rowwise":
+            return k > 2048 and n > 1024 and not (k <= 4096 and n <= 2048)
+        return not (n <= 4096 and k <= 1024)
+    keep.rule = ("in > 2048, out > 1024, not (in <= 4096 and out <= 2048)" if precision == "float8_rowwise"
+                 else "not (out <= 4096 and in <= 1024)")
+    return keep
+
+
 def default_module_filter(precision: str, min_dim: int = MIN_DIM) -> Callable[[str, nn.Linear], bool]:
     """The default filter (module doc, rule 4): K and N both >= `min_dim` and multiples of 16
     (32 for MXFP8). `filter(fqn, linear) -> bool`, True to convert."""
@@ -179,6 +202,8 @@ def _skip_reason(fqn: str, module: nn.Module, precision: str, module_filter: Cal
     min_dim = getattr(module_filter, "min_dim", None)
     if min_dim is not None and min(k, n) < min_dim:
         return f"too small: min(in, out) = {min(k, n)} < min_dim={min_dim}"
+    if getattr(module_filter, "rule", None):
+        return f"too small to repay float8's casts on a GPU (torchao's H100 rule: {module_filter.rule})"
     return "module_filter returned False"
 
 
@@ -206,8 +231,9 @@ def apply_precision(model: nn.Module, precision: str, *, device: torch.device | 
 
     device: where the model will run (decides native vs emulated). kernel: auto | native |
     emulated. module_filter(fqn, linear) -> bool: True to convert (default:
-    `default_module_filter(precision, min_dim)`); min_dim: the default filter's threshold
-    (MIN_DIM when None; giving it with a module_filter is an error: it would be ignored).
+    `gpu_pays_filter(precision)` for native float8, else `default_module_filter(precision,
+    min_dim)`); min_dim: the latter's threshold (MIN_DIM when None; given, it applies whatever
+    the kernel; giving it with a module_filter is an error: it would be ignored).
     filter_fqns: substrings of module names to keep in high precision. Converted layers may get
     new Parameter objects (MXFP8 wraps them): build the optimizer after this call.
     """
@@ -221,10 +247,8 @@ def apply_precision(model: nn.Module, precision: str, *, device: torch.device | 
         raise ValueError(f"module_filter must be callable (fqn, linear) -> bool, got {type(module_filter).__name__}")
     if isinstance(filter_fqns, str):
         raise ValueError(f"filter_fqns must be a sequence of names, got the string {filter_fqns!r}")
-    min_dim = MIN_DIM if min_dim is None else min_dim
-    if min_dim < 0:
+    if min_dim is not None and min_dim < 0:
         raise ValueError(f"min_dim must be >= 0, got {min_dim}")
-    module_filter = module_filter or default_module_filter(precision, min_dim)
     if fsdp_float8_all_gather and precision != "float8_tensorwise":
         raise ValueError(f"fsdp_float8_all_gather needs precision='float8_tensorwise', got {precision!r}")
     device = torch.device(device)
@@ -248,6 +272,9 @@ def apply_precision(model: nn.Module, precision: str, *, device: torch.device | 
 
     from .torchao_layers import convert_float8, convert_mxfp8   # the low-precision layers: loaded only now
     kernel_used, reason = _choose_kernel(precision, device, kernel)
+    if module_filter is None:
+        module_filter = (gpu_pays_filter(precision) if kernel_used == "native" and min_dim is None
+                         and precision.startswith("float8") else default_module_filter(precision, MIN_DIM if min_dim is None else min_dim))
     skipped, chosen = [], []
     for fqn, m in linears.items():
         why = _skip_reason(fqn, m, precision, module_filter, filter_fqns)

@@ -23,8 +23,10 @@ class PrecisionConfig(Section):
     recipe: str = switch("auto", "precision", "rung 7: Linear GEMM precision (auto: fp32 on CPU, bf16 on CUDA)",
                          ("auto",) + PRECISIONS)
     kernel: str = switch("auto", "precision_kernel", "float8/MXFP8 GEMM path", PRECISION_KERNELS)
-    min_dim: int = switch(64, "precision_min_dim", "Linear layers with min(in, out) below this stay in high precision")
+    min_dim: int | None = switch(None, "precision_min_dim", "Linear layers with min(in, out) below this stay in "
+                                 "high precision (none: native float8 converts where torchao's H100 rule says "
+                                 "it pays, everything else 64)")
 
     def check(self) -> None:
-        if self.min_dim < 0:
+        if self.min_dim is not None and self.min_dim < 0:
             raise UsageError(f"precision_min_dim must be >= 0, got {self.min_dim}")

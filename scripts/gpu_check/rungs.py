@@ -18,7 +18,11 @@ the preset's 256. If a rung runs out of memory anyway, that rung alone is retrie
 batch (gemref.measure.run.halving_batch), down to MIN_BATCH. Each row records the
 estimate, the batch that ran and the batches tried; `vs_previous` is left out (one rung alive:
 no paired windows). The float8 row (rung 2's switches and batch, precision float8_rowwise)
-runs natively where gemref.precision.support says so, else shows "n/a here, because ...";
+runs natively where gemref.precision.support says so, else shows "n/a here, because ...". It
+converts every Linear of at least 64 (precision_min_dim=64): by torchao's H100 rule, which a
+native float8 run follows without a min_dim (gemref/precision/apply.py gpu_pays_filter), none
+of the base model's Linears (d_model 512, FFN 2048) would pay, and the row would not exercise
+float8 GEMMs at all;
 the dry run runs it emulated (numerics only) so its path is exercised. The compile row is
 rung 2 with torch.compile on every region (the waterfall's rung 3 first measures which regions
 win; the check skips that search for time) and runs last: Inductor's build is the costliest.
@@ -148,8 +152,10 @@ def main() -> None:
     start = override(preset.train, eval_every=0, eval_batches=1)
     configs = [c for _, c in plan(list(LADDER[:RUNGS]), start, ctx)]    # rungs 0-2 only set switches
     f8 = precision_support("float8_rowwise", dev)
-    low = (override(configs[-1], precision="float8_rowwise", precision_kernel="native") if f8.native else
-           override(configs[-1], precision="float8_rowwise", precision_kernel="emulated") if args.dry_run and f8.runs
+    low = (override(configs[-1], precision="float8_rowwise", precision_kernel="native", precision_min_dim=64)
+           if f8.native else
+           override(configs[-1], precision="float8_rowwise", precision_kernel="emulated", precision_min_dim=64)
+           if args.dry_run and f8.runs
            else f"n/a here, because {f8.reason}")
     f8_spec = dataclasses.replace(LADDER[RUNGS - 1].spec, key="fused_attention_float8_rowwise",
                                   title=f"{LADDER[RUNGS - 1].title} + float8 row-wise (same batch)")
