@@ -29,9 +29,10 @@ FORMAT = "gemref-checkpoint/1"
 OWNER, MANIFEST = "owner.json", "checkpoint.json"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 # TrainConfig fields that change the trajectory; steps, evaluation, timing and the switches that
-# change how (not what) the model computes are not part of a run's identity.
+# change how (not what) the model computes are not part of a run's identity. table_lr counts only
+# for row-wise tables (adamw tables train at lr), so an adamw run's identity is what it was before it.
 TRAJECTORY_FIELDS = ("batch_size", "lr", "weight_decay", "seed", "precision", "precision_min_dim", "table_optimizer",
-                     "table_sync_interval")
+                     "table_sync_interval", "table_lr")
 
 
 def checkpoint_path(root: str | Path, step: int) -> Path:
@@ -66,7 +67,8 @@ def resume_checkpoint(root: str | Path) -> tuple[int, Path]:
 def run_description(preset: Preset, train: TrainConfig) -> dict:
     """The caller's part of a run's identity: preset name, model and data configs, trajectory fields."""
     desc = {"preset": preset.name, "model": asdict(preset.model), "data": asdict(preset.data),
-            "train": {name: switch_values(train)[name] for name in TRAJECTORY_FIELDS}}
+            "train": {name: switch_values(train)[name] for name in TRAJECTORY_FIELDS
+                      if name != "table_lr" or train.parallelism.table_optimizer != "adamw"}}
     return json.loads(json.dumps(desc))
 
 
