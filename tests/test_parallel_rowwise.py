@@ -530,3 +530,24 @@ def test_gemref_one_process_steps_only_touched_rows_and_keeps_tables_out_of_adam
     assert bool((item[touched] != before["item"][touched]).any(1).all())
     assert all(t.weight.grad is None for t in model.tables.values())
     assert all(type(t.row_optimizer) is ROW_OPTIMIZERS[table_optimizer] for t in model.tables.values())
+
+
+@pytest.mark.parametrize("table_optimizer", ["adamw", "rowwise_adagrad", "rowwise_adam"])
+def test_projected_optimizer_bytes_are_the_real_optimizers_state(table_optimizer):
+    """projected_rank_bytes (the scale projection's memory check) from the config alone equals the
+    state tensors the optimizers hold after a step of GEMRef on tiny (one process): the tables' by
+    their optimizer, and the whole optimizer's."""
+    from gemref.config import MeshShape, get_preset, override
+    from gemref.data.batches import representative_batch
+    from gemref.parallel.memory import projected_rank_bytes, rank_bytes, table_bytes
+    from gemref.step import train_step
+    from gemref.train.compose import build_model, make_optimizer
+
+    preset = get_preset("tiny")
+    train = override(preset.train, table_optimizer=table_optimizer)
+    model, _, _ = build_model(preset, train, torch.device("cpu"))
+    optimizer = make_optimizer(model, train)
+    train_step(model, optimizer, representative_batch(preset, 8, torch.device("cpu"), seed=0))
+    projected = projected_rank_bytes(preset.model, MeshShape(1, 1), table_optimizer=table_optimizer)
+    assert projected["table_optimizer"] == table_bytes(model, optimizer, "native")[1]
+    assert projected["optimizer"] == rank_bytes(model, optimizer)["optimizer"]
