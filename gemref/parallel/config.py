@@ -64,9 +64,9 @@ class ParallelConfig(Section):
     table_sync_interval: int = switch(1, "table_sync_interval", "row-wise tables on a mesh RxS with R > 1: average "
                                       "the table replicas (weights and row state) every N steps (DMPCollection's "
                                       "sync interval; 1: every step)")
-    # TorchRec/fbgemm fused table optimizers take their own learning rate; 0.01 is the default of fbgemm's
-    # SplitTableBatchedEmbeddingBagsCodegen (learning_rate=0.01, fbgemm_gpu/fbgemm_gpu/docs/
-    # table_batched_embedding_ops.py) and of torchrec.optim.RowWiseAdagrad (lr=1e-2, torchrec/optim/rowwise_adagrad.py)
+    # TorchRec/fbgemm fused table optimizers take their own learning rate; 0.01 is the default of
+    # fbgemm_gpu.split_table_batched_embeddings_ops_training.SplitTableBatchedEmbeddingBagsCodegen
+    # (learning_rate=0.01, its API docs) and of torchrec.optim.rowwise_adagrad.RowWiseAdagrad (lr=1e-2)
     table_lr: float = switch(TABLE_LR, "table_lr", "row-wise tables' learning rate (their own, as fbgemm's fused "
                              "optimizers; adamw tables use --lr)")
 
