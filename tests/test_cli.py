@@ -66,7 +66,7 @@ def test_steps_means_the_optimisation_steps_of_a_training_run_only():
 FLAT_SWITCHES = (
     "batch_size", "steps", "lr", "weight_decay", "warmup_steps", "eval_every", "eval_batches", "seed", "num_workers",
     "jagged", "kernel", "compile", "compile_regions", "ac", "ac_budget", "ac_compress", "ac_plan", "balance", "mesh",
-    "reshard_after_forward", "sparse_sharding", "backend", "table_optimizer", "table_sync_interval", "precision", "precision_kernel", "precision_min_dim",
+    "reshard_after_forward", "sparse_sharding", "backend", "table_optimizer", "table_sync_interval", "table_lr", "precision", "precision_kernel", "precision_min_dim",
     "embeddings", "torchrec_sharding", "torchrec_2d", "checkpoint_dir", "checkpoint_every", "resume",
     "checkpoint_overwrite")
 

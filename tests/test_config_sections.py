@@ -18,6 +18,7 @@ from gemref.train.config import TrainConfig, switch_values, with_switches, secti
 from gemref.train.presets import get_preset
 from gemref.train.override import override
 from gemref.errors import UsageError
+from gemref.parallel.config import TABLE_LR
 
 TINY = get_preset("tiny").train
 
@@ -137,8 +138,17 @@ def test_a_version_2_record_lacks_only_the_table_optimizer_switches_added_in_3()
         train_from_record(stored, 3)
 
 
+def test_a_version_3_record_lacks_table_lr_and_its_row_wise_tables_ran_at_the_dense_lr():
+    for optimizer, table_lr in (("adamw", TABLE_LR), ("rowwise_adam", TINY.lr)):
+        stored = json.loads(json.dumps(train_as_record(override(TINY, table_optimizer=optimizer))))
+        del stored["parallelism"]["table_lr"]
+        assert train_from_record(stored, 3).parallelism.table_lr == table_lr
+        with pytest.raises(UsageError, match=r"lacks field\(s\) \['table_lr'\]"):
+            train_from_record(stored, 4)
+
+
 @pytest.mark.parametrize("record, stored, message", [
-    ({"record_version": 4}, {}, "record_version 4: this gemref reads versions 1, 2, 3"),
+    ({"record_version": 5}, {}, "record_version 5: this gemref reads versions 1, 2, 3, 4"),
     ({"record_version": "2"}, {}, "record_version '2'"),
     ({"record_version": 2}, [], "record config.train must be an object, got list"),
     ({"record_version": 2}, {"attention": "jagged"}, "record config.train.attention must be an object"),

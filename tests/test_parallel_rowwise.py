@@ -476,6 +476,37 @@ def test_table_switches_are_checked():
                  checkpoint_every=4)
     with pytest.raises(UsageError, match="table_optimizer"):
         override(base, table_optimizer="adagrad")
+    for bad in (0.0, -0.1):
+        with pytest.raises(UsageError, match=f"table_lr must be > 0, got {bad}"):
+            override(base, table_optimizer="rowwise_adagrad", table_lr=bad)
+    with pytest.raises(UsageError, match="table_lr=0.5 is read only with table_optimizer='rowwise_adagrad'"):
+        override(base, table_lr=0.5)
+
+
+def test_the_table_lr_steps_the_rows_and_is_part_of_a_row_wise_run_identity():
+    """make_optimizer hands table_lr (not lr) to the row-wise optimizer: one step on GEMRef's item
+    table equals row-wise Adagrad written out by hand in float64 at that rate."""
+    from gemref.train.loop import run_description
+    from gemref.train.presets import get_preset
+    from gemref.train.override import override
+    from gemref.train.compose import build_model, make_optimizer
+
+    preset, table_lr = get_preset("tiny"), 0.07
+    train = override(preset.train, table_optimizer="rowwise_adagrad", table_lr=table_lr)
+    assert table_lr != train.lr
+    model, _, _ = build_model(preset, train, torch.device("cpu"))
+    make_optimizer(model, train)
+    table = model.tables["item"]
+    before = table.weight.detach().double().numpy().copy()
+    coef = np.random.default_rng(0).standard_normal(before.shape[1])
+    (table(torch.tensor([3, 5, 3])) * torch.tensor(coef, dtype=table.weight.dtype)).sum().backward()
+    expected = before.copy()
+    for row, hits in ((3, 2), (5, 1)):              # d loss / d w_row = hits * coef
+        g = hits * coef
+        expected[row] -= table_lr * g / (np.sqrt(np.mean(g * g)) + 1e-8)
+    np.testing.assert_allclose(table.weight.detach().double().numpy(), expected, rtol=0, atol=1e-6)
+    assert run_description(preset, train)["train"]["table_lr"] == table_lr
+    assert "table_lr" not in run_description(preset, preset.train)["train"]   # adamw: identity as before table_lr
 
 
 @pytest.mark.parametrize("table_optimizer", ["rowwise_adagrad", "rowwise_adam"])
@@ -502,3 +533,26 @@ def test_gemref_one_process_steps_only_touched_rows_and_keeps_tables_out_of_adam
     assert bool((item[touched] != before["item"][touched]).any(1).all())
     assert all(t.weight.grad is None for t in model.tables.values())
     assert all(type(t.row_optimizer) is ROW_OPTIMIZERS[table_optimizer] for t in model.tables.values())
+
+
+@pytest.mark.parametrize("table_optimizer", ["adamw", "rowwise_adagrad", "rowwise_adam"])
+def test_projected_optimizer_bytes_are_the_real_optimizers_state(table_optimizer):
+    """projected_rank_bytes (the scale projection's memory check) from the config alone equals the
+    state tensors the optimizers hold after a step of GEMRef on tiny (one process): the tables' by
+    their optimizer, and the whole optimizer's."""
+    from gemref.parallel.config import MeshShape
+    from gemref.train.presets import get_preset
+    from gemref.train.override import override
+    from gemref.data.batches import representative_batch
+    from gemref.parallel.memory import projected_rank_bytes, rank_bytes, table_bytes
+    from gemref.step import train_step
+    from gemref.train.compose import build_model, make_optimizer
+
+    preset = get_preset("tiny")
+    train = override(preset.train, table_optimizer=table_optimizer)
+    model, _, _ = build_model(preset, train, torch.device("cpu"))
+    optimizer = make_optimizer(model, train)
+    train_step(model, optimizer, representative_batch(preset.model, preset.data, 8, torch.device("cpu"), seed=0))
+    projected = projected_rank_bytes(preset.model, MeshShape(1, 1), table_optimizer=table_optimizer)
+    assert projected["table_optimizer"] == table_bytes(model, optimizer, "native")[1]
+    assert projected["optimizer"] == rank_bytes(model, optimizer)["optimizer"]

@@ -469,3 +469,22 @@ def test_the_tables_are_priced_as_their_optimizer_runs():
     assert adam["bytes"] == pytest.approx(adamw["bytes"] * (2 * cfg.d_model + 1) / cfg.d_model)
     rows = project(get_preset("large"), [16], options=Options(table_optimizer="rowwise_adagrad", table_sync_every=10))
     assert {(r["table_optimizer"], r["table_sync_every"]) for r in rows} == {("rowwise_adagrad", 10)}
+
+
+def test_the_memory_check_counts_the_tables_state_of_their_optimizer():
+    """state_gb: the dense AdamW state as before, the tables' state by table_optimizer (adamw 2d values
+    per row, rowwise_adagrad 1, rowwise_adam d + 1; parallel/memory.py), rows held by the fullest rank."""
+    from gemref.parallel.sparse import plan_tables
+    from gemref.parallel.volume import table_shapes
+
+    preset = get_preset("large")
+    by = {t: {r["key"]: r for r in project(preset, [16], options=Options(table_optimizer=t))}
+          for t in ("adamw", "rowwise_adagrad", "rowwise_adam")}
+    d = preset.model.d_model
+    for key in ("baseline", "fsdp_2d"):            # replicated (S = 1: every row) and row-sharded tables
+        S = int(by["adamw"][key]["mesh"].split("x")[1])
+        held = max(sum(p.row_range(s, S)[1] - p.row_range(s, S)[0]
+                       for p in plan_tables(table_shapes(preset.model), S, "row").values()) for s in range(S))
+        for optimizer, values in (("rowwise_adagrad", 1), ("rowwise_adam", d + 1)):
+            saved = (by["adamw"][key]["state_gb"] - by[optimizer][key]["state_gb"]) * 1e9
+            assert saved == pytest.approx(held * (2 * d - values) * 4, rel=1e-9), (key, optimizer)

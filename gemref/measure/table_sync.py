@@ -4,20 +4,25 @@ On R x S one-thread gloo ranks (default mesh 2x2, tables row-sharded over S, den
 gemref's own path (`train/compose.py` setup: build_model, make_optimizer) trains the preset once
 per variant and seed:
 
-    adamw (summed)    table_optimizer=adamw: the tables step with AdamW (two moments per element,
-                      every row), their R replicas' FULL local gradients all-reduced every step
-    rowwise every N   table_optimizer=rowwise_adagrad, table_sync_interval=N: row-wise Adagrad on the
-                      touched rows inside backward, each replica group on its own part of the batch,
-                      weights and row state averaged over "replicate" every N steps (DMPCollection)
+    adamw (summed)            table_optimizer=adamw: the tables step with AdamW at the dense lr (two
+                              moments per element, every row), their R replicas' FULL local gradients
+                              all-reduced every step
+    rowwise_adagrad every N   table_optimizer=rowwise_adagrad, table_sync_interval=N, at table_lr:
+                              row-wise Adagrad on the touched rows inside backward, each replica group
+                              on its own part of the batch, weights and row state (1 value per row)
+                              averaged over "replicate" every N steps (DMPCollection)
+    rowwise_adam every N      the same with fbgemm's partial row-wise Adam (row state d + 1 values)
 
 The last `window` steps of each run (a multiple of every N) run under the collective recorder
 and the profiler (in sessions of PROFILE_CHUNK steps): payload bytes per step per (kind, dim)
-on rank 0 (comm.py's recorder), the tables' replicate bytes per step (rowwise: what RowWiseAdagrad all-reduced; adamw: the table
+on rank 0 (comm.py's recorder), the tables' replicate bytes per step (rowwise: what the row-wise optimizer
+all-reduced; adamw: the table
 gradient rows this rank holds, every step), and rank 0's exposed communication per step (comm
 not overlapped by compute, gemref/measure/comm.py `comm_overlap`; on time-shared CPU cores it includes waiting).
 Then every rank evaluates `eval_batches` eval batches (replica 0's tables, rank 0's numbers;
 the last step is a sync step of every N, so the replicas agree): eval loss (nats per sample)
-and NE per task. Quality is the seed band (report/seed_band.py) against "rowwise every 1".
+and NE per task. Quality is the seed band (report/seed_band.py) against the first row-wise variant
+(by default "rowwise_adagrad every 1"; "adamw (summed)" when only adamw runs).
 """
 from __future__ import annotations
 
@@ -35,32 +40,42 @@ from ..mfu.profile import quiet_profile
 from . import comm
 from ..parallel.launch import launch, preflight, to_rank0
 from ..parallel.mesh import group_dims
-from ..parallel.rowwise import RowWiseAdagrad
+from ..parallel.config import TABLE_LR, TABLE_OPTIMIZERS
+from ..parallel.rowwise import RowWiseOptimizer
 from ..report.seed_band import seed_band_rows
 from ..train.compose import setup
 from ..train.loop import evaluate
 from ..parallel.config import parse_mesh
 
-REFERENCE = "rowwise every 1"
 PROFILE_CHUNK = 5       # steps per profiler session (100 steps at once held ~5 GB per rank on tiny)
 
 
-def variants(intervals) -> list[tuple[str, str, int]]:
-    """(label, table_optimizer, table_sync_interval): adamw first, then one row-wise per interval."""
-    return [("adamw (summed)", "adamw", 1)] + [(f"rowwise every {n}", "rowwise_adagrad", n) for n in intervals]
+def variants(intervals, optimizers=TABLE_OPTIMIZERS) -> list[tuple[str, str, int]]:
+    """(label, table_optimizer, table_sync_interval): adamw (if listed) first, then each listed
+    row-wise optimizer at every interval, in TABLE_OPTIMIZERS' order; a name not in it is a UsageError."""
+    if not optimizers or any(o not in TABLE_OPTIMIZERS for o in optimizers):
+        raise UsageError(f"table optimizers {list(optimizers)}: pick one or more of {', '.join(TABLE_OPTIMIZERS)}")
+    return ([("adamw (summed)", "adamw", 1)] if "adamw" in optimizers else []) + \
+        [(f"{o} every {n}", o, n) for o in TABLE_OPTIMIZERS[1:] if o in optimizers for n in intervals]
 
 
-def _row_optimizer(model) -> RowWiseAdagrad | None:
+def reference(runs) -> str:
+    """The variant the seed bands compare with: the first row-wise one, else the first."""
+    return next((label for label, optimizer, _ in runs if optimizer != "adamw"), runs[0][0])
+
+
+def _row_optimizer(model) -> RowWiseOptimizer | None:
     return next((m.row_optimizer for m in model.modules() if getattr(m, "row_optimizer", None) is not None), None)
 
 
-def _rank(rank, world, preset_name, mesh, runs, seeds, steps, window, eval_batches, data_root):
+def _rank(rank, world, preset_name, mesh, runs, seeds, steps, window, eval_batches, table_lr, data_root):
     preset = get_preset(preset_name)
     out = []
     for label, optimizer, interval in runs:
         for seed in seeds:
+            rate = {} if optimizer == "adamw" else {"table_lr": table_lr}     # adamw tables: the dense lr
             train = override(preset.train, mesh=mesh, sparse_sharding="row", table_optimizer=optimizer,
-                             table_sync_interval=interval, seed=seed, steps=steps, eval_batches=eval_batches)
+                             table_sync_interval=interval, seed=seed, steps=steps, eval_batches=eval_batches, **rate)
             s = setup(preset, train, device="cpu", data_root=data_root)
             batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, 0), device=s.device))
             for _ in range(steps - window):
@@ -92,10 +107,11 @@ def _rank(rank, world, preset_name, mesh, runs, seeds, steps, window, eval_batch
 
 
 def compare_table_sync(preset: str = "tiny", mesh: str = "2x2", intervals=(1, 10, 100), *, seeds: int = 3,
-                       steps: int = 200, window: int = 100, eval_batches: int = 8, data_root=None,
-                       timeout_s: float = 3600) -> dict:
-    """Run every variant x seed on R*S gloo ranks (module doc); {"rows": one per variant, "runs":
-    every run, rank 0's figures}."""
+                       steps: int = 100, window: int = 100, eval_batches: int = 8, optimizers=TABLE_OPTIMIZERS,
+                       table_lr: float = TABLE_LR, data_root=None, timeout_s: float = 3600) -> dict:
+    """Run every variant (`optimizers` x `intervals`, module doc) x seed on R*S gloo ranks, the
+    row-wise tables at `table_lr`; {"rows": one per variant, "runs": every run, "reference": the
+    seed bands' variant, rank 0's figures}."""
     shape = parse_mesh(mesh)
     if shape.replicate < 2:
         raise UsageError(f"mesh={mesh}: the replica sync needs R >= 2 replica groups (e.g. 2x2, 2x1)")
@@ -105,15 +121,17 @@ def compare_table_sync(preset: str = "tiny", mesh: str = "2x2", intervals=(1, 10
     if any(window % n or steps % n for n in intervals):
         raise UsageError(f"window={window} and steps={steps} must be multiples of every interval {list(intervals)}: "
                          f"each sync is counted whole, and the evaluated replicas have just synced")
+    if table_lr <= 0:
+        raise UsageError(f"table_lr must be > 0, got {table_lr}")
     get_preset(preset)
+    runs = variants(intervals, optimizers)
     plan = preflight("cpu", ["gloo"], [shape], shape.world, group=True)
-    runs = variants(intervals)
-    per_rank = launch(_rank, (preset, mesh, runs, list(range(seeds)), steps, window, eval_batches, data_root),
-                      plan, timeout_s=timeout_s)
+    per_rank = launch(_rank, (preset, mesh, runs, list(range(seeds)), steps, window, eval_batches, table_lr,
+                              data_root), plan, timeout_s=timeout_s)
     results = per_rank[0]
     by_label = {label: [r for r in results if r["label"] == label] for label, _, _ in runs}
     bands = {row["label"]: row for row in seed_band_rows(
-        {label: [r["eval_loss"] for r in rs] for label, rs in by_label.items()}, REFERENCE)}
+        {label: [r["eval_loss"] for r in rs] for label, rs in by_label.items()}, reference(runs))}
     rows = []
     for label, rs in by_label.items():
         def per_step(kind, dim):
@@ -131,4 +149,4 @@ def compare_table_sync(preset: str = "tiny", mesh: str = "2x2", intervals=(1, 10
                      "ne_click": statistics.mean(r["ne_click"] for r in rs),
                      "ne_conversion": statistics.mean(r["ne_conversion"] for r in rs),
                      "vs_ref": band["difference"], "tolerance": band["tolerance"], "in_band": band["within"]})
-    return {"rows": rows, "runs": results, "load_avg_1min": os.getloadavg()[0], "cpu_count": os.cpu_count()}
+    return {"rows": rows, "runs": results, "reference": reference(runs), "load_avg_1min": os.getloadavg()[0], "cpu_count": os.cpu_count()}

@@ -12,6 +12,7 @@ from ..errors import UsageError
 SPARSE_SHARDINGS = ("none", "row", "table")               # gemref/parallel/sparse.py
 BACKENDS = ("auto", "gloo", "nccl", "ncclx")              # gemref/parallel/backend.py
 TABLE_OPTIMIZERS = ("adamw", "rowwise_adagrad", "rowwise_adam")   # gemref/parallel/rowwise.py
+TABLE_LR = 0.01                                           # table_lr's default (ParallelConfig)
 EMBEDDING_ENGINES = ("native", "torchrec")                # gemref/interop/tables.py
 # every table, EC and EBC alike (table_row_wise: bags only, sequence tables row_wise; gemref/interop/sharders.py)
 TORCHREC_SHARDINGS = ("auto", "table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
@@ -59,11 +60,21 @@ class ParallelConfig(Section):
     table_sync_interval: int = switch(1, "table_sync_interval", "row-wise tables on a mesh RxS with R > 1: average "
                                       "the table replicas (weights and row state) every N steps (DMPCollection's "
                                       "sync interval; 1: every step)")
+    # TorchRec/fbgemm fused table optimizers take their own learning rate; 0.01 is the default of
+    # fbgemm_gpu.split_table_batched_embeddings_ops_training.SplitTableBatchedEmbeddingBagsCodegen
+    # (learning_rate=0.01, its API docs) and of torchrec.optim.rowwise_adagrad.RowWiseAdagrad (lr=1e-2)
+    table_lr: float = switch(TABLE_LR, "table_lr", "row-wise tables' learning rate (their own, as fbgemm's fused "
+                             "optimizers; adamw tables use --lr)")
 
     def check(self) -> None:
         parse_mesh(self.mesh)
         if self.table_sync_interval < 1:
             raise UsageError(f"table_sync_interval must be >= 1, got {self.table_sync_interval}")
+        if self.table_lr <= 0:
+            raise UsageError(f"table_lr must be > 0, got {self.table_lr}")
+        if self.table_lr != TABLE_LR and self.table_optimizer == "adamw":
+            raise UsageError(f"table_lr={self.table_lr} is read only with table_optimizer='rowwise_adagrad' or "
+                             f"'rowwise_adam' (adamw tables train at the dense lr)")
         if self.table_sync_interval != 1 and self.table_optimizer == "adamw":
             raise UsageError(f"table_sync_interval={self.table_sync_interval} is read only with "
                              f"table_optimizer='rowwise_adagrad' or 'rowwise_adam' (adamw tables sum their "

@@ -102,27 +102,44 @@ def global_parameters(model: nn.Module) -> int:
     return total
 
 
-def projected_rank_bytes(cfg, mesh, sparse_sharding: str = "none", *, optimizer_bytes_per_param: int = 8) -> dict:
-    """Bytes of parameters, gradients and AdamW state on the fullest rank, from the config alone.
+def table_state_bytes(table_optimizer: str, rows: int, dim: int) -> int:
+    """fp32 optimizer-state bytes for `rows` table rows of `dim` columns: adamw 2 x rows x dim x 4
+    (two moments per element), rowwise_adagrad rows x 4 (one sum per row), rowwise_adam
+    (rows x dim + rows) x 4 (first moment per element, second per row; rowwise.py's state)."""
+    from .volume import row_state_values
 
-    fp32 master parameters and gradients (4 bytes each) sharded like the parameters; AdamW
-    keeps two fp32 moments (8 bytes per parameter). Dense units are FSDP-sharded S ways
-    (dim 0 padded); tables follow their sparse plan (or sit in FSDP's root unit when not
-    sharded). Transient gathered parameters and activations are not included.
+    return 4 * rows * (2 * dim if table_optimizer == "adamw" else row_state_values(table_optimizer, dim))
+
+
+def projected_rank_bytes(cfg, mesh, sparse_sharding: str = "none", *, table_optimizer: str = "adamw") -> dict:
+    """Bytes of parameters, gradients and optimizer state on the fullest rank, from the config alone.
+
+    fp32 master parameters and gradients (4 bytes each) sharded like the parameters; AdamW keeps
+    two fp32 moments (8 bytes per parameter) for the dense parameters, the tables keep what
+    `table_optimizer` keeps (`table_state_bytes`; "table_optimizer" in the result). Dense units are
+    FSDP-sharded S ways (dim 0 padded); tables follow their sparse plan (or sit in FSDP's root
+    unit, dim 0 padded, when not sharded). Table gradients are counted like the weights (an upper
+    bound for row-wise tables, whose sharded exchange forms none). Transient gathered parameters
+    and activations are not included.
     """
     from .sparse import plan_tables
     from .volume import model_units, padded_numel, table_shapes
 
     S = mesh.shard
-    dense = sum(padded_numel(shape, S) for shapes in model_units(cfg, sparse_sharding).values()
-                for shape in shapes) // S
-    tables = 0
-    if sparse_sharding != "none":
-        plans = plan_tables(table_shapes(cfg), S, sparse_sharding).values()
-        tables = max(sum(p.local_bytes(s, S, 1) for p in plans) for s in range(S))
+    dense = sum(padded_numel(shape, S) for shapes in model_units(cfg, "row").values() for shape in shapes) // S
+    shapes = table_shapes(cfg)
+    if sparse_sharding == "none":
+        held = [[(-(-rows // S), dim) for rows, dim in shapes.values()]]     # every rank alike
+    else:
+        plans = plan_tables(shapes, S, sparse_sharding).values()
+        held = [[(stop - start, p.dim) for p in plans for start, stop in [p.row_range(s, S)]] for s in range(S)]
+    ranks = [(sum(r * d for r, d in rows), sum(table_state_bytes(table_optimizer, r, d) for r, d in rows))
+             for rows in held]
+    tables, table_state = max(ranks, key=lambda t: 8 * t[0] + t[1])
     params = dense + tables
-    return {"params": 4 * params, "grads": 4 * params, "optimizer": optimizer_bytes_per_param * params,
-            "total": (8 + optimizer_bytes_per_param) * params}
+    optimizer = 8 * dense + table_state
+    return {"params": 4 * params, "grads": 4 * params, "optimizer": optimizer, "table_optimizer": table_state,
+            "total": 8 * params + optimizer}
 
 
 def _local_bytes(value) -> int:

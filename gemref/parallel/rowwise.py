@@ -22,7 +22,8 @@ touched row i with summed gradient g_i (d elements) at optimizer step t (1, 2, .
 Rows the batch did not look up keep their weights and state (no decay of their moments; AdamW
 moves every row each step). `RowWiseAdagrad(tables, lr, eps, sync_interval)` and
 `RowWiseAdam(tables, lr, betas, eps, sync_interval)` attach to tables and step them inside
-`loss.backward()`; the dense parameters keep their own optimizer:
+`loss.backward()` at their own `lr` (gemref's runs pass `table_lr`, parallel/config.py: 0.01 by default,
+as fbgemm's fused optimizers; the dense parameters keep their optimizer and rate):
 
   * a ShardedEmbedding (sparse.py): its exchange hands the owner (local row ids, row gradients) in
     backward (sparse.py `exchange`); the rows are summed per unique id and stepped in a callback queued at the

@@ -45,9 +45,12 @@ the same two factors the waterfall measures (gemref/waterfall/stats.py).
   and row state (d + 1 values per row) every `table_sync_every` K steps (1/K per step), as
   TorchRec's DMPCollection does; "rowwise_adam" likewise with its larger state (2d + 1 values per
   row: its first moment is per element). AdamW with K > 1 is refused: the code does not run it.
-* fits: parameters + gradients + AdamW state per rank (parallel/memory.py) below the GPU's
-  memory; activations are not counted. state_gb and memory_gb are decimal GB (1e9 bytes; 1 GiB =
-  1.074 GB).
+* fits: parameters + gradients + optimizer state per rank (parallel/memory.py
+  `projected_rank_bytes`) below the GPU's memory; activations are not counted. The dense layers
+  keep AdamW's two fp32 moments; the tables' state follows `table_optimizer` (adamw 2 x rows x d
+  x 4 B, rowwise_adagrad rows x 4 B, rowwise_adam rows x (d + 1) x 4 B: what rowwise.py holds).
+  Until 2026-12-06 every table optimizer was counted as AdamW, overstating row-wise rows' state.
+  state_gb and memory_gb are decimal GB (1e9 bytes; 1 GiB = 1.074 GB).
 
 Not modelled: activation memory, congestion, NCCL's protocols and NVLink SHARP, stragglers other
 than load imbalance, data loading, pipelined embedding lookups. What dominates the result: the
@@ -207,9 +210,10 @@ def mesh_for(rung: RungModel, gpus: int, hw: HardwareProfile, shard_group: int |
 
 
 @functools.lru_cache(maxsize=64)
-def state_bytes(cfg, shard: int, sparse: str) -> int:
-    """Parameters + gradients + AdamW state on the fullest rank (parallel/memory.py; depends on S only)."""
-    return projected_rank_bytes(cfg, MeshShape(1, shard), sparse)["total"]
+def state_bytes(cfg, shard: int, sparse: str, table_optimizer: str = "adamw") -> int:
+    """Parameters + gradients + optimizer state (the tables' by `table_optimizer`) on the fullest
+    rank (parallel/memory.py; depends on S only)."""
+    return projected_rank_bytes(cfg, MeshShape(1, shard), sparse, table_optimizer=table_optimizer)["total"]
 
 
 def check_gpus(gpus) -> list[int]:
@@ -265,7 +269,7 @@ def project(preset: Preset, gpus=GPU_COUNTS, *, options: Options = Options(), la
             m, source = local[r.key]
             compute_s = meter.seconds_at(st["rank_flops"], m, peak.flops)
             step = predict_step(compute_s, st["imbalance"], coll)
-            state = state_bytes(preset.model, mesh.shard, sparse)
+            state = state_bytes(preset.model, mesh.shard, sparse, options.table_optimizer)
             rows.append({"gpus": W, "rung": r.title, "key": r.key, "mesh": str(mesh), "batch_per_gpu": b,
                          "local_mfu": m, "local_mfu_source": source, "imbalance": st["imbalance"], **step,
                          **comm_split(coll),

@@ -204,7 +204,7 @@ def _gem_lookups(model: GEMRef):
 def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
     """AdamW; embedding tables get no weight decay (rows a batch does not touch keep their values),
     or with table_optimizer='rowwise_adagrad' / 'rowwise_adam' a RowWiseAdagrad / RowWiseAdam attached
-    to them (stepped inside backward, gemref/parallel/rowwise.py); TorchRec's tables are left to its own optimizer (gemref/interop/tables.py).
+    to them at their own rate, table_lr (stepped inside backward, gemref/parallel/rowwise.py); TorchRec's tables are left to its own optimizer (gemref/interop/tables.py).
 
     The fused implementation (one kernel over all parameters of a group) where every
     parameter is floating point on CPU or CUDA: on CPU torch's default is a Python loop of
@@ -219,7 +219,7 @@ def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimize
     dense = [p for n, p in params if not n.startswith("tables.")]
     if train.parallelism.table_optimizer != "adamw":   # tables step inside backward (parallel/rowwise.py)
         from ..parallel.rowwise import ROW_OPTIMIZERS   # loaded only when the tables use one
-        ROW_OPTIMIZERS[train.parallelism.table_optimizer](model.tables, lr=train.lr,
+        ROW_OPTIMIZERS[train.parallelism.table_optimizer](model.tables, lr=train.parallelism.table_lr,
                                                           sync_interval=train.parallelism.table_sync_interval)
         params, tables = [(n, p) for n, p in params if not n.startswith("tables.")], []
     fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for _, p in params)

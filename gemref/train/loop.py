@@ -108,15 +108,18 @@ def evaluate(s: Setup, batches: int, step: int) -> EvalResult:
 
 # TrainConfig fields that change the trajectory; steps, evaluation, timing and the switches that
 # change how (not what) the model computes are not part of a run's identity.
+# table_lr counts only for row-wise tables (adamw tables train at lr), so an adamw run's identity
+# is what it was before table_lr existed.
 TRAJECTORY_FIELDS = ("batch_size", "lr", "weight_decay", "seed", "precision", "precision_min_dim", "table_optimizer",
-                     "table_sync_interval")
+                     "table_sync_interval", "table_lr")
 
 
 def run_description(preset: Preset, train: TrainConfig) -> dict:
     """The loop's part of a run's identity in its checkpoints (gemref/checkpoint/dcp.py `run`):
     preset name, model and data configs, trajectory fields, as JSON values."""
     desc = {"preset": preset.name, "model": asdict(preset.model), "data": asdict(preset.data),
-            "train": {name: switch_values(train)[name] for name in TRAJECTORY_FIELDS}}
+            "train": {name: switch_values(train)[name] for name in TRAJECTORY_FIELDS
+                      if name != "table_lr" or train.parallelism.table_optimizer != "adamw"}}
     return json.loads(json.dumps(desc))
 
 

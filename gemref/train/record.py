@@ -7,25 +7,27 @@ switch flat under its switch name ({"jagged": ..., "ac_budget": ...}); such reco
 their names routed as `override` routes them, a switch they lack taking its default (it did
 not exist yet). Version 3 added the parallel section's `table_optimizer` and
 `table_sync_interval` (gemref/parallel/rowwise.py); a version-2 record lacks exactly those, which
-take their defaults (the AdamW tables every version-2 run trained). A record is a file someone
-handed in: every value is checked as the dataclasses check it, and in a version-2 or 3 record an
-unknown key, any other missing key, or a version newer than this code, is a UsageError, never a
-silent default.
+take their defaults (the AdamW tables every version-2 run trained). Version 4 added `table_lr`: a
+version-2 or 3 record lacks it; row-wise tables then trained at the dense lr, which it takes (adamw
+tables: the default). A record is a file someone handed in: every value is checked as the
+dataclasses check it, and in a record of version 2 or later an unknown key, any other missing
+key, or a version newer than this code, is a UsageError, never a silent default.
 
 Values a later gemref renamed (`RENAMED`) load under their new name, in any version: ac
 "pt2" is "memory_budget" (torchtitan's name for PyTorch 2's activation_memory_budget).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 from ..errors import UsageError
 from .config import TrainConfig, sections, with_switches
 
-RECORD_VERSION = 3             # the "record_version" of every record gemref writes
-READABLE_VERSIONS = (1, 2, 3)  # 1: flat switches, no "record_version" key
-ADDED_IN = {3: {"parallelism": ("table_optimizer", "table_sync_interval")}}   # version: {section: new fields}
+RECORD_VERSION = 4                # the "record_version" of every record gemref writes
+READABLE_VERSIONS = (1, 2, 3, 4)  # 1: flat switches, no "record_version" key
+ADDED_IN = {3: {"parallelism": ("table_optimizer", "table_sync_interval")},   # version: {section: new fields}
+            4: {"parallelism": ("table_lr",)}}
 # (section, field, switch name) -> {old value: new value}
 RENAMED = {("activation_checkpoint", "mode", "ac"): {"pt2": "memory_budget"}}
 
@@ -70,7 +72,10 @@ def train_from_record(stored: Any, version: int) -> TrainConfig:
             value = sections()[name](**{k: _renamed(name, k, v) for k, v in value.items()})
         values[name] = value
     _no_missing_keys("record config.train", stored, TrainConfig)
-    return TrainConfig(**values)
+    train = TrainConfig(**values)
+    if version < 4 and train.parallelism.table_optimizer != "adamw":   # before table_lr: row-wise tables ran at lr
+        train = replace(train, parallelism=replace(train.parallelism, table_lr=train.lr))
+    return train
 
 
 def _no_unknown_keys(where: str, stored: dict, cls: type) -> None:

@@ -148,7 +148,8 @@ def measure(preset: Preset, trains: list[TrainConfig], device: str, settings: Se
     dev = resolve_device(device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     peaks = {d: asdict(peak_flops(dev, d)) for d in sorted({dtype_name(t, dev) for t in trains})} if rank == 0 else {}
-    state = [projected_rank_bytes(preset.model, t.parallelism.shape, t.parallelism.sparse_sharding)["total"] for t in trains]
+    state = [projected_rank_bytes(preset.model, t.parallelism.shape, t.parallelism.sparse_sharding,
+                                  table_optimizer=t.parallelism.table_optimizer)["total"] for t in trains]
     free = min(_everyone(free_bytes(local_device(dev.type))))
     plan = schedule.groups(state, free)
     alive: dict[int, Rung] = {}
