@@ -1,59 +1,37 @@
 """Low-precision training GEMMs (float8, MXFP8) through torchao, behind one switch.
 
-`apply_precision(model, precision, device=...)` converts the eligible nn.Linear layers of
-any module tree in place and returns a `PrecisionReport` saying what ran and why: which Linears
-were converted and to what (`conversions`), which were skipped and why (`skipped`), `lines()`
-in words. Which Linears are eligible, in this order (the first reason a layer fails is its
-reason):
+`apply_precision(model, precision, device=...)` converts the eligible nn.Linear layers of any module
+tree in place and returns a `PrecisionReport`: what was converted and to what (`conversions`), what
+was skipped and why (`skipped`), `lines()` in words. Eligible, in this order (the first rule failed is the reason):
   1. exactly nn.Linear (a subclass's forward may not call F.linear);
-  2. not named by `filter_fqns` (torchtitan's name: substrings of module names kept in high
-     precision, e.g. a numerically sensitive head);
-  3. K = in_features and N = out_features multiples of 16 (torch._scaled_mm's requirement for
-     float8, torchao's `_auto_filter_for_recipe` rule 1; 32 for MXFP8, its scaling block):
-     a hardware need, whatever the filter says;
-  4. `module_filter(fqn, linear)` is True (torchtitan's float8 converter takes the same kind of
-     filter). Without one, the default depends on the GEMMs that will run:
-     - native float8 (a GPU): `gpu_pays_filter(precision)`, torchao's auto filter
-       (`torchao.float8.float8_linear_utils._auto_filter_for_rowwise` / `_for_tensorwise`, which
-       torchtitan turns on with `auto_filter_small_kn`), built from torchao's H100 measurements
-       in the "Performance" section of its float8 README: rowwise converts a Linear only when
-       in_features > 2048, out_features > 1024 and not (in_features <= 4096 and
-       out_features <= 2048); tensorwise unless out_features <= 4096 and in_features <= 1024
-       (torchao reads weight.shape = (out, in) as its (K, N)). Below that the casts cost more
-       than the faster GEMM saves.
-     - otherwise (emulated float8, MXFP8): `default_module_filter(precision, min_dim)`, K and N
-       both at least `min_dim` (MIN_DIM = 64) and aligned. The 64 is gemref's own threshold for
-       its small CPU-sized models, whose emulated low precision is about numerics, not speed.
-     A `min_dim` the caller gives (the `precision_min_dim` switch) always takes the second rule.
+  2. not named by `filter_fqns` (torchtitan's: substrings of module names kept in high precision);
+  3. K = in_features and N = out_features multiples of 16 (torch._scaled_mm's need; 32 for
+     MXFP8, its scaling block), whatever the filter says;
+  4. `module_filter(fqn, linear)` is True (torchtitan's kind of filter). Without one: for native
+     float8, `gpu_pays_filter`, torchao's auto filter from its H100 measurements (torchtitan's
+     `auto_filter_small_kn`; rowwise: in > 2048, out > 1024, not both in <= 4096 and out <= 2048;
+     tensorwise: not both out <= 4096 and in <= 1024), below which the casts cost more than the
+     GEMM saves; otherwise, or with a `min_dim` given, `default_module_filter`: K and N >= min_dim
+     (MIN_DIM = 64, gemref's threshold for its small models, whose emulated runs are about numerics).
 
-  fp32               nothing converted; plain fp32 GEMMs.
-  bf16               nothing converted; the loop runs under `report.autocast()`
-                     (bf16 autocast: tensor cores on CUDA; on CPU oneDNN bf16, AMX tiles
-                     where the CPU has them, slower than fp32 where it has not, which is
-                     why precision "auto" stays fp32 on CPUs; `gemref bench
-                     precision_step` measures the whole step both ways).
-  float8_tensorwise  torchao Float8Linear: one scale per tensor; E4M3 input and weight,
-                     E5M2 grad_output (wider range for gradients).
+  fp32 / bf16        nothing converted; bf16 runs under `report.autocast()` (CUDA tensor cores;
+                     on CPU oneDNN bf16, AMX where present: `gemref bench precision_step`).
+  float8_tensorwise  torchao Float8Linear: one scale per tensor; E4M3 input and weight, E5M2 grad_output.
   float8_rowwise     torchao Float8Linear: one power-of-two scale per row, E4M3 everywhere.
-  mxfp8              our MXFP8Linear (torchao_layers.py) over torchao's MXFP8TrainingOpConfig: one
-                     E8M0 scale per 32 values along each GEMM's reduction dim, E4M3
-                     elements, scales rounded up (RCEIL); see gemref/precision/mx_reference.py for the format.
+  mxfp8              our MXFP8Linear (torchao_layers.py) over torchao's MXFP8TrainingOpConfig: one E8M0
+                     scale per 32 values along each GEMM's reduction dim, E4M3, scales rounded up
+                     (RCEIL; the format: gemref/precision/mx_reference.py).
 
-Kernels: "native" runs the hardware GEMMs (float8 needs CUDA SM89+, Ada/Hopper; MXFP8 needs
-SM100+, Blackwell, CUDA 12.8+, Triton and torchao's mxfp8 CUDA extension; gemref/precision/support.py
-checks these gates, and the torch/torchao versions and symbols a recipe needs at all, before a run). "emulated"
-quantises exactly as native does, then dequantises and runs a high-precision GEMM: the
-numerics of the recipe at no speed benefit, on any device. kernel="auto" picks native where
-the hardware has it and otherwise falls back to emulated with a logged reason.
+Kernels: "native" runs the hardware GEMMs (float8: CUDA SM89+; MXFP8: SM100+, CUDA 12.8+, Triton and
+torchao's mxfp8 extension; gemref/precision/support.py checks these gates and the versions before a
+run). "emulated" quantises as native does, then runs a high-precision GEMM: the recipe's numerics
+at no speed-up, anywhere. "auto": native where the hardware has it, else emulated, reason logged.
 
-Composition (applied by the training loop, in torchtitan's order): apply_precision first,
-on the full model (on the meta device is fine), then activation checkpointing, then
-torch.compile (torchao's float8 and MXFP8 paths are compile-friendly; compile is what
-fuses their amax/cast passes), then FSDP2 `fully_shard`. With FSDP2,
-`fsdp_float8_all_gather=True` (tensorwise only) all-gathers weights already cast to float8,
-halving all-gather bytes vs bf16; the loop must then call `report.after_optimizer_step(model)`
-after every optimizer step (one all-reduce computes every layer's next weight scale).
-MXFP8 weights all-gather in FSDP2's param dtype (torchao casts them inside the GEMM).
+Composition (torchtitan's order): apply_precision on the full model (meta is fine), then
+activation checkpointing, torch.compile (it fuses the amax/cast passes), FSDP2 `fully_shard`.
+`fsdp_float8_all_gather=True` (tensorwise only) all-gathers float8 weights, half of bf16's bytes;
+then call `report.after_optimizer_step(model)` after every step (one all-reduce sets the next
+weight scales). MXFP8 weights all-gather in FSDP2's param dtype (torchao casts inside the GEMM).
 
 torchao is imported only when a float8/MXFP8 precision is requested.
 """
