@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check: ONE command that fits one device call (default budget 420 s, 7 minutes, the wheel
+# The GPU check: ONE command that fits one device call (default budget 300 s, 5 minutes, the wheel
 # install included: --budget S or GEMREF_GPU_BUDGET_S=S), writing one summary JSON and one log to
 # $OUT (default artifacts/gpu_check). Its sections run in priority order: ceilings (precision
 # gates, GEMM peak), GDPA correctness, GDPA timing of every kernel variant, then MFU of rungs

@@ -305,9 +305,9 @@ def scenario(total_s, sections, takes, dry_run=False, spent_s=0.0, missing=lambd
 
 def test_sections_run_in_priority_order_within_the_budget_on_a_fake_clock():
     """The real sections on a fake clock: the default budget holds them all when each takes its
-    estimate; when the first three run to their caps the rungs no longer fit and are
+    estimate; when the first two run to their caps the rungs no longer fit and are
     skipped, saying why; the summary is recorded as each section starts and ends."""
-    fits = _children("scenario(420, __main__.SECTIONS, {s.name: s.estimate_s for s in __main__.SECTIONS}, "
+    fits = _children("scenario(300, __main__.SECTIONS, {s.name: s.estimate_s for s in __main__.SECTIONS}, "
                      "spent_s=10)", "__main__", setup=FAKE_CLOCK)
     assert [(name, status) for name, status, _ in fits["events"]] == [
         (name, status) for name in ("ceilings", "correctness", "timing", "rungs") for status in ("running", "ok")]
@@ -315,15 +315,15 @@ def test_sections_run_in_priority_order_within_the_budget_on_a_fake_clock():
         ["ceilings"], ["ceilings", "correctness"], ["ceilings", "correctness", "timing"],
         ["ceilings", "correctness", "rungs", "timing"]]                    # written after each section
     assert fits["summary"]["ceilings"] == {"status": "ok", "given_s": 60, "used_s": 15, "estimate_s": 15}
-    assert fits["summary"]["rungs"]["given_s"] == 240               # its cap: 410 - 15 - 60 - 60 = 275 s were left
-    assert fits["left"] == 420 - 10 - 15 - 60 - 60 - 150
+    assert fits["summary"]["rungs"]["given_s"] == 300 - 10 - 15 - 60 - 60   # the time left, below its 240 s cap
+    assert fits["left"] == 300 - 10 - 15 - 60 - 60 - 150
 
-    slow = _children("scenario(420, __main__.SECTIONS, dict(ceilings=500, correctness=500, timing=500, rungs=150), "
+    slow = _children("scenario(300, __main__.SECTIONS, dict(ceilings=500, correctness=500, timing=30, rungs=150), "
                      "spent_s=10)", "__main__", setup=FAKE_CLOCK)
     summary = slow["summary"]
-    assert {summary[name]["status"] for name in ("ceilings", "correctness", "timing")} == {"timeout"}
-    assert [summary[name]["given_s"] for name in ("ceilings", "correctness", "timing")] == [60, 120, 120]
-    assert summary["rungs"]["status"] == ("skipped: out of time (110 s left of the 420 s budget, it needs ~150 s; "
+    assert {summary[name]["status"] for name in ("ceilings", "correctness")} == {"timeout"}
+    assert [summary[name]["given_s"] for name in ("ceilings", "correctness", "timing")] == [60, 120, 110]
+    assert summary["rungs"]["status"] == ("skipped: out of time (80 s left of the 300 s budget, it needs ~150 s; "
                                           "rerun it alone with --sections rungs)")
     assert ("rungs", "running", ["ceilings", "correctness", "timing"]) not in [tuple(e) for e in slow["events"]]
 
@@ -348,13 +348,13 @@ def test_the_budget_comes_from_the_flag_the_environment_or_the_default():
                       "budget.total_budget(None, False, {budget.BUDGET_ENV: ' 99 '}), "
                       "budget.total_budget(None, False, {}), budget.total_budget(None, True, {budget.BUDGET_ENV: ''})]",
                       "budget")
-    assert found == [[30.0, "--budget"], [99.0, "GEMREF_GPU_BUDGET_S"], [420.0, "default"],
+    assert found == [[30.0, "--budget"], [99.0, "GEMREF_GPU_BUDGET_S"], [300.0, "default"],
                      [300.0, "default (dry run)"]]
 
 
 @pytest.mark.parametrize("args, env_value, said", [
     (["--budget", "0"], None, "--budget 0: the check's budget must be a positive number of seconds"),
-    ([], "seven", "GEMREF_GPU_BUDGET_S='seven': expected seconds, e.g. GEMREF_GPU_BUDGET_S=420"),
+    ([], "seven", "GEMREF_GPU_BUDGET_S='seven': expected seconds, e.g. GEMREF_GPU_BUDGET_S=300"),
     ([], "-5", "GEMREF_GPU_BUDGET_S -5: the check's budget must be a positive number of seconds")])
 def test_a_bad_budget_is_one_line_and_exit_2(tmp_path, args, env_value, said):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -2,7 +2,7 @@
 environment, then the sections in priority order, each in children with a time budget
 (children.py), one summary JSON and one log; scripts/gpu_check/__init__.py lists the sections.
 
-The whole check fits ONE device call: one overall budget (budget.py: default 420 s, `--budget
+The whole check fits ONE device call: one overall budget (budget.py: default 300 s, `--budget
 S` or GEMREF_GPU_BUDGET_S=S), the sections in priority order (the environment, precision gates
 and peak first, then the kernel's correctness, its timing, then the rungs' MFU), and a section
 whose estimate no longer fits the time left is skipped with that reason while a later, cheaper
@@ -100,7 +100,7 @@ def main() -> int:
                         help="run only these (none: the environment only)")
     parser.add_argument("--budget", type=float, default=None,
                         help="overall seconds, the wheel install included (default $GEMREF_GPU_BUDGET_S, "
-                             "else 420; dry run 300)")
+                             "else 300; dry run 300)")
     args = parser.parse_args()
     try:
         total_s, budget_source = total_budget(args.budget, args.dry_run, os.environ)
