@@ -62,6 +62,14 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _threads():
+    """Every test leaves torch's thread count as it found it (a `gemref` command sets its own)."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Attach the examples a counted property ran to its report (reports cross xdist)."""

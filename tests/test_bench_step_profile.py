@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gemref.mfu.op_classes import op_class
@@ -51,13 +50,9 @@ def test_tiny_run_writes_its_record_and_its_gemm_flops_match_the_flop_counter(pr
     from gemref.train import sample_batch, setup
 
     path = tmp_path / "step.json"
-    threads = torch.get_num_threads()
-    try:
-        rc = main(["bench", "step_profile", "--preset", "tiny", "--batch-size", "16", "--warmup", "1",
-                   "--timed-steps", "1", "--profile-steps", "1", "--probe-reps", "1", "--precision", precision,
-                   "--json", str(path)])
-    finally:
-        torch.set_num_threads(threads)
+    rc = main(["bench", "step_profile", "--preset", "tiny", "--batch-size", "16", "--warmup", "1",
+               "--timed-steps", "1", "--profile-steps", "1", "--probe-reps", "1", "--precision", precision,
+               "--json", str(path)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "time per op class" in printed and "gemm_at_best_rate" in printed

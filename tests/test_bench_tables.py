@@ -4,21 +4,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from gemref.cli import main
 from gemref.train.presets import get_preset
 from gemref.errors import UsageError
 from gemref.measure.table_sync import reference, variants
 from gemref.parallel.volume import table_shapes
-
-
-def _main(argv):
-    threads = torch.get_num_threads()
-    try:
-        return main(argv)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_every_table_optimizer_is_a_variant_at_every_interval():
@@ -39,7 +30,7 @@ def test_bench_tables_tiny_run_syncs_each_optimizers_row_state(tmp_path, capsys,
     """Per sync the replicas all-reduce their held rows' weights and state: (d + 1) values per row for
     row-wise Adagrad, (2d + 1) for row-wise Adam; AdamW tables their gradient rows (d) every step."""
     path = tmp_path / "tables.json"
-    assert _main(["bench", "tables", "--mesh", "2x1", "--intervals", "1", "--seeds", "2", "--steps-per-run", "2",
+    assert main(["bench", "tables", "--mesh", "2x1", "--intervals", "1", "--seeds", "2", "--steps-per-run", "2",
                   "--window", "2", "--eval-batches", "1", "--table-lr", "0.05", "--json", str(path)]) == 0
     out = capsys.readouterr().out
     assert "table_lr 0.05; seed band vs rowwise_adagrad every 1" in out
@@ -62,6 +53,6 @@ def test_bench_tables_tiny_run_syncs_each_optimizers_row_state(tmp_path, capsys,
     (["--intervals", "3"], "must be multiples of every interval [3]"),
 ])
 def test_bench_tables_user_errors_exit_2(argv, message, capsys):
-    assert _main(["bench", "tables", "--intervals", "1", "--steps-per-run", "10", "--window", "10", *argv]) == 2
+    assert main(["bench", "tables", "--intervals", "1", "--steps-per-run", "10", "--window", "10", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) <= 2

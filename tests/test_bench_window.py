@@ -4,17 +4,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from gemref.cli import main
-
-
-def _main(argv):
-    threads = torch.get_num_threads()
-    try:
-        return main(argv)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def causal_window_pairs(L, W):
@@ -24,7 +15,7 @@ def causal_window_pairs(L, W):
 
 def test_bench_window_tiny_run_writes_its_record(tmp_path, capsys):
     path = tmp_path / "window.json"
-    assert _main(["bench", "window", "--lengths", "24", "48", "--window", "8", "--batch", "2", "--heads", "2",
+    assert main(["bench", "window", "--lengths", "24", "48", "--window", "8", "--batch", "2", "--heads", "2",
                   "--head-dim", "4", "--reps", "2", "--warmup", "0", "--threads", "1", "--quality-seeds", "0",
                   "--json", str(path)]) == 0
     out = capsys.readouterr().out
@@ -50,7 +41,7 @@ def test_bench_window_tiny_run_writes_its_record(tmp_path, capsys):
 
 def test_bench_window_quality_with_one_seed_says_there_is_no_band(tmp_path, capsys, data_root):
     path = tmp_path / "window.json"
-    assert _main(["bench", "window", "--lengths", "16", "--window", "4", "--head-dim", "4", "--reps", "1",
+    assert main(["bench", "window", "--lengths", "16", "--window", "4", "--head-dim", "4", "--reps", "1",
                   "--warmup", "0", "--threads", "1", "--quality-seeds", "1", "--quality-steps", "2",
                   "--quality-window", "4", "--json", str(path)]) == 0
     assert "one seed per variant: no seed band" in capsys.readouterr().out
@@ -71,13 +62,13 @@ def test_bench_window_quality_with_one_seed_says_there_is_no_band(tmp_path, caps
     (["--quality-seeds", "-1"], "--quality-seeds: expected an integer >= 0"),
 ])
 def test_bench_window_user_errors_exit_2(argv, message, capsys):
-    assert _main(["bench", "window", "--lengths", "16", "--reps", "1", *argv]) == 2
+    assert main(["bench", "window", "--lengths", "16", "--reps", "1", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) <= 2
 
 
 def test_bench_window_json_path_is_checked_before_any_work(tmp_path, capsys):
-    assert _main(["bench", "window", "--lengths", "16", "--json", str(tmp_path)]) == 2
+    assert main(["bench", "window", "--lengths", "16", "--json", str(tmp_path)]) == 2
     assert "window" not in capsys.readouterr().out
 
 
