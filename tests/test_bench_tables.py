@@ -31,13 +31,15 @@ def test_bench_tables_tiny_run_syncs_each_optimizers_row_state(tmp_path, capsys,
     row-wise Adagrad, (2d + 1) for row-wise Adam; AdamW tables their gradient rows (d) every step."""
     path = tmp_path / "tables.json"
     assert main(["bench", "tables", "--mesh", "2x1", "--intervals", "1", "--seeds", "2", "--steps-per-run", "2",
-                  "--window", "2", "--eval-batches", "1", "--table-lr", "0.05", "--json", str(path)]) == 0
+                  "--window", "2", "--eval-batches", "1", "--table-lr", "0.05", "--jagged", "--kernel", "cpu_jagged",
+                  "--json", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "table_lr 0.05; seed band vs rowwise_adagrad every 1" in out
+    assert "table_lr 0.05, attention jagged/cpu_jagged; seed band vs rowwise_adagrad every 1" in out
     record = json.loads(path.read_text())
     rows = {r["variant"]: r for r in record["rows"]}
     assert list(rows) == ["adamw (summed)", "rowwise_adagrad every 1", "rowwise_adam every 1"]
     assert {(r["label"], r["seed"]) for r in record["runs"]} == {(v, s) for v in rows for s in (0, 1)}
+    assert {(r["jagged"], r["kernel"]) for r in record["runs"]} == {(True, "cpu_jagged")}    # what the ranks ran
     cfg = get_preset("tiny").model
     d, held_rows = cfg.d_model, sum(n for n, _ in table_shapes(cfg).values())   # S = 1: every row of every table
     assert rows["rowwise_adagrad every 1"]["table_sync_bytes"] == held_rows * (d + 1) * 4
@@ -51,6 +53,7 @@ def test_bench_tables_tiny_run_syncs_each_optimizers_row_state(tmp_path, capsys,
     (["--table-lr", "0"], "--table-lr: expected a number > 0"),
     (["--mesh", "1x2"], "the replica sync needs R >= 2"),
     (["--intervals", "3"], "must be multiples of every interval [3]"),
+    (["--kernel", "cpu_fused"], "kernel='cpu_fused' runs on the jagged layout: add jagged (--jagged)"),
 ])
 def test_bench_tables_user_errors_exit_2(argv, message, capsys):
     assert main(["bench", "tables", "--intervals", "1", "--steps-per-run", "10", "--window", "10", *argv]) == 2

@@ -3,7 +3,9 @@
 On R*S one-thread gloo ranks (--mesh, default 2x2), the --preset trained --seeds times per variant:
 AdamW tables at the dense lr with summed replica gradients, and row-wise Adagrad and row-wise Adam
 (fbgemm's partial row-wise Adam) at --table-lr with the replicas averaged every N steps for N in
---intervals (DMPCollection's sync interval); --optimizers picks a subset. What each column is:
+--intervals (DMPCollection's sync interval); --optimizers picks a subset; --jagged and --kernel run
+attention as `gemref train` does (rungs 1-2: the same arithmetic, many times faster on the small
+preset). What each column is:
 gemref/measure/table_sync.py `compare_table_sync`.
 """
 from __future__ import annotations
@@ -14,6 +16,7 @@ from ..env import cpu_info, versions
 from ..errors import UsageError
 from ..measure.table_sync import compare_table_sync
 from ..options import int_at_least, output_file, positive_float
+from ..attention.config import KERNEL_NAMES
 from ..parallel.config import TABLE_LR, TABLE_OPTIMIZERS
 from ..report import format_table
 from ..runtime.files import write_json
@@ -28,6 +31,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated table optimizers to compare ({', '.join(TABLE_OPTIMIZERS)})")
     p.add_argument("--table-lr", type=positive_float, default=TABLE_LR, help="the row-wise tables' learning rate (adamw "
                    "tables train at the preset's lr)")
+    p.add_argument("--jagged", action="store_true", help="rung 1: keep histories jagged (as gemref train --jagged)")
+    p.add_argument("--kernel", default="reference", choices=KERNEL_NAMES,
+                   help="rung 2: the gdpa kernel on the jagged layout (as gemref train --kernel)")
     p.add_argument("--steps-per-run", type=int_at_least(1), default=100, help="training steps of each run")
     p.add_argument("--window", type=int_at_least(1), default=100, help="last steps of a run measured (comm)")
     p.add_argument("--eval-batches", type=int_at_least(1), default=8)
@@ -42,11 +48,12 @@ def run(args: argparse.Namespace) -> int:
     optimizers = tuple(o.strip() for o in args.optimizers.split(",") if o.strip())
     result = compare_table_sync(args.preset, args.mesh, intervals, seeds=args.seeds, steps=args.steps_per_run,
                                 window=args.window, eval_batches=args.eval_batches, optimizers=optimizers,
-                                table_lr=args.table_lr)
+                                table_lr=args.table_lr, attention={"jagged": args.jagged, "kernel": args.kernel})
     print(format_table(result["rows"], title=f"sharded tables: {args.preset}, mesh {args.mesh} on gloo ranks, "
                                              f"{args.seeds} seeds x {args.steps_per_run} steps, comm over the last "
                                              f"{args.window} (rank 0, bytes per step), row-wise at table_lr "
-                                             f"{args.table_lr}; seed band vs {result['reference']}"))
+                                             f"{args.table_lr}, attention {'jagged' if args.jagged else 'padded'}/"
+                                             f"{args.kernel}; seed band vs {result['reference']}"))
     print(f"cpu: {cpu_info().model_name}; load average {result['load_avg_1min']:.1f} on "
           f"{result['cpu_count']} cores (exposed comm on shared cores includes waiting)")
     if args.json:

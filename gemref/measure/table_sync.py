@@ -68,14 +68,15 @@ def _row_optimizer(model) -> RowWiseOptimizer | None:
     return next((m.row_optimizer for m in model.modules() if getattr(m, "row_optimizer", None) is not None), None)
 
 
-def _rank(rank, world, preset_name, mesh, runs, seeds, steps, window, eval_batches, table_lr, data_root):
+def _rank(rank, world, preset_name, mesh, runs, seeds, steps, window, eval_batches, table_lr, attention, data_root):
     preset = get_preset(preset_name)
     out = []
     for label, optimizer, interval in runs:
         for seed in seeds:
             rate = {} if optimizer == "adamw" else {"table_lr": table_lr}     # adamw tables: the dense lr
             train = override(preset.train, mesh=mesh, sparse_sharding="row", table_optimizer=optimizer,
-                             table_sync_interval=interval, seed=seed, steps=steps, eval_batches=eval_batches, **rate)
+                             table_sync_interval=interval, seed=seed, steps=steps, eval_batches=eval_batches, **rate,
+                             **attention)
             s = setup(preset, train, device="cpu", data_root=data_root)
             batches = iter(make_loader(s.train_set, batch_sampler=StepBatches(s.sampler, 0), device=s.device))
             for _ in range(steps - window):
@@ -99,7 +100,8 @@ def _rank(rank, world, preset_name, mesh, runs, seeds, steps, window, eval_batch
                                  for t in s.parallel.tables.values() if t.local_weight() is not None) \
                     if s.parallel.shape.replicate > 1 else 0
             result = evaluate(s, eval_batches, steps)
-            out.append({"label": label, "seed": seed, "by_kind": recorder.summary(window),
+            out.append({"label": label, "seed": seed, "kernel": s.kernel, "jagged": s.train.attention.jagged,
+                        "by_kind": recorder.summary(window),
                         "table_sync_bytes": table_sync, "exposed_s": exposed / window,
                         "comm_s": total / window, **{k: result[k] for k in
                                                                  ("eval_loss", "ne_click", "ne_conversion")}})
@@ -108,9 +110,11 @@ def _rank(rank, world, preset_name, mesh, runs, seeds, steps, window, eval_batch
 
 def compare_table_sync(preset: str = "tiny", mesh: str = "2x2", intervals=(1, 10, 100), *, seeds: int = 3,
                        steps: int = 100, window: int = 100, eval_batches: int = 8, optimizers=TABLE_OPTIMIZERS,
-                       table_lr: float = TABLE_LR, data_root=None, timeout_s: float = 3600) -> dict:
+                       table_lr: float = TABLE_LR, attention: dict | None = None, data_root=None,
+                       timeout_s: float = 3600) -> dict:
     """Run every variant (`optimizers` x `intervals`, module doc) x seed on R*S gloo ranks, the
-    row-wise tables at `table_lr`; {"rows": one per variant, "runs": every run, "reference": the
+    row-wise tables at `table_lr`, attention switched by `attention` (TrainConfig's flat names,
+    e.g. {"jagged": True, "kernel": "cpu_fused"}; default: the preset's); {"rows": one per variant, "runs": every run, "reference": the
     seed bands' variant, rank 0's figures}."""
     shape = parse_mesh(mesh)
     if shape.replicate < 2:
@@ -123,11 +127,12 @@ def compare_table_sync(preset: str = "tiny", mesh: str = "2x2", intervals=(1, 10
                          f"each sync is counted whole, and the evaluated replicas have just synced")
     if table_lr <= 0:
         raise UsageError(f"table_lr must be > 0, got {table_lr}")
-    get_preset(preset)
+    attention = dict(attention or {})
+    override(get_preset(preset).train, **attention)       # a bad switch is a UsageError here, not in a rank
     runs = variants(intervals, optimizers)
     plan = preflight("cpu", ["gloo"], [shape], shape.world, group=True)
     per_rank = launch(_rank, (preset, mesh, runs, list(range(seeds)), steps, window, eval_batches, table_lr,
-                              data_root), plan, timeout_s=timeout_s)
+                              attention, data_root), plan, timeout_s=timeout_s)
     results = per_rank[0]
     by_label = {label: [r for r in results if r["label"] == label] for label, _, _ in runs}
     bands = {row["label"]: row for row in seed_band_rows(
