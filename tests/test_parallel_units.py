@@ -15,7 +15,8 @@ from gemref.train import batch_sampler
 from gemref.model.gem import GEMRef
 from gemref.measure import comm
 from gemref.parallel import backend
-from gemref.simulate.cost_model import HARDWARE, LinkTier, collective_time, get_profile, group_tier
+from gemref.simulate.collectives import LinkTier, collective_time
+from gemref.simulate.cost_model import HARDWARE, get_profile, group_tier
 from gemref.parallel.config import MeshShape, parse_mesh
 from gemref.parallel.mesh import check_world
 from gemref.parallel.sparse import plan_tables

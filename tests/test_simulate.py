@@ -17,7 +17,8 @@ from gemref.parallel.config import MeshShape
 from gemref.train.presets import get_preset
 from gemref.measure.balance_compare import imbalance
 from gemref.mfu.flops import sample_cost_coefficients
-from gemref.simulate.cost_model import HardwareProfile, LinkTier, collective_time, get_profile, sm_count
+from gemref.simulate.collectives import LinkTier, collective_time
+from gemref.simulate.cost_model import HardwareProfile, get_profile, sm_count
 from gemref.simulate.projection import LADDER, Options, draw_batches, load_stats, project
 from gemref.simulate.step_model import comm_rows, exposed_only, one_step, predict_step, with_sm_shares
 from gemref.simulate.summary import (compare_transports, contention_findings, findings, load_waterfall, measured_mfu,
@@ -325,8 +326,22 @@ def test_cli_prints_the_projection_and_writes_json(tmp_path, capsys):
     assert main(["simulate", "project", "--preset", "tiny", "--gpus", "8", "16", "--batches", "1", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "projected MFU" in text and "GEM's 20%-25% band" in text
+    assert "(weak scaling; tables on AdamW, their summed gradient all-reduced every step)" in text
     record = json.loads(out.read_text())
     assert {r["gpus"] for r in record["rows"]} == {8, 16} and record["gem_band"]["gpus"] == 16
+
+
+@pytest.mark.parametrize("optimizer, every, words", [
+    ("adamw", 1, "tables on AdamW, their summed gradient all-reduced every step"),
+    ("rowwise_adagrad", 1, "tables on row-wise Adagrad, replica weights and row state averaged every 1 step"),
+    ("rowwise_adam", 100, "tables on row-wise Adam, replica weights and row state averaged every 100 steps"),
+])
+def test_every_projection_table_says_how_its_tables_train(capsys, optimizer, every, words):
+    args = ["--table-optimizer", optimizer] + (["--table-sync-every", str(every)] if every > 1 else [])
+    assert main(["simulate", "project", "--preset", "tiny", "--gpus", "8", "16", "--batches", "1", *args]) == 0
+    text = capsys.readouterr().out
+    assert f"(weak scaling; {words})" in text and f"(seconds per rank; {words})" in text
+    assert f"the table replicas' all-reduce (here: {words})" in text
 
 
 @pytest.mark.parametrize("args, message", [

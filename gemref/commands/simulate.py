@@ -77,7 +77,7 @@ def run_project(args: argparse.Namespace) -> int:
     from ..runtime.files import write_json
     from ..simulate.projection import GPU_COUNTS, Options, check_gpus, project
     from ..simulate.summary import (at, collective_rows, findings, gem_band, load_waterfall, measured_mfu, mfu_pivot,
-                                    parse_mfu_assumption, rung_deltas, table_rows)
+                                    parse_mfu_assumption, rung_deltas, table_rows, tables_assumed)
 
     preset = get_preset(args.preset)
     with user_input():     # these parse and check what the user gave; ValueError there is theirs
@@ -91,8 +91,10 @@ def run_project(args: argparse.Namespace) -> int:
                       bandwidth_scale=args.bandwidth_scale, schedule=args.schedule)
     rows = project(preset, gpus, options=options, mfu=mfu)
     top = max(gpus)
-    print(format_table(mfu_pivot(rows), title=f"projected MFU: {preset.name} preset on {args.hardware} (weak scaling)"))
-    print(format_table(table_rows(at(rows, top)), title=f"one step at {top} GPUs (seconds per rank)"))
+    tables = tables_assumed(rows[0])
+    print(format_table(mfu_pivot(rows), title=f"projected MFU: {preset.name} preset on {args.hardware} (weak scaling; "
+                                              f"{tables})"))
+    print(format_table(table_rows(at(rows, top)), title=f"one step at {top} GPUs (seconds per rank; {tables})"))
     for r in (at(rows, top)[0], at(rows, top)[-1]):
         print(format_table(collective_rows(r), title=f"{r['rung']} at {top} GPUs: collectives per step and rank "
                                                      "(latency and bandwidth seconds)"))

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..parallel.config import MeshShape
-from .collectives import CollectiveCost, LinkTier, bus_bandwidth, collective_time, price  # noqa: F401 (re-exported)
+from .collectives import CollectiveCost, LinkTier, bus_bandwidth, price
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,16 @@ def table_rows(rows: list[dict]) -> list[dict]:
     return [{k: r[k] for k in TABLE_COLUMNS} for r in rows]
 
 
+def tables_assumed(row: dict) -> str:
+    """How a projected row's tables train, in words: its `table_optimizer` and `table_sync_every`
+    (the projection prices the tables' replica traffic and state from these two)."""
+    optimizer, every = row["table_optimizer"], row["table_sync_every"]
+    if optimizer == "adamw":
+        return "tables on AdamW, their summed gradient all-reduced every step"
+    name = {"rowwise_adagrad": "row-wise Adagrad", "rowwise_adam": "row-wise Adam"}[optimizer]
+    return f"tables on {name}, replica weights and row state averaged every {every} step" + ("s" if every > 1 else "")
+
+
 def collective_rows(row: dict) -> list[dict]:
     """The priced collectives of one projected (GPU count, rung) row, COLLECTIVE_COLUMNS only."""
     return [{k: c.get(k) for k in COLLECTIVE_COLUMNS} for c in row["collectives"]]
@@ -207,8 +217,7 @@ def findings(rows: list[dict], band=GEM_MFU_BAND) -> list[str]:
         f"{top['comm_latency_s']:.3g} s is latency, {top['comm_bandwidth_s']:.3g} s bandwidth.",
         "Dominant inputs: the local MFU per rung (assumed unless measured), the batch per GPU (it amortises "
         "the per-step communication), the inter-node bandwidth, "
-        f"the table replicas' all-reduce (every {top['table_sync_every']} step(s) here), and the overlap of FSDP's "
-        "collectives.",
+        f"the table replicas' all-reduce (here: {tables_assumed(top)}), and the overlap of FSDP's collectives.",
     ]
     return lines
 
