@@ -33,8 +33,10 @@ def test_bench_tables_tiny_run_syncs_each_optimizers_row_state(tmp_path, capsys,
     assert main(["bench", "tables", "--mesh", "2x1", "--intervals", "1", "--seeds", "2", "--steps-per-run", "2",
                   "--window", "2", "--eval-batches", "1", "--table-lr", "0.05", "--jagged", "--kernel", "cpu_jagged",
                   "--json", str(path)]) == 0
-    out = capsys.readouterr().out
-    assert "table_lr 0.05, attention jagged/cpu_jagged; seed band vs rowwise_adagrad every 1" in out
+    captured = capsys.readouterr()
+    assert "table_lr 0.05, attention jagged/cpu_jagged; seed band vs rowwise_adagrad every 1" in captured.out
+    assert "run 1/6: adamw (summed), seed 0: eval loss" in captured.err     # rank 0's progress, one line a run
+    assert "run 6/6: rowwise_adam every 1, seed 1: eval loss" in captured.err
     record = json.loads(path.read_text())
     rows = {r["variant"]: r for r in record["rows"]}
     assert list(rows) == ["adamw (summed)", "rowwise_adagrad every 1", "rowwise_adam every 1"]

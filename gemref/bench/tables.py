@@ -37,6 +37,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps-per-run", type=int_at_least(1), default=100, help="training steps of each run")
     p.add_argument("--window", type=int_at_least(1), default=100, help="last steps of a run measured (comm)")
     p.add_argument("--eval-batches", type=int_at_least(1), default=8)
+    p.add_argument("--timeout-s", type=positive_float, default=3600.0,
+                   help="seconds the whole bench (and any one collective) may take before every rank is stopped")
     p.add_argument("--json", metavar="PATH", type=output_file, help="write the record here")
 
 
@@ -48,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     optimizers = tuple(o.strip() for o in args.optimizers.split(",") if o.strip())
     result = compare_table_sync(args.preset, args.mesh, intervals, seeds=args.seeds, steps=args.steps_per_run,
                                 window=args.window, eval_batches=args.eval_batches, optimizers=optimizers,
-                                table_lr=args.table_lr, attention={"jagged": args.jagged, "kernel": args.kernel})
+                                table_lr=args.table_lr, attention={"jagged": args.jagged, "kernel": args.kernel},
+                                timeout_s=args.timeout_s)
     print(format_table(result["rows"], title=f"sharded tables: {args.preset}, mesh {args.mesh} on gloo ranks, "
                                              f"{args.seeds} seeds x {args.steps_per_run} steps, comm over the last "
                                              f"{args.window} (rank 0, bytes per step), row-wise at table_lr "

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
+import time
 
 import torch.distributed as dist
 
@@ -70,7 +72,7 @@ def _row_optimizer(model) -> RowWiseOptimizer | None:
 
 def _rank(rank, world, preset_name, mesh, runs, seeds, steps, window, eval_batches, table_lr, attention, data_root):
     preset = get_preset(preset_name)
-    out = []
+    out, start = [], time.monotonic()
     for label, optimizer, interval in runs:
         for seed in seeds:
             rate = {} if optimizer == "adamw" else {"table_lr": table_lr}     # adamw tables: the dense lr
@@ -105,6 +107,9 @@ def _rank(rank, world, preset_name, mesh, runs, seeds, steps, window, eval_batch
                         "table_sync_bytes": table_sync, "exposed_s": exposed / window,
                         "comm_s": total / window, **{k: result[k] for k in
                                                                  ("eval_loss", "ne_click", "ne_conversion")}})
+            if rank == 0:      # progress: a long bench says where it is (a rank's stderr reaches the caller's)
+                print(f"run {len(out)}/{len(runs) * len(seeds)}: {label}, seed {seed}: eval loss "
+                      f"{result['eval_loss']:.4f} ({time.monotonic() - start:.0f} s)", file=sys.stderr, flush=True)
     return to_rank0(out)
 
 
