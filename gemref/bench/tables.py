@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise UsageError(f"--intervals {args.intervals!r}: comma-separated integers, e.g. 1,10,100") from None
     optimizers = tuple(o.strip() for o in args.optimizers.split(",") if o.strip())
+    ran = versions()        # the tree the run started from (read now: the tree may change during a long run)
     result = compare_table_sync(args.preset, args.mesh, intervals, seeds=args.seeds, steps=args.steps_per_run,
                                 window=args.window, eval_batches=args.eval_batches, optimizers=optimizers,
                                 table_lr=args.table_lr, attention={"jagged": args.jagged, "kernel": args.kernel},
@@ -61,5 +62,5 @@ def run(args: argparse.Namespace) -> int:
           f"{result['cpu_count']} cores (exposed comm on shared cores includes waiting)")
     if args.json:
         write_json(args.json, {"bench": "tables", "config": {k: v for k, v in vars(args).items() if k != "func"},
-                               **result, "versions": versions()})
+                               **result, "versions": ran})
     return 0
