@@ -537,9 +537,9 @@ def test_gemref_one_process_steps_only_touched_rows_and_keeps_tables_out_of_adam
 
 @pytest.mark.parametrize("table_optimizer", ["adamw", "rowwise_adagrad", "rowwise_adam"])
 def test_projected_optimizer_bytes_are_the_real_optimizers_state(table_optimizer):
-    """projected_rank_bytes (the scale projection's memory check) from the config alone equals the
-    state tensors the optimizers hold after a step of GEMRef on tiny (one process): the tables' by
-    their optimizer, and the whole optimizer's."""
+    """projected_rank_bytes (the scale projection's memory check) from the config alone equals what
+    GEMRef holds after a step on tiny (one process): the tables' optimizer state by their optimizer,
+    the whole optimizer's, and the gradients (row-wise tables keep none)."""
     from gemref.parallel.config import MeshShape
     from gemref.train.presets import get_preset
     from gemref.train.override import override
@@ -555,4 +555,9 @@ def test_projected_optimizer_bytes_are_the_real_optimizers_state(table_optimizer
     train_step(model, optimizer, representative_batch(preset.model, preset.data, 8, torch.device("cpu"), seed=0))
     projected = projected_rank_bytes(preset.model, MeshShape(1, 1), table_optimizer=table_optimizer)
     assert projected["table_optimizer"] == table_bytes(model, optimizer, "native")[1]
-    assert projected["optimizer"] == rank_bytes(model, optimizer)["optimizer"]
+    held = rank_bytes(model, optimizer)
+    assert projected["optimizer"] == held["optimizer"]
+    assert (projected["params"], projected["grads"], projected["total"]) == \
+        (held["params"], held["grads"], held["params"] + held["grads"] + held["optimizer"])
+    tables = sum(p["grads"] for p in held["parts"] if p["part"] == "tables")
+    assert (tables > 0) == (table_optimizer == "adamw")

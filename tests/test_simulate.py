@@ -488,7 +488,8 @@ def test_the_tables_are_priced_as_their_optimizer_runs():
 
 def test_the_memory_check_counts_the_tables_state_of_their_optimizer():
     """state_gb: the dense AdamW state as before, the tables' state by table_optimizer (adamw 2d values
-    per row, rowwise_adagrad 1, rowwise_adam d + 1; parallel/memory.py), rows held by the fullest rank."""
+    per row, rowwise_adagrad 1, rowwise_adam d + 1; parallel/memory.py), rows held by the fullest rank,
+    and a table gradient (d values per row) only for AdamW: row-wise tables keep none."""
     from gemref.parallel.sparse import plan_tables
     from gemref.parallel.volume import table_shapes
 
@@ -502,4 +503,4 @@ def test_the_memory_check_counts_the_tables_state_of_their_optimizer():
                        for p in plan_tables(table_shapes(preset.model), S, "row").values()) for s in range(S))
         for optimizer, values in (("rowwise_adagrad", 1), ("rowwise_adam", d + 1)):
             saved = (by["adamw"][key]["state_gb"] - by[optimizer][key]["state_gb"]) * 1e9
-            assert saved == pytest.approx(held * (2 * d - values) * 4, rel=1e-9), (key, optimizer)
+            assert saved == pytest.approx(held * (2 * d + d - values) * 4, rel=1e-9), (key, optimizer)

@@ -118,9 +118,9 @@ def projected_rank_bytes(cfg, mesh, sparse_sharding: str = "none", *, table_opti
     two fp32 moments (8 bytes per parameter) for the dense parameters, the tables keep what
     `table_optimizer` keeps (`table_state_bytes`; "table_optimizer" in the result). Dense units are
     FSDP-sharded S ways (dim 0 padded); tables follow their sparse plan (or sit in FSDP's root
-    unit, dim 0 padded, when not sharded). Table gradients are counted like the weights (an upper
-    bound for row-wise tables, whose sharded exchange forms none). Transient gathered parameters
-    and activations are not included.
+    unit, dim 0 padded, when not sharded). AdamW tables keep a gradient like the weights; row-wise
+    tables keep none (rowwise.py steps their rows inside the backward and drops the gradient).
+    Transient gathered parameters, row gradients and activations are not included.
     """
     from .sparse import plan_tables
     from .volume import model_units, padded_numel, table_shapes
@@ -135,11 +135,13 @@ def projected_rank_bytes(cfg, mesh, sparse_sharding: str = "none", *, table_opti
         held = [[(stop - start, p.dim) for p in plans for start, stop in [p.row_range(s, S)]] for s in range(S)]
     ranks = [(sum(r * d for r, d in rows), sum(table_state_bytes(table_optimizer, r, d) for r, d in rows))
              for rows in held]
-    tables, table_state = max(ranks, key=lambda t: 8 * t[0] + t[1])
+    per_weight = 8 if table_optimizer == "adamw" else 4       # fp32 weight (+ its fp32 gradient for AdamW)
+    tables, table_state = max(ranks, key=lambda t: per_weight * t[0] + t[1])
     params = dense + tables
+    grads = params if table_optimizer == "adamw" else dense
     optimizer = 8 * dense + table_state
-    return {"params": 4 * params, "grads": 4 * params, "optimizer": optimizer, "table_optimizer": table_state,
-            "total": 8 * params + optimizer}
+    return {"params": 4 * params, "grads": 4 * grads, "optimizer": optimizer, "table_optimizer": table_state,
+            "total": 4 * (params + grads) + optimizer}
 
 
 def _local_bytes(value) -> int:

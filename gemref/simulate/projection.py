@@ -48,8 +48,9 @@ the same two factors the waterfall measures (gemref/waterfall/stats.py).
 * fits: parameters + gradients + optimizer state per rank (parallel/memory.py
   `projected_rank_bytes`) below the GPU's memory; activations are not counted. The dense layers
   keep AdamW's two fp32 moments; the tables' state follows `table_optimizer` (adamw 2 x rows x d
-  x 4 B, rowwise_adagrad rows x 4 B, rowwise_adam rows x (d + 1) x 4 B: what rowwise.py holds).
-  Until 2026-12-06 every table optimizer was counted as AdamW, overstating row-wise rows' state.
+  x 4 B, rowwise_adagrad rows x 4 B, rowwise_adam rows x (d + 1) x 4 B: what rowwise.py holds),
+  and row-wise tables keep no gradient (rowwise.py steps their rows inside the backward). Until
+  2026-12-06 every table optimizer was counted as AdamW, overstating row-wise tables' state.
   state_gb and memory_gb are decimal GB (1e9 bytes; 1 GiB = 1.074 GB).
 
 Not modelled: activation memory, congestion, NCCL's protocols and NVLink SHARP, stragglers other
