@@ -119,8 +119,8 @@ def compare_table_sync(preset: str = "tiny", mesh: str = "2x2", intervals=(1, 10
                        timeout_s: float = 3600) -> dict:
     """Run every variant (`optimizers` x `intervals`, module doc) x seed on R*S gloo ranks, the
     row-wise tables at `table_lr`, attention switched by `attention` (TrainConfig's flat names,
-    e.g. {"jagged": True, "kernel": "cpu_fused"}; default: the preset's); {"rows": one per variant, "runs": every run, "reference": the
-    seed bands' variant, rank 0's figures}."""
+    e.g. {"jagged": True, "kernel": "cpu_fused"}; default: the preset's); {"rows": one per
+    variant, "runs": every run, "reference": the seed bands' variant, rank 0's figures}."""
     shape = parse_mesh(mesh)
     if shape.replicate < 2:
         raise UsageError(f"mesh={mesh}: the replica sync needs R >= 2 replica groups (e.g. 2x2, 2x1)")
