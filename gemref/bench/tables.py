@@ -11,12 +11,12 @@ gemref/measure/table_sync.py `compare_table_sync`.
 from __future__ import annotations
 
 import argparse
+from ..train.config import switch_fields
 from ..train.presets import PRESETS
 from ..env import cpu_info, versions
 from ..errors import UsageError
 from ..measure.table_sync import compare_table_sync
 from ..options import int_at_least, output_file, positive_float
-from ..attention.config import KERNEL_NAMES
 from ..parallel.config import TABLE_LR, TABLE_OPTIMIZERS
 from ..report import format_table
 from ..runtime.files import write_json
@@ -31,9 +31,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated table optimizers to compare ({', '.join(TABLE_OPTIMIZERS)})")
     p.add_argument("--table-lr", type=positive_float, default=TABLE_LR, help="the row-wise tables' learning rate (adamw "
                    "tables train at the preset's lr)")
-    p.add_argument("--jagged", action="store_true", help="rung 1: keep histories jagged (as gemref train --jagged)")
-    p.add_argument("--kernel", default="reference", choices=KERNEL_NAMES,
-                   help="rung 2: the gdpa kernel on the jagged layout (as gemref train --kernel)")
+    jagged, kernel = (switch_fields()[name][1] for name in ("jagged", "kernel"))    # gemref train's switches
+    p.add_argument("--jagged", action="store_true", help=jagged.metadata["help"])
+    p.add_argument("--kernel", default=kernel.default, choices=kernel.metadata["choices"], help=kernel.metadata["help"])
     p.add_argument("--steps-per-run", type=int_at_least(1), default=100, help="training steps of each run")
     p.add_argument("--window", type=int_at_least(1), default=100, help="last steps of a run measured (comm)")
     p.add_argument("--eval-batches", type=int_at_least(1), default=8)
